@@ -1,0 +1,75 @@
+//! The command line: one file per command, each with its arguments and an `exec`
+//! that calls into `sous-engine`.
+
+mod completions;
+mod recipe;
+mod serve;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use sous_engine::recipe::{Loaded, Overrides};
+
+use crate::shell::Shell;
+
+/// One recipe file to a running, measured LLM server.
+#[derive(Debug, Parser)]
+#[command(name = "sous", version, about, long_about = None, propagate_version = true)]
+#[command(after_help = "Exit codes: 0 success, 1 bad input (recipe, flags, files), 2 internal error.\nDocs: docs/recipe.md for the recipe format.")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check recipes and print them resolved, or print the recipe schema.
+    #[command(subcommand)]
+    Recipe(recipe::RecipeCommand),
+    /// Serve a recipe's model (for now: print the engine's exact command line with --dry-run).
+    Serve(serve::ServeArgs),
+    /// Print a shell completion script.
+    Completions(completions::CompletionsArgs),
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Recipe(cmd) => recipe::exec(cmd, shell),
+        Command::Serve(args) => serve::exec(args, shell),
+        Command::Completions(args) => completions::exec(args, shell),
+    }
+}
+
+/// `--set key.path=value`, repeatable; shared by every command that reads a recipe.
+#[derive(Debug, Clone, Args)]
+pub struct OverrideArgs {
+    /// Override a recipe value, e.g. `--set memory.gpu_utilization=0.85` (repeatable;
+    /// applied after the file and SOUS_<TABLE>__<KEY> environment variables).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// Loads a recipe with the process's `SOUS_*` overrides and the `--set` arguments.
+pub fn load_recipe(path: &Path, overrides: &OverrideArgs) -> anyhow::Result<Loaded> {
+    let mut layered = Overrides::new().with_env(std::env::vars());
+    for arg in &overrides.set {
+        layered.set(arg)?;
+    }
+    sous_engine::recipe::load(path, &layered).with_context(|| format!("recipe {}", display(path)))
+}
+
+/// A path as the user wrote it.
+pub fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// Shared `--recipe FILE` argument.
+#[derive(Debug, Clone, Args)]
+pub struct RecipeArg {
+    /// The recipe file.
+    #[arg(long, short = 'r', value_name = "FILE")]
+    pub recipe: PathBuf,
+}

@@ -1,0 +1,60 @@
+//! All terminal output: data on stdout, talk on stderr (uv's rule), colour only on a
+//! terminal and never with `NO_COLOR`. Nothing else in the binary prints.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::{IsTerminal, Write};
+
+/// The terminal.
+#[derive(Debug, Clone)]
+pub struct Shell {
+    color: bool,
+}
+
+const RED: &str = "\x1b[1;31m";
+const YELLOW: &str = "\x1b[1;33m";
+const CYAN: &str = "\x1b[1;36m";
+const GREEN: &str = "\x1b[1;32m";
+const RESET: &str = "\x1b[0m";
+
+impl Shell {
+    /// From the process's environment and stderr.
+    pub fn from_env() -> Shell {
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Shell {
+            color: !no_color && std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn paint(&self, style: &str, text: &str) -> String {
+        if self.color { format!("{style}{text}{RESET}") } else { text.to_owned() }
+    }
+
+    /// Data for the user or a script, on stdout.
+    pub fn data(&self, text: &str) -> std::io::Result<()> {
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes())?;
+        if !text.ends_with('\n') {
+            out.write_all(b"\n")?;
+        }
+        out.flush()
+    }
+
+    /// `error: ...` and an optional `hint: ...` on stderr.
+    pub fn error(&self, message: &str, hint: Option<&str>) {
+        eprintln!("{} {message}", self.paint(RED, "error:"));
+        if let Some(hint) = hint {
+            eprintln!("{} {hint}", self.paint(CYAN, "hint:"));
+        }
+    }
+
+    /// `warning: ...` on stderr.
+    pub fn warn(&self, message: &str) {
+        eprintln!("{} {message}", self.paint(YELLOW, "warning:"));
+    }
+
+    /// A status line on stderr, e.g. `ok recipes/x.toml`.
+    pub fn status(&self, word: &str, message: &str) {
+        eprintln!("{} {message}", self.paint(GREEN, word));
+    }
+}

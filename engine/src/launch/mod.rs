@@ -1,0 +1,264 @@
+//! Engine adapters: a [`Recipe`] becomes the exact command line, environment and
+//! option files of the engine it names. One file per engine; each refuses, with the
+//! recipe key and the reason, what its engine (or the recipe's release of it) cannot
+//! do, rather than rendering a flag the engine would reject or silently ignore.
+//!
+//! Nothing here starts a process: `sous serve --dry-run` prints a [`Launch`] and
+//! `sous serve` runs exactly that.
+
+mod shell;
+mod sglang;
+mod trtllm;
+mod vllm;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Serialize, Serializer};
+
+use crate::recipe::{EngineKind, Recipe, Warning, closest};
+use crate::version::Version;
+
+/// One argument of an engine's command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Arg {
+    /// Passed as written.
+    Lit(String),
+    /// The value of an environment variable of sous's own environment, read at launch
+    /// (API keys), so that secrets never appear in a recipe or a rendering. Serialized
+    /// as `${NAME}`.
+    FromEnv(String),
+}
+
+impl Serialize for Arg {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Arg::Lit(s) => serializer.serialize_str(s),
+            Arg::FromEnv(var) => serializer.serialize_str(&format!("${{{var}}}")),
+        }
+    }
+}
+
+impl From<&str> for Arg {
+    fn from(s: &str) -> Arg {
+        Arg::Lit(s.to_owned())
+    }
+}
+
+impl From<String> for Arg {
+    fn from(s: String) -> Arg {
+        Arg::Lit(s)
+    }
+}
+
+/// A file the engine reads, written before it starts (TensorRT-LLM's YAML options).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LaunchFile {
+    /// Where it is written; the command line refers to this path.
+    pub path: PathBuf,
+    /// Its contents.
+    pub contents: String,
+}
+
+/// Everything needed to start an engine for a recipe.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Launch {
+    /// The engine.
+    pub engine: EngineKind,
+    /// The release whose flags were rendered, and whether the recipe named it or sous
+    /// assumed its newest known release.
+    pub version: String,
+    /// Whether `version` was assumed (the recipe did not set `engine.version`).
+    pub version_assumed: bool,
+    /// The command line, program first.
+    pub argv: Vec<Arg>,
+    /// Environment variables set for the engine, on top of the inherited environment.
+    pub env: BTreeMap<String, Arg>,
+    /// Files written before the engine starts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<LaunchFile>,
+    /// Container image the command runs in, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Legal but suspicious settings.
+    pub warnings: Vec<Warning>,
+}
+
+impl Launch {
+    /// A shell script that starts the engine: option files written with here-documents,
+    /// then `NAME=value ... program args`, one flag per line. Secrets are referenced as
+    /// `"$NAME"`, never expanded.
+    pub fn to_shell(&self) -> String {
+        shell::render(self)
+    }
+}
+
+/// Where adapters put the files an engine reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderContext {
+    /// The instance's state directory (`<state>/<recipe name>`).
+    pub instance_dir: PathBuf,
+}
+
+/// A recipe the chosen engine cannot serve as written. Every variant is the user's to
+/// fix (exit code 1).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// The engine has no equivalent of a recipe setting.
+    #[error("{engine} cannot honour `{key}`: {message}")]
+    Unsupported {
+        /// Engine and release, e.g. `vLLM 0.27.1`.
+        engine: String,
+        /// The recipe key.
+        key: String,
+        /// Why.
+        message: String,
+        /// What to do instead.
+        hint: Option<String>,
+    },
+    /// A name (speculative method, parser, KV type) the engine release does not know.
+    #[error("{engine} has no {what} `{value}`")]
+    UnknownValue {
+        /// Engine and release.
+        engine: String,
+        /// The recipe key.
+        key: String,
+        /// What kind of name, e.g. `speculative method`.
+        what: String,
+        /// The value.
+        value: String,
+        /// The values the release accepts.
+        known: Vec<String>,
+    },
+    /// A release older than any sous can render for.
+    #[error("{engine} is older than the oldest release sous renders for ({oldest})")]
+    TooOld {
+        /// Engine and release.
+        engine: String,
+        /// The oldest supported release.
+        oldest: String,
+    },
+    /// The native engine has no command line.
+    #[error("the native engine runs inside sous: there is no engine command line to render")]
+    InProcess,
+}
+
+impl RenderError {
+    /// A next step for the user.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            RenderError::Unsupported { hint, .. } => hint.clone(),
+            RenderError::UnknownValue { value, known, .. } => {
+                match closest(value, known.iter().map(String::as_str)) {
+                    Some(near) => Some(format!("did you mean `{near}`?")),
+                    None if known.len() <= 12 => Some(format!(
+                        "known: {}",
+                        known.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                    )),
+                    None => Some(format!("{} names are known; see the engine's documentation for this release", known.len())),
+                }
+            }
+            RenderError::TooOld { .. } => Some("set `engine.version` to a newer release".into()),
+            RenderError::InProcess => Some("run `sous serve --recipe FILE` without `--dry-run`".into()),
+        }
+    }
+
+    /// The recipe key at fault, if any.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            RenderError::Unsupported { key, .. } | RenderError::UnknownValue { key, .. } => Some(key),
+            RenderError::TooOld { .. } => Some("engine.version"),
+            RenderError::InProcess => None,
+        }
+    }
+}
+
+/// Renders the recipe for its engine.
+pub fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, RenderError> {
+    let mut launch = match recipe.engine.kind {
+        EngineKind::Vllm => vllm::render(recipe)?,
+        EngineKind::Sglang => sglang::render(recipe)?,
+        EngineKind::Trtllm => trtllm::render(recipe, ctx)?,
+        EngineKind::Native => return Err(RenderError::InProcess),
+    };
+    launch.argv.extend(recipe.engine.extra_args.iter().map(|a| Arg::Lit(a.clone())));
+    for (name, value) in &recipe.env {
+        launch.env.insert(name.clone(), Arg::Lit(value.clone()));
+    }
+    launch.image = recipe.engine.image.clone();
+    Ok(launch)
+}
+
+/// The release an adapter renders for: the recipe's, or the newest sous knows.
+pub(crate) struct Target {
+    pub version: Version,
+    pub assumed: bool,
+    pub label: String,
+}
+
+impl Target {
+    pub(crate) fn new(recipe: &Recipe, newest: Version) -> Target {
+        let name = recipe.engine.kind.display_name();
+        match &recipe.engine.version {
+            Some(v) => Target {
+                label: format!("{name} {v}"),
+                version: v.clone(),
+                assumed: false,
+            },
+            None => Target {
+                label: format!("{name} {newest}"),
+                version: newest,
+                assumed: true,
+            },
+        }
+    }
+
+    /// Same-or-newer, with an unset version counting as newest.
+    pub(crate) fn at_least(&self, major: u32, minor: u32, patch: u32) -> bool {
+        self.version.at_least(major, minor, patch)
+    }
+
+    pub(crate) fn unsupported(&self, key: &str, message: impl Into<String>, hint: Option<&str>) -> RenderError {
+        RenderError::Unsupported {
+            engine: self.label.clone(),
+            key: key.to_owned(),
+            message: message.into(),
+            hint: hint.map(str::to_owned),
+        }
+    }
+
+    pub(crate) fn unknown(&self, key: &str, what: &str, value: &str, known: &[&str]) -> RenderError {
+        RenderError::UnknownValue {
+            engine: self.label.clone(),
+            key: key.to_owned(),
+            what: what.to_owned(),
+            value: value.to_owned(),
+            known: known.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    pub(crate) fn launch(&self, engine: EngineKind) -> Launch {
+        Launch {
+            engine,
+            version: self.version.to_string(),
+            version_assumed: self.assumed,
+            argv: Vec::new(),
+            env: BTreeMap::new(),
+            files: Vec::new(),
+            image: None,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// A float as engines' argparse reads it: `0.9`, not `0.90000000000000002`.
+pub(crate) fn float(value: f64) -> String {
+    let text = format!("{value}");
+    if text.contains('e') { format!("{value:.6}") } else { text }
+}
+
+/// Pushes `flag value`.
+pub(crate) fn push(argv: &mut Vec<Arg>, flag: &str, value: impl ToString) {
+    argv.push(Arg::Lit(flag.to_owned()));
+    argv.push(Arg::Lit(value.to_string()));
+}

@@ -1,0 +1,16 @@
+//! `sous-engine`: everything about a deployment that is not the terminal.
+//!
+//! - [`recipe`]: the recipe format, loading (`extends`, environment, `--set`),
+//!   validation, and the generated schema and reference.
+//! - [`launch`]: engine adapters that turn a [`recipe::Recipe`] into the exact command
+//!   line, environment and option files of vLLM, SGLang or TensorRT-LLM.
+//! - [`version`]: engine release numbers.
+//! - [`paths`]: where sous keeps per-deployment state.
+//!
+//! This crate never prints: it returns values and typed errors, and logs through
+//! `tracing`. The `sous` binary decides what reaches the terminal.
+
+pub mod launch;
+pub mod paths;
+pub mod recipe;
+pub mod version;

@@ -1,0 +1,44 @@
+//! Where sous keeps its own state: one directory per deployment, holding what a
+//! running instance needs (engine option files, logs, pid and port in later versions).
+//!
+//! `SOUS_STATE_DIR` wins; else `$XDG_STATE_HOME/sous`; else `~/.local/state/sous`, as
+//! the XDG base-directory specification places state that survives restarts.
+
+use std::path::PathBuf;
+
+/// The root of sous's state.
+pub fn state_dir() -> PathBuf {
+    state_dir_from(|name| std::env::var_os(name))
+}
+
+/// [`state_dir`] with the environment given, for tests.
+pub fn state_dir_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathBuf {
+    if let Some(dir) = var("SOUS_STATE_DIR").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = var("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir).join("sous");
+    }
+    let home = var("HOME").filter(|v| !v.is_empty()).map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".local/state/sous")
+}
+
+/// The state directory of one deployment.
+pub fn instance_dir(name: &str) -> PathBuf {
+    state_dir().join(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follows_xdg() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).into())
+        };
+        assert_eq!(state_dir_from(env(&[("SOUS_STATE_DIR", "/s"), ("HOME", "/h")])), PathBuf::from("/s"));
+        assert_eq!(state_dir_from(env(&[("XDG_STATE_HOME", "/x"), ("HOME", "/h")])), PathBuf::from("/x/sous"));
+        assert_eq!(state_dir_from(env(&[("HOME", "/h")])), PathBuf::from("/h/.local/state/sous"));
+    }
+}

@@ -1,0 +1,438 @@
+//! The raw recipe: exactly what a recipe TOML file may contain, nothing derived.
+//!
+//! Every field is optional here because a recipe may be split across an `extends`
+//! chain, the `SOUS_*` environment and `--set` overrides; what must be present is
+//! decided when the layers are merged and resolved (`resolve.rs`). The doc comments
+//! on these types are the user documentation: `recipes/recipe.schema.json` and
+//! `docs/recipe.md` are generated from them (`schema.rs`).
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::bytes::ByteSize;
+
+/// A sous recipe: one model, how to build it and how to serve it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "sous recipe")]
+pub struct RecipeFile {
+    /// Name of the deployment: it names the state directory and the instance that
+    /// `sous serve --replace` looks for. Lower-case letters, digits, `.`, `_` and `-`.
+    /// Defaults to the recipe's file name without `.toml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+
+    /// One line saying what this recipe is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+
+    /// A parent recipe, as a path relative to this file. This file's settings are laid
+    /// over the parent's: tables merge key by key, arrays and values are replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extends: Option<String>,
+
+    /// Which model to serve and where its weights come from.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub model: ModelSection,
+
+    /// An optional build step: quantize the model's weights before serving them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize: Option<QuantizeSection>,
+
+    /// Which engine serves the model, and which release of it.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub engine: EngineSection,
+
+    /// How much accelerator memory the engine may take, and for what.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub memory: MemorySection,
+
+    /// How requests are scheduled and answered: context length, batching, caching,
+    /// speculative decoding, parallelism, parsers.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub serving: ServingSection,
+
+    /// Where the OpenAI-compatible server listens and how it authenticates clients.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub server: ServerSection,
+
+    /// Environment variables set for the engine process, verbatim
+    /// (e.g. `VLLM_PLE_CPU_OFFLOAD = "1"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+/// `[model]`: the weights to serve.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Hugging Face Hub repository id, `org/name` (e.g. `Qwen/Qwen3.8-27B`). With `path`
+    /// it says where the weights in `path` come from; alone, the engine is given the
+    /// repository id and the weights come from the Hub cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
+
+    /// Branch, tag or commit of `repo`. Default: `main`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+
+    /// A local directory holding the weights (Hub layout: `config.json`, `*.safetensors`,
+    /// tokenizer files). When set, the engine is given this path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+
+    /// The model name clients send in requests and `/v1/models` reports. Default: the
+    /// repository id, or the last component of `path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_name: Option<String>,
+}
+
+/// `[quantize]`: turn the model's weights into NVFP4 before serving.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuantizeSection {
+    /// Quantization scheme. `nvfp4a16`: FP4 weights, 16-bit activations (needs no
+    /// calibration). `nvfp4`: FP4 weights and activations (W4A4, needs calibration data).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<QuantScheme>,
+
+    /// Checkpoint format. `compressed-tensors` (llm-compressor's; vLLM and SGLang load
+    /// it) or `modelopt` (NVIDIA ModelOpt's; TensorRT-LLM, vLLM and SGLang load it).
+    /// Default: `compressed-tensors`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<QuantFormat>,
+
+    /// Modules kept at their original precision, in addition to the ones the reference
+    /// tools always keep (lm_head, embeddings, norms, routers). Exact names, or
+    /// regular expressions prefixed with `re:` (e.g. `re:.*mlp\.gate$`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignore: Vec<String>,
+}
+
+/// NVFP4 quantization schemes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantScheme {
+    /// FP4 (E2M1) weights with FP8 block scales and 16-bit activations.
+    Nvfp4a16,
+    /// FP4 weights and FP4 activations (W4A4).
+    Nvfp4,
+}
+
+/// NVFP4 checkpoint formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum QuantFormat {
+    /// compressed-tensors, as llm-compressor writes it.
+    CompressedTensors,
+    /// NVIDIA ModelOpt's format (`hf_quant_config.json`).
+    Modelopt,
+}
+
+/// `[engine]`: what serves the model.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSection {
+    /// The engine: `vllm`, `sglang`, `trtllm` (TensorRT-LLM's `trtllm-serve`) or
+    /// `native` (the engine built into sous, CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<EngineKind>,
+
+    /// The engine's release, e.g. `0.27.1`. Flags that an engine renamed between
+    /// releases are rendered for this one. Unset: the newest release sous knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+
+    /// Container image to run the engine in (e.g. `vllm/vllm-openai:v0.27.1`). Unset:
+    /// the engine runs as a host process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+
+    /// The engine's executable when it is not the usual one on `PATH` (`vllm`,
+    /// `python3 -m sglang.launch_server`, `trtllm-serve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executable: Option<String>,
+
+    /// Escape hatch: arguments appended verbatim to the engine's command line, after
+    /// everything sous renders. sous does not check them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+
+    /// Escape hatch for TensorRT-LLM: a table merged over the YAML options file sous
+    /// writes for `trtllm-serve` (any `LlmArgs` field). Other engines refuse it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_options: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// The serving engines sous knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// vLLM (`vllm serve`).
+    Vllm,
+    /// SGLang (`python3 -m sglang.launch_server`).
+    Sglang,
+    /// TensorRT-LLM (`trtllm-serve`).
+    Trtllm,
+    /// The engine built into sous (CPU, in-process).
+    Native,
+}
+
+impl EngineKind {
+    /// The name used in recipes and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+            EngineKind::Trtllm => "trtllm",
+            EngineKind::Native => "native",
+        }
+    }
+
+    /// The name people call the engine by.
+    pub fn display_name(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "vLLM",
+            EngineKind::Sglang => "SGLang",
+            EngineKind::Trtllm => "TensorRT-LLM",
+            EngineKind::Native => "the native engine",
+        }
+    }
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `[memory]`: accelerator memory and the KV cache.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySection {
+    /// Fraction of the accelerator's memory the engine may use, in (0, 1]. vLLM: of
+    /// total memory, weights and activations included (`--gpu-memory-utilization`);
+    /// SGLang: weights and KV pool (`--mem-fraction-static`); TensorRT-LLM: of the
+    /// memory left free after the weights (`free_gpu_memory_fraction`). Unset: the
+    /// engine's default, which changes between releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_utilization: Option<f64>,
+
+    /// Values of `gpu_utilization` to fall back to, in order, when the engine dies of
+    /// an out-of-memory error at start-up (e.g. `[0.85]`). Each must be below the one
+    /// before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub oom_fallback: Vec<f64>,
+
+    /// Data type of the KV cache: `auto` (the model's), `fp8` (E4M3), `fp8_e4m3`,
+    /// `fp8_e5m2`, `bfloat16`, `float16` or `nvfp4`. Engines and releases differ in
+    /// which they accept; sous refuses the ones the recipe's engine does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_dtype: Option<KvCacheDtype>,
+
+    /// A fixed KV-cache budget per GPU instead of a fraction of memory: bytes, or a
+    /// size with a unit (`14.5GiB`, `16GB`, `512MiB`). vLLM then ignores
+    /// `gpu_utilization` (`--kv-cache-memory-bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_bytes: Option<ByteSize>,
+
+    /// Host RAM the engine may use to offload the KV cache from the GPU, as a size
+    /// (`100GiB`). vLLM: `--kv-offloading-size` (native backend); SGLang: hierarchical
+    /// cache; TensorRT-LLM: `kv_cache_config.host_cache_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_offload_bytes: Option<ByteSize>,
+}
+
+/// KV-cache data types, by meaning rather than by any one engine's spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheDtype {
+    /// The model's own data type.
+    Auto,
+    /// 8-bit floating point, E4M3 on NVIDIA GPUs.
+    Fp8,
+    /// 8-bit floating point, E4M3.
+    Fp8E4m3,
+    /// 8-bit floating point, E5M2.
+    Fp8E5m2,
+    /// bfloat16.
+    Bfloat16,
+    /// IEEE half precision.
+    Float16,
+    /// NVFP4 (4-bit, block-scaled).
+    Nvfp4,
+}
+
+impl KvCacheDtype {
+    /// The recipe spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Fp8 => "fp8",
+            KvCacheDtype::Fp8E4m3 => "fp8_e4m3",
+            KvCacheDtype::Fp8E5m2 => "fp8_e5m2",
+            KvCacheDtype::Bfloat16 => "bfloat16",
+            KvCacheDtype::Float16 => "float16",
+            KvCacheDtype::Nvfp4 => "nvfp4",
+        }
+    }
+
+    /// Bytes per element of the cache (a half for the 4-bit types), not counting scales.
+    pub fn element_bytes(self) -> Option<f64> {
+        match self {
+            KvCacheDtype::Auto => None,
+            KvCacheDtype::Fp8 | KvCacheDtype::Fp8E4m3 | KvCacheDtype::Fp8E5m2 => Some(1.0),
+            KvCacheDtype::Bfloat16 | KvCacheDtype::Float16 => Some(2.0),
+            KvCacheDtype::Nvfp4 => Some(0.5),
+        }
+    }
+}
+
+/// `[serving]`: scheduling, caching and the OpenAI-API features.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServingSection {
+    /// Longest sequence (prompt plus output) in tokens. Unset: the model's own limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<u64>,
+
+    /// Most requests decoded together; more wait in the queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_num_seqs: Option<u32>,
+
+    /// Most tokens scheduled in one engine step (the prefill chunk size with chunked
+    /// prefill).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batched_tokens: Option<u64>,
+
+    /// Reuse the KV cache of prompt prefixes seen before. Rendered explicitly either
+    /// way when set: engine defaults differ by release and by model (hybrid models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_caching: Option<bool>,
+
+    /// Split long prompts into chunks scheduled alongside decoding requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunked_prefill: Option<bool>,
+
+    /// Speculative decoding, e.g. `{ method = "mtp", tokens = 2 }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeSection>,
+
+    /// Tensor-parallel size: GPUs one copy of the model is split across.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_parallel: Option<u32>,
+
+    /// Pipeline-parallel size: stages the layers are split into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline_parallel: Option<u32>,
+
+    /// Data-parallel size: copies of the model behind one endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_parallel: Option<u32>,
+
+    /// Spread MoE experts across the data- or tensor-parallel GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_parallel: Option<bool>,
+
+    /// Parser that separates the model's reasoning from its answer (e.g. `qwen3`).
+    /// Names as vLLM spells them; sous translates for other engines where it knows how.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_parser: Option<String>,
+
+    /// Parser that extracts tool calls from the model's output (e.g. `qwen3_coder`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_parser: Option<String>,
+
+    /// Let the model decide when to call a tool (`tool_choice: "auto"`). Needs
+    /// `tool_call_parser`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_tool_choice: Option<bool>,
+
+    /// Run Python code shipped with the model repository (custom architectures).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_remote_code: Option<bool>,
+
+    /// Data type of weights and activations: `auto`, `bfloat16`, `float16` or `float32`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<ModelDtype>,
+}
+
+/// `[serving.speculative]`: draft tokens verified by the target model in one step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeSection {
+    /// `mtp` (the checkpoint's own multi-token-prediction head), a model-specific MTP
+    /// head as vLLM names it (`qwen3_next_mtp`, `deepseek_mtp`, ...), `eagle`, `eagle3`,
+    /// `draft_model` (these three need `model`) or `ngram` (prompt lookup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+
+    /// Tokens drafted per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u32>,
+
+    /// The draft model (Hub id or path) for `eagle`, `eagle3` and `draft_model`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+
+    /// `ngram`: shortest n-gram to look up in the prompt. Default: `prompt_lookup_max`,
+    /// or 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_lookup_min: Option<u32>,
+
+    /// `ngram`: longest n-gram to look up in the prompt. Default: `prompt_lookup_min`,
+    /// or 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_lookup_max: Option<u32>,
+}
+
+/// Model compute data types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelDtype {
+    /// The checkpoint's own type.
+    Auto,
+    /// bfloat16.
+    Bfloat16,
+    /// IEEE half precision.
+    Float16,
+    /// IEEE single precision.
+    Float32,
+}
+
+impl ModelDtype {
+    /// The spelling shared by vLLM, SGLang and the recipe.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelDtype::Auto => "auto",
+            ModelDtype::Bfloat16 => "bfloat16",
+            ModelDtype::Float16 => "float16",
+            ModelDtype::Float32 => "float32",
+        }
+    }
+}
+
+/// `[server]`: the HTTP endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address to listen on. Default: `0.0.0.0` (all interfaces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+
+    /// TCP port. Default: 8000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+
+    /// Name of an environment variable holding the API key clients must send
+    /// (`Authorization: Bearer ...`). The key itself never appears in a recipe,
+    /// a rendered command line or a log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}

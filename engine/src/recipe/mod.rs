@@ -1,0 +1,46 @@
+//! Recipes: the TOML a user writes ([`RecipeFile`]), how layers of it are loaded and
+//! merged (`load`), and the checked result every other part of sous works from
+//! ([`Recipe`]). Nothing here starts or renders an engine; that is `launch`.
+
+mod bytes;
+mod error;
+mod file;
+mod load;
+mod resolve;
+pub mod schema;
+
+pub use bytes::{ByteSize, ByteSizeError};
+pub use error::{At, Location, RecipeError, closest};
+pub use file::{
+    EngineKind, EngineSection, KvCacheDtype, MemorySection, ModelDtype, ModelSection, QuantFormat,
+    QuantScheme, QuantizeSection, RecipeFile, ServerSection, ServingSection, SpeculativeSection,
+};
+pub use load::{ENV_PREFIX, Overrides, Provenance};
+pub use resolve::{
+    DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION, Engine, Memory, Model, Quantize, Recipe, Server,
+    Warning, is_mtp,
+};
+
+use std::path::Path;
+
+/// A resolved recipe and what it was built from.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The recipe.
+    pub recipe: Recipe,
+    /// Legal but suspicious settings.
+    pub warnings: Vec<Warning>,
+    /// The layers, to locate values in later messages.
+    pub provenance: Provenance,
+}
+
+/// Loads the recipe at `path` with its `extends` chain and `overrides`, and resolves it.
+pub fn load(path: &Path, overrides: &Overrides) -> Result<Loaded, RecipeError> {
+    let (raw, provenance) = load::load_layers(path, overrides)?;
+    let (recipe, warnings) = resolve::resolve(raw, &provenance)?;
+    Ok(Loaded {
+        recipe,
+        warnings,
+        provenance,
+    })
+}
