@@ -68,7 +68,10 @@ pub fn classify(err: &anyhow::Error) -> (u8, Option<String>) {
             return (USER, e.hint.clone());
         }
     }
-    (INTERNAL, Some("this is a bug in sous; please report it with the command you ran".into()))
+    (
+        INTERNAL,
+        Some("this is a bug in sous; please report it with the command you ran".into()),
+    )
 }
 
 /// A command line clap could not parse: help and version go to stdout with code 0,
@@ -76,7 +79,9 @@ pub fn classify(err: &anyhow::Error) -> (u8, Option<String>) {
 pub fn usage(err: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     let code = match err.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => 0,
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => 0,
         _ => USER,
     };
     // clap picks stdout or stderr itself.

@@ -27,7 +27,11 @@ impl Shell {
     }
 
     fn paint(&self, style: &str, text: &str) -> String {
-        if self.color { format!("{style}{text}{RESET}") } else { text.to_owned() }
+        if self.color {
+            format!("{style}{text}{RESET}")
+        } else {
+            text.to_owned()
+        }
     }
 
     /// Data for the user or a script, on stdout.

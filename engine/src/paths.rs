@@ -19,7 +19,9 @@ pub fn state_dir_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathB
     if let Some(dir) = var("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(dir).join("sous");
     }
-    let home = var("HOME").filter(|v| !v.is_empty()).map_or_else(|| PathBuf::from("."), PathBuf::from);
+    let home = var("HOME")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("."), PathBuf::from);
     home.join(".local/state/sous")
 }
 
@@ -37,8 +39,17 @@ mod tests {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| (*v).into())
         };
-        assert_eq!(state_dir_from(env(&[("SOUS_STATE_DIR", "/s"), ("HOME", "/h")])), PathBuf::from("/s"));
-        assert_eq!(state_dir_from(env(&[("XDG_STATE_HOME", "/x"), ("HOME", "/h")])), PathBuf::from("/x/sous"));
-        assert_eq!(state_dir_from(env(&[("HOME", "/h")])), PathBuf::from("/h/.local/state/sous"));
+        assert_eq!(
+            state_dir_from(env(&[("SOUS_STATE_DIR", "/s"), ("HOME", "/h")])),
+            PathBuf::from("/s")
+        );
+        assert_eq!(
+            state_dir_from(env(&[("XDG_STATE_HOME", "/x"), ("HOME", "/h")])),
+            PathBuf::from("/x/sous")
+        );
+        assert_eq!(
+            state_dir_from(env(&[("HOME", "/h")])),
+            PathBuf::from("/h/.local/state/sous")
+        );
     }
 }

@@ -13,9 +13,8 @@ use std::str::FromStr;
 /// An engine release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Version {
-    major: u32,
-    minor: u32,
-    patch: u32,
+    /// Major, minor, patch and a fourth component (`0.10.1.1`).
+    numbers: [u32; 4],
     /// `rc1`, `a2`, `dev3`: sorts before the release it precedes.
     pre_release: bool,
     raw: String,
@@ -30,9 +29,7 @@ impl Version {
     /// A release from its numbers.
     pub const fn new(major: u32, minor: u32, patch: u32) -> Version {
         Version {
-            major,
-            minor,
-            patch,
+            numbers: [major, minor, patch, 0],
             pre_release: false,
             raw: String::new(),
         }
@@ -56,16 +53,13 @@ impl FromStr for Version {
             .unwrap_or(trimmed.len());
         let (numbers, suffix) = trimmed.split_at(numeric_end);
         let numbers = numbers.trim_end_matches('.');
-        let mut parts = numbers.split('.');
-        let mut next = || -> Result<u32, VersionError> {
-            match parts.next() {
-                None => Ok(0),
-                Some(p) => p.parse().map_err(|_| err()),
-            }
-        };
-        let (major, minor, patch) = (next()?, next()?, next()?);
         if numbers.is_empty() {
             return Err(err());
+        }
+        let mut parsed = [0u32; 4];
+        for (i, part) in numbers.split('.').enumerate() {
+            let slot = parsed.get_mut(i).ok_or_else(err)?;
+            *slot = part.parse().map_err(|_| err())?;
         }
         let suffix = suffix.trim_start_matches(['.', '-', '_']).to_ascii_lowercase();
         let pre_release = ["rc", "a", "b", "alpha", "beta", "dev", "pre"]
@@ -75,9 +69,7 @@ impl FromStr for Version {
             return Err(err());
         }
         Ok(Version {
-            major,
-            minor,
-            patch,
+            numbers: parsed,
             pre_release,
             raw: text.trim().to_owned(),
         })
@@ -86,12 +78,7 @@ impl FromStr for Version {
 
 impl Ord for Version {
     fn cmp(&self, other: &Self) -> Ordering {
-        (self.major, self.minor, self.patch, !self.pre_release).cmp(&(
-            other.major,
-            other.minor,
-            other.patch,
-            !other.pre_release,
-        ))
+        (self.numbers, !self.pre_release).cmp(&(other.numbers, !other.pre_release))
     }
 }
 
@@ -104,7 +91,8 @@ impl PartialOrd for Version {
 impl fmt::Display for Version {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.raw.is_empty() {
-            write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+            let [major, minor, patch, _] = self.numbers;
+            write!(f, "{major}.{minor}.{patch}")
         } else {
             f.write_str(&self.raw)
         }

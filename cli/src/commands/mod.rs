@@ -17,7 +17,9 @@ use crate::shell::Shell;
 /// One recipe file to a running, measured LLM server.
 #[derive(Debug, Parser)]
 #[command(name = "sous", version, about, long_about = None, propagate_version = true)]
-#[command(after_help = "Exit codes: 0 success, 1 bad input (recipe, flags, files), 2 internal error.\nDocs: docs/recipe.md for the recipe format.")]
+#[command(
+    after_help = "Exit codes: 0 success, 1 bad input (recipe, flags, files), 2 internal error.\nDocs: docs/recipe.md for the recipe format."
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -48,7 +48,11 @@ pub fn exec(cmd: RecipeCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
     match cmd {
         RecipeCommand::Check(args) => check(args, shell),
         RecipeCommand::Schema(args) => {
-            shell.data(&if args.markdown { schema::markdown() } else { schema::json_schema() })?;
+            shell.data(&if args.markdown {
+                schema::markdown()
+            } else {
+                schema::json_schema()
+            })?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -66,21 +70,36 @@ fn check(args: CheckArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
                 }
                 if args.deny_warnings && !warnings.is_empty() {
                     failed += 1;
-                    shell.error(&format!("{}: warnings are denied (--deny-warnings)", display(file)), None);
+                    shell.error(
+                        &format!("{}: warnings are denied (--deny-warnings)", display(file)),
+                        None,
+                    );
                 }
                 let resolved = loaded.recipe.to_file();
                 if args.json {
                     reports.push(json!({
                         "file": file,
-                        "ok": !(args.deny_warnings && !warnings.is_empty()),
+                        "ok": !args.deny_warnings || warnings.is_empty(),
                         "recipe": resolved,
                         "warnings": warnings,
                     }));
                 } else {
                     let toml = toml::to_string(&resolved).context("writing the resolved recipe as TOML")?;
-                    let header = if args.files.len() > 1 { format!("# {}\n", display(file)) } else { String::new() };
+                    let header = if args.files.len() > 1 {
+                        format!("# {}\n", display(file))
+                    } else {
+                        String::new()
+                    };
                     texts.push(format!("{header}{toml}"));
-                    shell.status("ok", &format!("{} ({} on {})", display(file), loaded.recipe.name, loaded.recipe.engine.kind));
+                    shell.status(
+                        "ok",
+                        &format!(
+                            "{} ({} on {})",
+                            display(file),
+                            loaded.recipe.name,
+                            loaded.recipe.engine.kind
+                        ),
+                    );
                 }
             }
             Err(err) => {
@@ -104,7 +123,11 @@ fn check(args: CheckArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         shell.data(&texts.join("\n"))?;
     }
     if failed > 0 {
-        return Err(Reported(format!("{failed} of {} recipe(s) failed the check", args.files.len())).into());
+        return Err(Reported(format!(
+            "{failed} of {} recipe(s) failed the check",
+            args.files.len()
+        ))
+        .into());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -118,8 +141,8 @@ fn check_one(file: &std::path::Path, overrides: &OverrideArgs) -> anyhow::Result
         let ctx = RenderContext {
             instance_dir: sous_engine::paths::instance_dir(&loaded.recipe.name),
         };
-        let rendered = launch::render(&loaded.recipe, &ctx)
-            .with_context(|| format!("recipe {}", display(file)))?;
+        let rendered =
+            launch::render(&loaded.recipe, &ctx).with_context(|| format!("recipe {}", display(file)))?;
         warnings.extend(rendered.warnings.into_iter().map(|w| w.message));
     }
     Ok((loaded, warnings))

@@ -41,7 +41,8 @@ pub fn exec(args: ServeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let ctx = RenderContext {
         instance_dir: sous_engine::paths::instance_dir(&recipe.name),
     };
-    let rendered = launch::render(recipe, &ctx).with_context(|| format!("recipe {}", display(&args.recipe.recipe)))?;
+    let rendered =
+        launch::render(recipe, &ctx).with_context(|| format!("recipe {}", display(&args.recipe.recipe)))?;
     for w in &rendered.warnings {
         shell.warn(&w.message);
     }

@@ -6,8 +6,8 @@
 //! Nothing here starts a process: `sous serve --dry-run` prints a [`Launch`] and
 //! `sous serve` runs exactly that.
 
-mod shell;
 mod sglang;
+mod shell;
 mod trtllm;
 mod vllm;
 
@@ -153,9 +153,16 @@ impl RenderError {
                     Some(near) => Some(format!("did you mean `{near}`?")),
                     None if known.len() <= 12 => Some(format!(
                         "known: {}",
-                        known.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                        known
+                            .iter()
+                            .map(|k| format!("`{k}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )),
-                    None => Some(format!("{} names are known; see the engine's documentation for this release", known.len())),
+                    None => Some(format!(
+                        "{} names are known; see the engine's documentation for this release",
+                        known.len()
+                    )),
                 }
             }
             RenderError::TooOld { .. } => Some("set `engine.version` to a newer release".into()),
@@ -181,7 +188,9 @@ pub fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, RenderErro
         EngineKind::Trtllm => trtllm::render(recipe, ctx)?,
         EngineKind::Native => return Err(RenderError::InProcess),
     };
-    launch.argv.extend(recipe.engine.extra_args.iter().map(|a| Arg::Lit(a.clone())));
+    launch
+        .argv
+        .extend(recipe.engine.extra_args.iter().map(|a| Arg::Lit(a.clone())));
     for (name, value) in &recipe.env {
         launch.env.insert(name.clone(), Arg::Lit(value.clone()));
     }
@@ -218,7 +227,12 @@ impl Target {
         self.version.at_least(major, minor, patch)
     }
 
-    pub(crate) fn unsupported(&self, key: &str, message: impl Into<String>, hint: Option<&str>) -> RenderError {
+    pub(crate) fn unsupported(
+        &self,
+        key: &str,
+        message: impl Into<String>,
+        hint: Option<&str>,
+    ) -> RenderError {
         RenderError::Unsupported {
             engine: self.label.clone(),
             key: key.to_owned(),
@@ -254,7 +268,11 @@ impl Target {
 /// A float as engines' argparse reads it: `0.9`, not `0.90000000000000002`.
 pub(crate) fn float(value: f64) -> String {
     let text = format!("{value}");
-    if text.contains('e') { format!("{value:.6}") } else { text }
+    if text.contains('e') {
+        format!("{value:.6}")
+    } else {
+        text
+    }
 }
 
 /// Pushes `flag value`.

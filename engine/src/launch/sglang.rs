@@ -15,20 +15,90 @@ pub const NEWEST: Version = Version::new(0, 5, 23);
 
 /// `--reasoning-parser` names of 0.5.23 (`parser/reasoning_parser_names.py`).
 const REASONING_PARSERS: &[&str] = &[
-    "auto", "apertus2509", "beam", "deepseek-r1", "deepseek-v3", "deepseek-v4", "deepseek-v41", "dots", "glm45",
-    "ling3", "hunyuan", "gpt-oss", "k2_horizon", "kimi", "kimi_k2", "kimi_k3", "mimo", "muse", "poolside_v1",
-    "qwen3", "qwen3-thinking", "minimax", "minimax-append-think", "minimax-m3", "nanbeige", "step3", "step3p5",
-    "mistral", "nemotron_3", "granite_thinking_parser", "interns1", "gemma4", "inkling", "iquest_q1",
-    "cohere_command4", "gigachat35", "response_template",
+    "auto",
+    "apertus2509",
+    "beam",
+    "deepseek-r1",
+    "deepseek-v3",
+    "deepseek-v4",
+    "deepseek-v41",
+    "dots",
+    "glm45",
+    "ling3",
+    "hunyuan",
+    "gpt-oss",
+    "k2_horizon",
+    "kimi",
+    "kimi_k2",
+    "kimi_k3",
+    "mimo",
+    "muse",
+    "poolside_v1",
+    "qwen3",
+    "qwen3-thinking",
+    "minimax",
+    "minimax-append-think",
+    "minimax-m3",
+    "nanbeige",
+    "step3",
+    "step3p5",
+    "mistral",
+    "nemotron_3",
+    "granite_thinking_parser",
+    "interns1",
+    "gemma4",
+    "inkling",
+    "iquest_q1",
+    "cohere_command4",
+    "gigachat35",
+    "response_template",
 ];
 
 /// `--tool-call-parser` names of 0.5.23 (`function_call/parser_names.py`).
 const TOOL_PARSERS: &[&str] = &[
-    "auto", "apertus2509", "beam", "cohere_command4", "deepseekv3", "deepseekv31", "deepseekv32", "deepseekv4",
-    "deepseekv41", "dots", "glm", "glm47", "gpt-oss", "k2_horizon", "kimi_k2", "kimi_k3", "lfm2", "ling3",
-    "llama3", "mimo", "minicpm5", "mistral", "muse", "poolside_v1", "pythonic", "qwen", "qwen3_coder",
-    "spark25", "step3", "step3p5", "minimax-m2", "minimax-m3", "nanbeige", "trinity", "interns1", "hermes",
-    "hunyuan", "gigachat3", "gigachat35", "gemma4", "inkling", "iquest_q1", "response_template",
+    "auto",
+    "apertus2509",
+    "beam",
+    "cohere_command4",
+    "deepseekv3",
+    "deepseekv31",
+    "deepseekv32",
+    "deepseekv4",
+    "deepseekv41",
+    "dots",
+    "glm",
+    "glm47",
+    "gpt-oss",
+    "k2_horizon",
+    "kimi_k2",
+    "kimi_k3",
+    "lfm2",
+    "ling3",
+    "llama3",
+    "mimo",
+    "minicpm5",
+    "mistral",
+    "muse",
+    "poolside_v1",
+    "pythonic",
+    "qwen",
+    "qwen3_coder",
+    "spark25",
+    "step3",
+    "step3p5",
+    "minimax-m2",
+    "minimax-m3",
+    "nanbeige",
+    "trinity",
+    "interns1",
+    "hermes",
+    "hunyuan",
+    "gigachat3",
+    "gigachat35",
+    "gemma4",
+    "inkling",
+    "iquest_q1",
+    "response_template",
 ];
 
 /// Recipe parser names (vLLM's spelling) that SGLang spells differently.
@@ -52,7 +122,11 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
     let target = Target::new(recipe, NEWEST);
     let mut launch = target.launch(EngineKind::Sglang);
     let python = recipe.engine.executable.as_deref().unwrap_or("python3");
-    launch.argv.extend([Arg::from(python), Arg::from("-m"), Arg::from("sglang.launch_server")]);
+    launch.argv.extend([
+        Arg::from(python),
+        Arg::from("-m"),
+        Arg::from("sglang.launch_server"),
+    ]);
     let mut warnings = Vec::new();
     let argv = &mut launch.argv;
     push(argv, "--model-path", recipe.model.engine_arg());
@@ -156,7 +230,12 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
             "draft_model" => "STANDALONE",
             "ngram" => "NGRAM",
             other => {
-                return Err(target.unknown(key, "speculative method", other, &["mtp", "eagle", "eagle3", "draft_model", "ngram"]));
+                return Err(target.unknown(
+                    key,
+                    "speculative method",
+                    other,
+                    &["mtp", "eagle", "eagle3", "draft_model", "ngram"],
+                ));
             }
         };
         push(argv, "--speculative-algorithm", algorithm);
@@ -182,11 +261,25 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
         }
     }
     if let Some(parser) = &serving.reasoning_parser {
-        let name = translate(&target, "serving.reasoning_parser", "reasoning parser", parser, REASONING_PARSERS, &mut warnings)?;
+        let name = translate(
+            &target,
+            "serving.reasoning_parser",
+            "reasoning parser",
+            parser,
+            REASONING_PARSERS,
+            &mut warnings,
+        )?;
         push(argv, "--reasoning-parser", name);
     }
     if let Some(parser) = &serving.tool_call_parser {
-        let name = translate(&target, "serving.tool_call_parser", "tool-call parser", parser, TOOL_PARSERS, &mut warnings)?;
+        let name = translate(
+            &target,
+            "serving.tool_call_parser",
+            "tool-call parser",
+            parser,
+            TOOL_PARSERS,
+            &mut warnings,
+        )?;
         push(argv, "--tool-call-parser", name);
     }
     // `auto_tool_choice`: SGLang has no switch; `tool_choice: "auto"` works whenever a

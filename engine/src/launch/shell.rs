@@ -10,7 +10,9 @@ pub(super) fn render(launch: &Launch) -> String {
     for file in &launch.files {
         let path = quote(&file.path.to_string_lossy());
         // A quoted delimiter keeps the shell from expanding anything inside.
-        out.push_str(&format!("mkdir -p \"$(dirname {path})\"\ncat > {path} <<'SOUS_EOF'\n"));
+        out.push_str(&format!(
+            "mkdir -p \"$(dirname {path})\"\ncat > {path} <<'SOUS_EOF'\n"
+        ));
         out.push_str(&file.contents);
         if !file.contents.ends_with('\n') {
             out.push('\n');

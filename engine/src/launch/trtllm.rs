@@ -81,7 +81,11 @@ pub(super) fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, Ren
     }
     if let Some(parser) = &serving.reasoning_parser {
         // TensorRT-LLM spells DeepSeek-R1's parser with a dash.
-        let name = if parser == "deepseek_r1" { "deepseek-r1" } else { parser.as_str() };
+        let name = if parser == "deepseek_r1" {
+            "deepseek-r1"
+        } else {
+            parser.as_str()
+        };
         push(argv, "--reasoning_parser", name);
     }
     if let Some(parser) = &serving.tool_call_parser {
@@ -109,7 +113,12 @@ pub(super) fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, Ren
             KvCacheDtype::Auto => "auto",
             KvCacheDtype::Fp8 | KvCacheDtype::Fp8E4m3 => "fp8",
             other => {
-                return Err(target.unknown("memory.kv_cache_dtype", "KV-cache dtype", other.as_str(), &["auto", "fp8", "fp8_e4m3"]));
+                return Err(target.unknown(
+                    "memory.kv_cache_dtype",
+                    "KV-cache dtype",
+                    other.as_str(),
+                    &["auto", "fp8", "fp8_e4m3"],
+                ));
             }
         };
         kv.insert("dtype".into(), json!(name));
@@ -131,9 +140,15 @@ pub(super) fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, Ren
         let k = spec.tokens.unwrap_or(1);
         let config = match method {
             m if is_mtp(m) => json!({ "decoding_type": "MTP", "num_nextn_predict_layers": k }),
-            "eagle" => json!({ "decoding_type": "Eagle", "max_draft_len": k, "speculative_model": spec.model }),
-            "eagle3" => json!({ "decoding_type": "Eagle3", "max_draft_len": k, "speculative_model": spec.model }),
-            "draft_model" => json!({ "decoding_type": "Draft_Target", "max_draft_len": k, "speculative_model": spec.model }),
+            "eagle" => {
+                json!({ "decoding_type": "Eagle", "max_draft_len": k, "speculative_model": spec.model })
+            }
+            "eagle3" => {
+                json!({ "decoding_type": "Eagle3", "max_draft_len": k, "speculative_model": spec.model })
+            }
+            "draft_model" => {
+                json!({ "decoding_type": "Draft_Target", "max_draft_len": k, "speculative_model": spec.model })
+            }
             "ngram" => json!({
                 "decoding_type": "NGram",
                 "max_draft_len": k,
@@ -167,10 +182,18 @@ pub(super) fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, Ren
 
     let path = ctx.instance_dir.join(OPTIONS_FILE);
     // Builds up to 1.2 only know `--extra_llm_api_options`; 1.3 documents `--config`.
-    let flag = if target.at_least(1, 3, 0) { "--config" } else { "--extra_llm_api_options" };
+    let flag = if target.at_least(1, 3, 0) {
+        "--config"
+    } else {
+        "--extra_llm_api_options"
+    };
     push(&mut launch.argv, flag, path.display());
     let contents = serde_yaml_ng::to_string(&Value::Object(options)).map_err(|e| {
-        target.unsupported("engine.extra_options", format!("cannot be written as YAML: {e}"), None)
+        target.unsupported(
+            "engine.extra_options",
+            format!("cannot be written as YAML: {e}"),
+            None,
+        )
     })?;
     launch.files.push(LaunchFile { path, contents });
     launch.warnings = warnings;

@@ -18,43 +18,165 @@ use crate::version::Version;
 pub const NEWEST: Version = Version::new(0, 33, 0);
 
 /// MTP heads vLLM 0.11.0 accepts as `method` (docs.vllm.ai v0.11.0 `vllm.config.speculative`).
-const MTP_0_11: &[&str] = &["deepseek_mtp", "ernie_mtp", "qwen3_next_mtp", "mimo_mtp", "longcat_flash_mtp"];
+const MTP_0_11: &[&str] = &[
+    "deepseek_mtp",
+    "ernie_mtp",
+    "qwen3_next_mtp",
+    "mimo_mtp",
+    "longcat_flash_mtp",
+];
 
 /// MTP heads of vLLM 0.33.0 (`vllm/config/speculative.py` `MTPModelTypes`); all of them
 /// are rewritten to `mtp` with a deprecation warning there.
 const MTP_0_33: &[&str] = &[
-    "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp",
-    "glm_ocr_mtp", "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp", "exaone4_5_mtp", "qwen3_next_mtp",
-    "qwen4_exp_mtp", "qwen3_5_mtp", "longcat_flash_mtp", "bailing_hybrid_v3_mtp", "minimax_m3_mtp",
-    "bailing_hybrid_mtp", "kimi_k3_mtp", "pangu_ultra_moe_mtp", "step3p5_mtp", "step5_mtp", "hy_v3_mtp",
-    "hy_v4_mtp", "gemma4_mtp", "inkling_mtp", "glm5_next_mtp",
+    "deepseek_mtp",
+    "dots3_note_mtp",
+    "mimo_mtp",
+    "mimo_v2_mtp",
+    "glm4_moe_mtp",
+    "glm4_moe_lite_mtp",
+    "glm_ocr_mtp",
+    "ernie_mtp",
+    "nemotron_h_mtp",
+    "exaone_moe_mtp",
+    "exaone4_5_mtp",
+    "qwen3_next_mtp",
+    "qwen4_exp_mtp",
+    "qwen3_5_mtp",
+    "longcat_flash_mtp",
+    "bailing_hybrid_v3_mtp",
+    "minimax_m3_mtp",
+    "bailing_hybrid_mtp",
+    "kimi_k3_mtp",
+    "pangu_ultra_moe_mtp",
+    "step3p5_mtp",
+    "step5_mtp",
+    "hy_v3_mtp",
+    "hy_v4_mtp",
+    "gemma4_mtp",
+    "inkling_mtp",
+    "glm5_next_mtp",
 ];
 
 /// Methods every release from 0.10.2 accepts.
 const METHODS_ALWAYS: &[&str] = &["ngram", "eagle", "eagle3", "draft_model"];
 
 /// Methods sous only knows from 0.33.0.
-const METHODS_0_33: &[&str] = &["suffix", "custom_class", "extract_hidden_states", "dflash", "ngram_gpu", "dspark"];
+const METHODS_0_33: &[&str] = &[
+    "suffix",
+    "custom_class",
+    "extract_hidden_states",
+    "dflash",
+    "ngram_gpu",
+    "dspark",
+];
 
 /// `--tool-call-parser` names of 0.33.0 (`vllm/tool_parsers/__init__.py`).
 const TOOL_PARSERS_0_33: &[&str] = &[
-    "dots", "deepseek_v3", "deepseek_v31", "deepseek_v32", "deepseek_v4", "deepseek_v41", "cohere_command3",
-    "cohere_command4", "ernie45", "glm45", "glm47", "ling3", "granite", "granite4", "hermes", "hf", "beam",
-    "poolside_v1", "hunyuan_a13b", "hy_v3", "hy_v4", "internlm", "jamba", "lfm2", "kimi_k2", "kimi_k3",
-    "k2_horizon", "llama3_json", "llama4_json", "llama4_pythonic", "longcat", "mimo", "minimax_m2",
-    "minimax_m3", "minicpm5", "mistral", "olmo3", "plamo3", "muse", "muse_glimmer", "musespark1x", "openai",
-    "phi4_mini_json", "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss", "step3", "step3p5",
-    "step5", "inkling", "xlam", "gigachat3", "functiongemma", "gemma4", "apertus",
+    "dots",
+    "deepseek_v3",
+    "deepseek_v31",
+    "deepseek_v32",
+    "deepseek_v4",
+    "deepseek_v41",
+    "cohere_command3",
+    "cohere_command4",
+    "ernie45",
+    "glm45",
+    "glm47",
+    "ling3",
+    "granite",
+    "granite4",
+    "hermes",
+    "hf",
+    "beam",
+    "poolside_v1",
+    "hunyuan_a13b",
+    "hy_v3",
+    "hy_v4",
+    "internlm",
+    "jamba",
+    "lfm2",
+    "kimi_k2",
+    "kimi_k3",
+    "k2_horizon",
+    "llama3_json",
+    "llama4_json",
+    "llama4_pythonic",
+    "longcat",
+    "mimo",
+    "minimax_m2",
+    "minimax_m3",
+    "minicpm5",
+    "mistral",
+    "olmo3",
+    "plamo3",
+    "muse",
+    "muse_glimmer",
+    "musespark1x",
+    "openai",
+    "phi4_mini_json",
+    "pythonic",
+    "qwen3_coder",
+    "qwen3_json",
+    "qwen3_xml",
+    "seed_oss",
+    "step3",
+    "step3p5",
+    "step5",
+    "inkling",
+    "xlam",
+    "gigachat3",
+    "functiongemma",
+    "gemma4",
+    "apertus",
 ];
 
 /// `--reasoning-parser` names of 0.33.0 (`vllm/reasoning/__init__.py`), plus `none`.
 const REASONING_PARSERS_0_33: &[&str] = &[
-    "none", "deepseek_r1", "deepseek_v3", "deepseek_v4", "deepseek_v41", "poolside_v1", "cohere_command3",
-    "cohere_command4", "ernie45", "gemma4", "glm45", "glm47", "ling3", "openai_gptoss", "granite",
-    "granite_thinking_parser", "hf", "beam", "holo2", "hunyuan_a13b", "hy_v3", "hy_v4", "kimi_k2", "kimi_k3",
-    "k2_horizon", "mimo", "minicpmv", "minimax_m2", "minimax_m2_append_think", "minimax_m3", "mistral",
-    "nemotron_v3", "olmo3", "plamo3", "muse", "muse_glimmer", "musespark1x", "qwen3", "seed_oss", "step3",
-    "step3p5", "step5", "inkling",
+    "none",
+    "deepseek_r1",
+    "deepseek_v3",
+    "deepseek_v4",
+    "deepseek_v41",
+    "poolside_v1",
+    "cohere_command3",
+    "cohere_command4",
+    "ernie45",
+    "gemma4",
+    "glm45",
+    "glm47",
+    "ling3",
+    "openai_gptoss",
+    "granite",
+    "granite_thinking_parser",
+    "hf",
+    "beam",
+    "holo2",
+    "hunyuan_a13b",
+    "hy_v3",
+    "hy_v4",
+    "kimi_k2",
+    "kimi_k3",
+    "k2_horizon",
+    "mimo",
+    "minicpmv",
+    "minimax_m2",
+    "minimax_m2_append_think",
+    "minimax_m3",
+    "mistral",
+    "nemotron_v3",
+    "olmo3",
+    "plamo3",
+    "muse",
+    "muse_glimmer",
+    "musespark1x",
+    "qwen3",
+    "seed_oss",
+    "step3",
+    "step3p5",
+    "step5",
+    "inkling",
 ];
 
 pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
@@ -68,7 +190,11 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
     let mut launch = target.launch(EngineKind::Vllm);
     let argv = &mut launch.argv;
     let program = recipe.engine.executable.as_deref().unwrap_or("vllm");
-    argv.extend([Arg::from(program), Arg::from("serve"), Arg::from(recipe.model.engine_arg())]);
+    argv.extend([
+        Arg::from(program),
+        Arg::from("serve"),
+        Arg::from(recipe.model.engine_arg()),
+    ]);
 
     if recipe.model.served_name != recipe.model.engine_arg() {
         push(argv, "--served-model-name", &recipe.model.served_name);
@@ -111,14 +237,26 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
                 Some("use vLLM 0.13 or later, or pass a `--kv-transfer-config` for the OffloadingConnector in `engine.extra_args`"),
             ));
         }
-        push(argv, "--kv-offloading-size", float(crate::recipe::ByteSize(bytes).gib()));
+        push(
+            argv,
+            "--kv-offloading-size",
+            float(crate::recipe::ByteSize(bytes).gib()),
+        );
         push(argv, "--kv-offloading-backend", "native");
     }
     if let Some(on) = serving.prefix_caching {
-        argv.push(Arg::from(if on { "--enable-prefix-caching" } else { "--no-enable-prefix-caching" }));
+        argv.push(Arg::from(if on {
+            "--enable-prefix-caching"
+        } else {
+            "--no-enable-prefix-caching"
+        }));
     }
     if let Some(on) = serving.chunked_prefill {
-        argv.push(Arg::from(if on { "--enable-chunked-prefill" } else { "--no-enable-chunked-prefill" }));
+        argv.push(Arg::from(if on {
+            "--enable-chunked-prefill"
+        } else {
+            "--no-enable-chunked-prefill"
+        }));
     }
     if let Some(n) = serving.max_num_seqs {
         push(argv, "--max-num-seqs", n);
@@ -163,11 +301,25 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
         push(argv, "--speculative-config", serde_json::Value::Object(config));
     }
     if let Some(parser) = &serving.reasoning_parser {
-        check_name(&target, "serving.reasoning_parser", "reasoning parser", parser, REASONING_PARSERS_0_33, &mut launch.warnings)?;
+        check_name(
+            &target,
+            "serving.reasoning_parser",
+            "reasoning parser",
+            parser,
+            REASONING_PARSERS_0_33,
+            &mut launch.warnings,
+        )?;
         push(&mut launch.argv, "--reasoning-parser", parser);
     }
     if let Some(parser) = &serving.tool_call_parser {
-        check_name(&target, "serving.tool_call_parser", "tool-call parser", parser, TOOL_PARSERS_0_33, &mut launch.warnings)?;
+        check_name(
+            &target,
+            "serving.tool_call_parser",
+            "tool-call parser",
+            parser,
+            TOOL_PARSERS_0_33,
+            &mut launch.warnings,
+        )?;
         push(&mut launch.argv, "--tool-call-parser", parser);
     }
     let argv = &mut launch.argv;
@@ -182,7 +334,9 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
     }
     if let Some(var) = &recipe.server.api_key_env {
         // The environment, not `--api-key`, so the key is not visible in `ps`.
-        launch.env.insert("VLLM_API_KEY".into(), Arg::FromEnv(var.clone()));
+        launch
+            .env
+            .insert("VLLM_API_KEY".into(), Arg::FromEnv(var.clone()));
     }
     if recipe.engine.extra_options.is_some() {
         return Err(target.unsupported(
@@ -214,7 +368,11 @@ fn kv_cache_dtype(target: &Target, dtype: KvCacheDtype) -> Result<&'static str, 
 }
 
 /// The `method` to render, checked against what the release accepts.
-fn speculative_method(target: &Target, method: &str, warnings: &mut Vec<Warning>) -> Result<String, RenderError> {
+fn speculative_method(
+    target: &Target,
+    method: &str,
+    warnings: &mut Vec<Warning>,
+) -> Result<String, RenderError> {
     let key = "serving.speculative.method";
     let known_now: Vec<&str> = METHODS_ALWAYS
         .iter()
@@ -241,7 +399,7 @@ fn speculative_method(target: &Target, method: &str, warnings: &mut Vec<Warning>
         // warning (`vllm/config/speculative.py`); render what it would use.
         return Ok("mtp".to_owned());
     }
-    if !target.at_least(0, 33, 0) && !(method == "mtp" || MTP_0_11.contains(&method)) {
+    if !(target.at_least(0, 33, 0) || method == "mtp" || MTP_0_11.contains(&method)) {
         warnings.push(Warning::new(format!(
             "speculative method `{method}` is known from vLLM 0.33.0; sous has not checked that {} accepts it",
             target.label

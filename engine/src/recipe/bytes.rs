@@ -24,7 +24,9 @@ pub enum ByteSizeError {
     #[error("`{0}` is not a size: write bytes (`15569256448`) or a number with a unit (`14.5GiB`, `16GB`)")]
     Malformed(String),
     /// The unit is not one sous accepts.
-    #[error("unknown unit `{unit}` in `{text}`: use B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)")]
+    #[error(
+        "unknown unit `{unit}` in `{text}`: use B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
+    )]
     UnknownUnit {
         /// The whole text.
         text: String,
@@ -32,7 +34,9 @@ pub enum ByteSizeError {
         unit: String,
     },
     /// A one-letter unit, which engines read differently.
-    #[error("ambiguous unit `{unit}` in `{text}`: write `{unit}B` (powers of 1000) or `{unit}iB` (powers of 1024)")]
+    #[error(
+        "ambiguous unit `{unit}` in `{text}`: write `{unit}B` (powers of 1000) or `{unit}iB` (powers of 1024)"
+    )]
     Ambiguous {
         /// The whole text.
         text: String,
@@ -75,7 +79,10 @@ impl FromStr for ByteSize {
         }
         let multiplier = if unit.is_empty() {
             1
-        } else if let Some((_, m)) = UNITS.iter().find(|(u, _)| u.eq_ignore_ascii_case(unit) && is_binary(u) == is_binary(unit)) {
+        } else if let Some((_, m)) = UNITS
+            .iter()
+            .find(|(u, _)| u.eq_ignore_ascii_case(unit) && is_binary(u) == is_binary(unit))
+        {
             *m
         } else if ["K", "M", "G", "T", "k", "m", "g", "t"].contains(&unit) {
             return Err(ByteSizeError::Ambiguous {
@@ -128,7 +135,12 @@ impl ByteSize {
 impl fmt::Display for ByteSize {
     /// Shortest exact spelling with a binary unit, else bytes: `14.5GiB`, `1000`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (unit, m) in [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        for (unit, m) in [
+            ("TiB", 1u64 << 40),
+            ("GiB", 1 << 30),
+            ("MiB", 1 << 20),
+            ("KiB", 1 << 10),
+        ] {
             if self.0 >= m {
                 // Up to three decimals, shown only when exact.
                 for decimals in 0..=3u32 {
@@ -217,11 +229,29 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_a_size() {
-        assert!(matches!("8G".parse::<ByteSize>(), Err(ByteSizeError::Ambiguous { .. })));
-        assert!(matches!("8 parsecs".parse::<ByteSize>(), Err(ByteSizeError::UnknownUnit { .. })));
-        assert!(matches!("1.3KiB".parse::<ByteSize>(), Err(ByteSizeError::Fractional(_))));
-        assert!(matches!("GiB".parse::<ByteSize>(), Err(ByteSizeError::Malformed(_))));
-        assert!(matches!("1.2.3GB".parse::<ByteSize>(), Err(ByteSizeError::Malformed(_))));
-        assert!(matches!("100000000TiB".parse::<ByteSize>(), Err(ByteSizeError::Overflow(_))));
+        assert!(matches!(
+            "8G".parse::<ByteSize>(),
+            Err(ByteSizeError::Ambiguous { .. })
+        ));
+        assert!(matches!(
+            "8 parsecs".parse::<ByteSize>(),
+            Err(ByteSizeError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            "1.3KiB".parse::<ByteSize>(),
+            Err(ByteSizeError::Fractional(_))
+        ));
+        assert!(matches!(
+            "GiB".parse::<ByteSize>(),
+            Err(ByteSizeError::Malformed(_))
+        ));
+        assert!(matches!(
+            "1.2.3GB".parse::<ByteSize>(),
+            Err(ByteSizeError::Malformed(_))
+        ));
+        assert!(matches!(
+            "100000000TiB".parse::<ByteSize>(),
+            Err(ByteSizeError::Overflow(_))
+        ));
     }
 }

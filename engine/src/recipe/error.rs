@@ -40,7 +40,9 @@ impl Location {
         let before = &text[..start];
         let line = before.matches('\n').count() + 1;
         let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        let line_end = text[line_start..].find('\n').map_or(text.len(), |i| line_start + i);
+        let line_end = text[line_start..]
+            .find('\n')
+            .map_or(text.len(), |i| line_start + i);
         let line_text = text[line_start..line_end].trim_end_matches('\r').to_owned();
         let column = text[line_start..start].chars().count() + 1;
         let end = span.end.clamp(start, line_end);
@@ -98,7 +100,7 @@ impl fmt::Display for Location {
 
 /// An optional location, rendered on its own lines after a message.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct At(pub Option<Location>);
+pub struct At(pub Option<Box<Location>>);
 
 impl fmt::Display for At {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -111,7 +113,7 @@ impl fmt::Display for At {
 
 impl From<Option<Location>> for At {
     fn from(location: Option<Location>) -> At {
-        At(location)
+        At(location.map(Box::new))
     }
 }
 
@@ -244,7 +246,12 @@ pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
     let word = word.to_ascii_lowercase();
     candidates
         .into_iter()
-        .map(|candidate| (strsim::jaro_winkler(&word, &candidate.to_ascii_lowercase()), candidate))
+        .map(|candidate| {
+            (
+                strsim::jaro_winkler(&word, &candidate.to_ascii_lowercase()),
+                candidate,
+            )
+        })
         .filter(|(score, _)| *score >= 0.85)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, candidate)| candidate)

@@ -63,7 +63,11 @@ impl SourceFile {
             table = table.get(segment)?.as_table_like()?;
         }
         let (k, item) = table.get_key_value(last)?;
-        let span = if key { k.span() } else { item_span(item).or_else(|| k.span()) }?;
+        let span = if key {
+            k.span()
+        } else {
+            item_span(item).or_else(|| k.span())
+        }?;
         Some(Location::in_file(self.path.clone(), &self.text, span))
     }
 }
@@ -120,7 +124,13 @@ impl Overrides {
                 let section = segments.next()?.to_ascii_lowercase();
                 // `[env]` keys are environment variable names: keep their case.
                 let tail: Vec<String> = segments
-                    .map(|s| if section == "env" { s.to_owned() } else { s.to_ascii_lowercase() })
+                    .map(|s| {
+                        if section == "env" {
+                            s.to_owned()
+                        } else {
+                            s.to_ascii_lowercase()
+                        }
+                    })
                     .collect();
                 let key = std::iter::once(section).chain(tail).collect::<Vec<_>>().join(".");
                 Some(Override {
@@ -177,12 +187,11 @@ impl Provenance {
     /// it does for the value itself. `key` locates the key rather than its value.
     pub fn locate(&self, path: &[&str], key: bool) -> Option<Location> {
         let dotted = path.join(".");
-        if let Some(o) = self
-            .overrides
-            .iter()
-            .rev()
-            .find(|o| o.key == dotted || o.key.starts_with(&format!("{dotted}.")) || dotted.starts_with(&format!("{}.", o.key)))
-        {
+        if let Some(o) = self.overrides.iter().rev().find(|o| {
+            o.key == dotted
+                || o.key.starts_with(&format!("{dotted}."))
+                || dotted.starts_with(&format!("{}.", o.key))
+        }) {
             return Some(match &o.origin {
                 OverrideOrigin::Env(var) => Location::Env(var.clone()),
                 OverrideOrigin::Set(arg) => Location::Set(arg.clone()),
@@ -225,7 +234,7 @@ fn read_chain(leaf: &Path) -> Result<Vec<SourceFile>, RecipeError> {
         let text = fs::read_to_string(&path).map_err(|source| RecipeError::Read {
             path: path.clone(),
             source,
-            at: At(named_at),
+            at: At::from(named_at),
         })?;
         let canonical = fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
         if seen.contains(&canonical) {
@@ -344,13 +353,19 @@ fn unknown_key_hint(section: &[&str], field: &str, expected: &[&str]) -> Option<
         .collect();
     match elsewhere.first() {
         Some(key) => {
-            let table = key.rsplit_once('.').map_or("the top level".to_owned(), |(t, _)| format!("`[{t}]`"));
+            let table = key
+                .rsplit_once('.')
+                .map_or("the top level".to_owned(), |(t, _)| format!("`[{t}]`"));
             Some(format!("`{field}` belongs in {table} (`{key}`)"))
         }
         None if expected.is_empty() => None,
         None => Some(format!(
             "valid keys here: {}",
-            expected.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(", ")
+            expected
+                .iter()
+                .map(|e| format!("`{e}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
     }
 }

@@ -140,7 +140,7 @@ impl Warning {
 
 /// Resolves merged settings into a [`Recipe`].
 pub fn resolve(raw: RecipeFile, provenance: &Provenance) -> Result<(Recipe, Vec<Warning>), RecipeError> {
-    let at = |path: &[&str]| At(provenance.locate(path, false));
+    let at = |path: &[&str]| At::from(provenance.locate(path, false));
     let invalid = |path: &[&str], message: String, hint: Option<&str>| RecipeError::InvalidValue {
         key: path.join("."),
         message,
@@ -166,7 +166,11 @@ pub fn resolve(raw: RecipeFile, provenance: &Provenance) -> Result<(Recipe, Vec<
     }
 
     let model = resolve_model(raw.model, &invalid)?;
-    let quantize = raw.quantize.map(resolve_quantize).transpose().map_err(|m| invalid(&["quantize", "scheme"], m, None))?;
+    let quantize = raw
+        .quantize
+        .map(resolve_quantize)
+        .transpose()
+        .map_err(|m| invalid(&["quantize", "scheme"], m, None))?;
     let engine = resolve_engine(raw.engine, &invalid)?;
     let memory = resolve_memory(raw.memory, provenance, &invalid)?;
     let serving = check_serving(raw.serving, provenance, &invalid)?;
@@ -184,13 +188,16 @@ pub fn resolve(raw: RecipeFile, provenance: &Provenance) -> Result<(Recipe, Vec<
 
     if engine.kind == EngineKind::Native && engine.image.is_some() {
         return Err(RecipeError::Conflict {
-            message: "`engine.image` is set, but the native engine runs inside sous, not in a container".into(),
+            message: "`engine.image` is set, but the native engine runs inside sous, not in a container"
+                .into(),
             at: at(&["engine", "image"]),
             hint: Some("remove `engine.image`, or pick `vllm`, `sglang` or `trtllm` as `engine.kind`".into()),
         });
     }
     if quantize.is_some() && model.repo.is_none() && model.path.is_none() {
-        warnings.push(Warning::new("`[quantize]` is set but there is no model to quantize"));
+        warnings.push(Warning::new(
+            "`[quantize]` is set but there is no model to quantize",
+        ));
     }
 
     Ok((
@@ -229,7 +236,8 @@ fn resolve_model(raw: ModelSection, invalid: &Invalid<'_>) -> Result<Model, Reci
         let valid_part = |p: &str| {
             !p.is_empty()
                 && !p.starts_with(['.', '-'])
-                && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
         };
         let parts: Vec<&str> = repo.split('/').collect();
         if parts.len() > 2 || !parts.iter().all(|p| valid_part(p)) {
@@ -254,7 +262,11 @@ fn resolve_model(raw: ModelSection, invalid: &Invalid<'_>) -> Result<Model, Reci
     }
     let served_name = match raw.served_name {
         Some(name) if name.trim().is_empty() => {
-            return Err(invalid(&["model", "served_name"], "the name is empty".into(), None));
+            return Err(invalid(
+                &["model", "served_name"],
+                "the name is empty".into(),
+                None,
+            ));
         }
         Some(name) => name,
         None => match (&raw.repo, &raw.path) {
@@ -317,7 +329,11 @@ fn resolve_engine(raw: EngineSection, invalid: &Invalid<'_>) -> Result<Engine, R
     })
 }
 
-fn resolve_memory(raw: MemorySection, provenance: &Provenance, invalid: &Invalid<'_>) -> Result<Memory, RecipeError> {
+fn resolve_memory(
+    raw: MemorySection,
+    provenance: &Provenance,
+    invalid: &Invalid<'_>,
+) -> Result<Memory, RecipeError> {
     let fraction_ok = |f: f64| f > 0.0 && f <= 1.0;
     if let Some(u) = raw.gpu_utilization
         && !fraction_ok(u)
@@ -331,18 +347,26 @@ fn resolve_memory(raw: MemorySection, provenance: &Provenance, invalid: &Invalid
     let mut previous = raw.gpu_utilization;
     for (i, &f) in raw.oom_fallback.iter().enumerate() {
         if !fraction_ok(f) {
-            return Err(invalid(&["memory", "oom_fallback"], format!("{f} is outside (0, 1]"), None));
+            return Err(invalid(
+                &["memory", "oom_fallback"],
+                format!("{f} is outside (0, 1]"),
+                None,
+            ));
         }
         match previous {
             None => {
                 return Err(RecipeError::Conflict {
                     message: "`memory.oom_fallback` lowers `memory.gpu_utilization`, which is not set".into(),
-                    at: At(provenance.locate(&["memory", "oom_fallback"], false)),
+                    at: At::from(provenance.locate(&["memory", "oom_fallback"], false)),
                     hint: Some("set `memory.gpu_utilization` to the value to try first".into()),
                 });
             }
             Some(p) if f >= p => {
-                let what = if i == 0 { "`memory.gpu_utilization`".to_owned() } else { "the value before it".to_owned() };
+                let what = if i == 0 {
+                    "`memory.gpu_utilization`".to_owned()
+                } else {
+                    "the value before it".to_owned()
+                };
                 return Err(invalid(
                     &["memory", "oom_fallback"],
                     format!("{f} is not below {what} ({p}): a fallback must ask for less memory"),
@@ -355,12 +379,16 @@ fn resolve_memory(raw: MemorySection, provenance: &Provenance, invalid: &Invalid
     if raw.kv_cache_bytes.is_some() && !raw.oom_fallback.is_empty() {
         return Err(RecipeError::Conflict {
             message: "`memory.kv_cache_bytes` fixes the KV budget, so the utilization values in `memory.oom_fallback` would change nothing".into(),
-            at: At(provenance.locate(&["memory", "oom_fallback"], false)),
+            at: At::from(provenance.locate(&["memory", "oom_fallback"], false)),
             hint: Some("drop `memory.oom_fallback`, or drop `memory.kv_cache_bytes` and size the cache with `memory.gpu_utilization`".into()),
         });
     }
     if raw.kv_cache_bytes.is_some_and(|b| b.bytes() == 0) {
-        return Err(invalid(&["memory", "kv_cache_bytes"], "a KV budget of 0 bytes holds no token".into(), None));
+        return Err(invalid(
+            &["memory", "kv_cache_bytes"],
+            "a KV budget of 0 bytes holds no token".into(),
+            None,
+        ));
     }
     Ok(Memory {
         gpu_utilization: raw.gpu_utilization,
@@ -371,7 +399,11 @@ fn resolve_memory(raw: MemorySection, provenance: &Provenance, invalid: &Invalid
     })
 }
 
-fn check_serving(raw: ServingSection, provenance: &Provenance, invalid: &Invalid<'_>) -> Result<ServingSection, RecipeError> {
+fn check_serving(
+    raw: ServingSection,
+    provenance: &Provenance,
+    invalid: &Invalid<'_>,
+) -> Result<ServingSection, RecipeError> {
     let positive: [(&str, Option<u64>); 6] = [
         ("max_model_len", raw.max_model_len),
         ("max_num_seqs", raw.max_num_seqs.map(u64::from)),
@@ -385,21 +417,24 @@ fn check_serving(raw: ServingSection, provenance: &Provenance, invalid: &Invalid
             return Err(invalid(&["serving", key], "must be at least 1".into(), None));
         }
     }
-    if let (Some(false), Some(batched), Some(len)) = (raw.chunked_prefill, raw.max_batched_tokens, raw.max_model_len)
+    if let (Some(false), Some(batched), Some(len)) =
+        (raw.chunked_prefill, raw.max_batched_tokens, raw.max_model_len)
         && batched < len
     {
         return Err(RecipeError::Conflict {
             message: format!(
                 "without chunked prefill a whole prompt is scheduled in one step, so `serving.max_batched_tokens` ({batched}) must be at least `serving.max_model_len` ({len})"
             ),
-            at: At(provenance.locate(&["serving", "max_batched_tokens"], false)),
+            at: At::from(provenance.locate(&["serving", "max_batched_tokens"], false)),
             hint: Some("enable `serving.chunked_prefill`, raise `serving.max_batched_tokens`, or lower `serving.max_model_len`".into()),
         });
     }
     if raw.auto_tool_choice == Some(true) && raw.tool_call_parser.is_none() {
         return Err(RecipeError::Conflict {
-            message: "`serving.auto_tool_choice` needs a `serving.tool_call_parser` to read the model's tool calls".into(),
-            at: At(provenance.locate(&["serving", "auto_tool_choice"], false)),
+            message:
+                "`serving.auto_tool_choice` needs a `serving.tool_call_parser` to read the model's tool calls"
+                    .into(),
+            at: At::from(provenance.locate(&["serving", "auto_tool_choice"], false)),
             hint: Some("set `serving.tool_call_parser` (e.g. `qwen3_coder`, `hermes`, `llama3_json`)".into()),
         });
     }
@@ -428,7 +463,9 @@ fn check_speculative(spec: &SpeculativeSection, invalid: &Invalid<'_>) -> Result
         return Err(RecipeError::Missing {
             key: "serving.speculative.tokens".into(),
             message: "speculative decoding needs the number of tokens drafted per step".into(),
-            hint: Some(format!("e.g. `speculative = {{ method = \"{method}\", tokens = 2 }}`")),
+            hint: Some(format!(
+                "e.g. `speculative = {{ method = \"{method}\", tokens = 2 }}`"
+            )),
         });
     }
     if spec.tokens == Some(0) {
@@ -476,7 +513,11 @@ pub fn is_mtp(method: &str) -> bool {
 
 fn resolve_server(raw: ServerSection, invalid: &Invalid<'_>) -> Result<Server, RecipeError> {
     if raw.port == Some(0) {
-        return Err(invalid(&["server", "port"], "0 is not a port".into(), Some("use 1-65535, e.g. 8000")));
+        return Err(invalid(
+            &["server", "port"],
+            "0 is not a port".into(),
+            Some("use 1-65535, e.g. 8000"),
+        ));
     }
     if let Some(var) = &raw.api_key_env
         && !is_env_name(var)

@@ -32,7 +32,11 @@ fn collect_keys(root: &Value, node: &Value, prefix: &str, keys: &mut Vec<String>
         return;
     };
     for (name, property) in properties {
-        let key = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
+        let key = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}.{name}")
+        };
         keys.push(key.clone());
         if let Some(section) = object_def(root, property) {
             collect_keys(root, section, &key, keys);
@@ -105,13 +109,23 @@ pub fn markdown() -> String {
     out
 }
 
-fn write_table<'a>(root: &'a Value, node: &'a Value, prefix: &str, out: &mut String, sections: &mut Vec<(String, &'a Value)>) {
+fn write_table<'a>(
+    root: &'a Value,
+    node: &'a Value,
+    prefix: &str,
+    out: &mut String,
+    sections: &mut Vec<(String, &'a Value)>,
+) {
     out.push_str("| Key | Type | Description |\n|---|---|---|\n");
     let Some(properties) = node.get("properties").and_then(Value::as_object) else {
         return;
     };
     for (name, property) in properties {
-        let key = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
+        let key = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}.{name}")
+        };
         let description = property
             .get("description")
             .and_then(Value::as_str)
@@ -128,12 +142,17 @@ fn write_table<'a>(root: &'a Value, node: &'a Value, prefix: &str, out: &mut Str
             cell.push_str(&values.join("; "));
             cell.push('.');
         }
-        out.push_str(&format!("| `{name}` | {ty} | {} |\n", cell.replace('|', "\\|").trim()));
+        out.push_str(&format!(
+            "| `{name}` | {ty} | {} |\n",
+            cell.replace('|', "\\|").trim()
+        ));
     }
 }
 
 fn anchor(key: &str) -> String {
-    key.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-').collect()
+    key.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .collect()
 }
 
 fn one_paragraph(text: &str) -> String {
@@ -178,10 +197,16 @@ fn describe_type(root: &Value, property: &Value) -> (String, Vec<String>) {
     };
     let ty = match ty.as_str() {
         "array" => {
-            let (item, _) = node.get("items").map_or(("any".into(), Vec::new()), |i| describe_type(root, i));
+            let (item, _) = node
+                .get("items")
+                .map_or(("any".into(), Vec::new()), |i| describe_type(root, i));
             format!("array of {item}")
         }
-        "object" => match node.get("additionalProperties").and_then(|a| a.get("type")).and_then(Value::as_str) {
+        "object" => match node
+            .get("additionalProperties")
+            .and_then(|a| a.get("type"))
+            .and_then(Value::as_str)
+        {
             Some(t) => format!("table of {t}s"),
             None => "table".into(),
         },
