@@ -38,7 +38,7 @@ impl UserError {
 }
 
 /// An error already reported in detail (e.g. `recipe check` listed every failing file);
-/// only the exit code remains to be given.
+/// only the exit code, and an optional summary line, remain to be given.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Reported(pub String);
@@ -46,7 +46,9 @@ pub struct Reported(pub String);
 /// Renders `err` on stderr and picks the exit code.
 pub fn report(shell: &Shell, err: &anyhow::Error) -> ExitCode {
     if let Some(reported) = err.downcast_ref::<Reported>() {
-        shell.error(&reported.0, None);
+        if !reported.0.is_empty() {
+            shell.error(&reported.0, None);
+        }
         return ExitCode::from(USER);
     }
     let (code, hint) = classify(err);

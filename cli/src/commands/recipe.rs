@@ -123,11 +123,12 @@ fn check(args: CheckArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         shell.data(&texts.join("\n"))?;
     }
     if failed > 0 {
-        return Err(Reported(format!(
-            "{failed} of {} recipe(s) failed the check",
-            args.files.len()
-        ))
-        .into());
+        let summary = if args.files.len() > 1 {
+            format!("{failed} of {} recipes failed the check", args.files.len())
+        } else {
+            String::new()
+        };
+        return Err(Reported(summary).into());
     }
     Ok(ExitCode::SUCCESS)
 }

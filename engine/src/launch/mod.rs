@@ -149,21 +149,18 @@ impl RenderError {
         match self {
             RenderError::Unsupported { hint, .. } => hint.clone(),
             RenderError::UnknownValue { value, known, .. } => {
-                match closest(value, known.iter().map(String::as_str)) {
-                    Some(near) => Some(format!("did you mean `{near}`?")),
-                    None if known.len() <= 12 => Some(format!(
-                        "known: {}",
-                        known
-                            .iter()
-                            .map(|k| format!("`{k}`"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )),
-                    None => Some(format!(
-                        "{} names are known; see the engine's documentation for this release",
-                        known.len()
-                    )),
+                if let Some(near) = closest(value, known.iter().map(String::as_str)) {
+                    return Some(format!("did you mean `{near}`?"));
                 }
+                const SHOWN: usize = 10;
+                let names: Vec<String> = known.iter().take(SHOWN).map(|k| format!("`{k}`")).collect();
+                let more = known.len().saturating_sub(SHOWN);
+                let tail = if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                };
+                Some(format!("known: {}{tail}", names.join(", ")))
             }
             RenderError::TooOld { .. } => Some("set `engine.version` to a newer release".into()),
             RenderError::InProcess => Some("run `sous serve --recipe FILE` without `--dry-run`".into()),

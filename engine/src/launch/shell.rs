@@ -27,7 +27,8 @@ pub(super) fn render(launch: &Launch) -> String {
 
     let mut args = launch.argv.iter().peekable();
     let mut command = Vec::new();
-    // The program and its positional arguments share the first line.
+    // The program, its positional arguments and short options (`python3 -m module`)
+    // share the first line; each long flag starts a line of its own.
     while let Some(a) = args.next_if(|a| !is_flag(a)) {
         command.push(arg(a));
     }
@@ -48,7 +49,7 @@ pub(super) fn render(launch: &Launch) -> String {
 }
 
 fn is_flag(a: &Arg) -> bool {
-    matches!(a, Arg::Lit(s) if s.starts_with('-') && s.len() > 1 && !s.starts_with("-1"))
+    matches!(a, Arg::Lit(s) if s.starts_with("--") && s.len() > 2)
 }
 
 fn arg(a: &Arg) -> String {

@@ -374,11 +374,12 @@ fn speculative_method(
     warnings: &mut Vec<Warning>,
 ) -> Result<String, RenderError> {
     let key = "serving.speculative.method";
-    let known_now: Vec<&str> = METHODS_ALWAYS
+    // Generic methods first: the hint shows the head of this list.
+    let known_now: Vec<&str> = ["mtp"]
         .iter()
-        .chain(["mtp"].iter())
-        .chain(MTP_0_33)
+        .chain(METHODS_ALWAYS)
         .chain(METHODS_0_33)
+        .chain(MTP_0_33)
         .copied()
         .collect();
     if !known_now.contains(&method) {

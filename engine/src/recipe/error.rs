@@ -121,12 +121,12 @@ impl From<Option<Location>> for At {
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeError {
     /// A recipe file, or a parent named by `extends`, cannot be read.
-    #[error("cannot read recipe `{}`: {source}{at}", path.display())]
+    #[error("cannot read recipe `{}`: {error}{at}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why (part of the message rather than a `source`, so it is said once).
+        error: std::io::Error,
         /// The `extends` that named it, if any.
         at: At,
     },
@@ -227,7 +227,7 @@ impl RecipeError {
             | RecipeError::InvalidValue { hint, .. }
             | RecipeError::Conflict { hint, .. }
             | RecipeError::Missing { hint, .. } => hint.as_deref(),
-            RecipeError::Read { source, at, .. } => match (source.kind(), &at.0) {
+            RecipeError::Read { error, at, .. } => match (error.kind(), &at.0) {
                 (std::io::ErrorKind::NotFound, Some(_)) => {
                     Some("`extends` paths are relative to the file that names them")
                 }

@@ -231,9 +231,9 @@ fn read_chain(leaf: &Path) -> Result<Vec<SourceFile>, RecipeError> {
     let mut seen: Vec<PathBuf> = Vec::new();
     let mut next = Some((leaf.to_path_buf(), None));
     while let Some((path, named_at)) = next.take() {
-        let text = fs::read_to_string(&path).map_err(|source| RecipeError::Read {
+        let text = fs::read_to_string(&path).map_err(|error| RecipeError::Read {
             path: path.clone(),
-            source,
+            error,
             at: At::from(named_at),
         })?;
         let canonical = fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
@@ -261,6 +261,12 @@ fn file_error(error: figment::Error, locate: &dyn Fn(&[&str], bool) -> Option<Lo
     let dotted = path.join(".");
     match &error.kind {
         Kind::UnknownField(field, expected) => {
+            // Figment puts the unknown key itself at the end of the path.
+            let mut path = path.clone();
+            if path.last() == Some(&field.as_str()) {
+                path.pop();
+            }
+            let dotted = path.join(".");
             let mut full = path.clone();
             full.push(field);
             let section = if path.is_empty() {
@@ -283,7 +289,7 @@ fn file_error(error: figment::Error, locate: &dyn Fn(&[&str], bool) -> Option<Lo
             hint: closest(value, expected.iter().copied()).map(|s| format!("did you mean `{s}`?")),
         },
         Kind::InvalidType(actual, expected) => RecipeError::InvalidValue {
-            message: format!("expected {expected}, found {actual}"),
+            message: format!("expected {}, found {actual}", plain_type(expected)),
             at: locate(&path, false).into(),
             hint: None,
             key: dotted,
@@ -306,6 +312,17 @@ fn file_error(error: figment::Error, locate: &dyn Fn(&[&str], bool) -> Option<Lo
             hint: None,
             key: dotted,
         },
+    }
+}
+
+/// serde's Rust type names in words people use.
+fn plain_type(expected: &str) -> &str {
+    match expected {
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number",
+        "i8" | "i16" | "i32" | "i64" | "isize" => "an integer",
+        "f32" | "f64" => "a number",
+        "a boolean" | "bool" => "`true` or `false`",
+        other => other,
     }
 }
 

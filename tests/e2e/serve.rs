@@ -1,0 +1,293 @@
+//! `sous serve --dry-run`: the shipped recipes render, flag for flag, the command lines
+//! of the field reports (shared/seeds/).
+
+use serde_json::Value;
+
+use crate::util::{run, sous};
+
+fn dry_run_json(args: &[&str]) -> (Value, String) {
+    let mut cmd = sous();
+    cmd.args(["serve", "--dry-run", "--json"]).args(args);
+    let (code, stdout, stderr) = run(&mut cmd);
+    assert_eq!(code, 0, "{stderr}");
+    (serde_json::from_str(&stdout).expect("JSON on stdout"), stderr)
+}
+
+fn argv(launch: &Value) -> Vec<String> {
+    launch["argv"]
+        .as_array()
+        .expect("argv array")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_owned())
+        .collect()
+}
+
+#[test]
+fn dgx_spark_tuned_recipe_renders_the_reports_command_line() {
+    let (launch, stderr) = dry_run_json(&["--recipe", "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml"]);
+    let expected = [
+        "vllm",
+        "serve",
+        "/models/qwen3.8-27b-inferact-nvfp4",
+        "--served-model-name",
+        "qwen3.8-27b",
+        "--max-model-len",
+        "262144",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--kv-cache-dtype",
+        "fp8",
+        "--enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--max-num-seqs",
+        "4",
+        "--speculative-config",
+        r#"{"method":"qwen3_next_mtp","num_speculative_tokens":2}"#,
+        "--reasoning-parser",
+        "qwen3",
+        "--tool-call-parser",
+        "qwen3_coder",
+        "--enable-auto-tool-choice",
+    ];
+    assert_eq!(argv(&launch), expected);
+    assert_eq!(launch["env"], serde_json::json!({}));
+    assert_eq!(launch["version"], "0.27.1");
+    assert_eq!(launch["image"], "vllm/vllm-openai:v0.27.1");
+    assert!(stderr.is_empty(), "no warnings expected: {stderr}");
+}
+
+#[test]
+fn dgx_spark_baseline_differs_only_by_the_three_levers() {
+    let (tuned, _) = dry_run_json(&["--recipe", "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml"]);
+    let (base, _) = dry_run_json(&["--recipe", "recipes/dgx-spark/qwen3.8-27b-nvfp4-baseline.toml"]);
+    let base = argv(&base);
+    assert!(base.windows(2).any(|w| w == ["--gpu-memory-utilization", "0.45"]));
+    assert!(
+        !base
+            .iter()
+            .any(|a| a.contains("prefix-caching") || a == "--speculative-config")
+    );
+    let mut tuned: Vec<String> = argv(&tuned);
+    // Remove the three levers: what remains is the baseline with 0.9 in place of 0.45.
+    let spec = tuned
+        .iter()
+        .position(|a| a == "--speculative-config")
+        .expect("MTP");
+    tuned.drain(spec..spec + 2);
+    tuned.retain(|a| a != "--enable-prefix-caching");
+    let util = tuned.iter().position(|a| a == "0.9").expect("utilization");
+    tuned[util] = "0.45".into();
+    assert_eq!(tuned, base);
+}
+
+#[test]
+fn titan_recipe_renders_the_production_command_line() {
+    let (launch, stderr) = dry_run_json(&["--recipe", "recipes/titan/qwen3.8-flash-next.toml"]);
+    let expected = [
+        "vllm",
+        "serve",
+        "/model",
+        "--served-model-name",
+        "qwen3.8-flash-next",
+        "--max-model-len",
+        "524288",
+        "--gpu-memory-utilization",
+        "0.97",
+        "--kv-cache-memory-bytes",
+        "15569256448",
+        "--enable-prefix-caching",
+        "--max-num-seqs",
+        "16",
+        "--tensor-parallel-size",
+        "1",
+        "--reasoning-parser",
+        "qwen3",
+        "--tool-call-parser",
+        "qwen3_coder",
+        "--enable-auto-tool-choice",
+    ];
+    assert_eq!(argv(&launch), expected);
+    assert_eq!(
+        launch["env"],
+        serde_json::json!({"VLLM_PLE_CPU_OFFLOAD": "1", "VLLM_PLE_OFFLOAD_READY_TIMEOUT": "1800"})
+    );
+    assert!(
+        stderr.contains("vLLM ignores `memory.gpu_utilization` (0.97)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("rendered for vLLM 0.33.0"), "{stderr}");
+}
+
+#[test]
+fn shell_output_is_quoted_and_runnable() {
+    let (code, stdout, _) = run(sous().args([
+        "serve",
+        "--dry-run",
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+    ]));
+    assert_eq!(code, 0);
+    insta::assert_snapshot!(stdout);
+    // The script runs: with `vllm` defined as a function that prints its arguments and
+    // one of the variables set before it, the shell reads back the JSON argv and env.
+    let (_, json, _) = run(sous().args([
+        "serve",
+        "--dry-run",
+        "--json",
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+    ]));
+    let launch: Value = serde_json::from_str(&json).expect("json");
+    let script = format!("vllm() {{ printf '%s\\n' \"PLE=$VLLM_PLE_CPU_OFFLOAD\" vllm \"$@\"; }}\n{stdout}");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .expect("sh runs");
+    let words: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let mut expected = vec!["PLE=1".to_owned()];
+    expected.extend(argv(&launch));
+    assert_eq!(words, expected);
+}
+
+#[test]
+fn speculative_json_survives_shell_quoting() {
+    let (code, stdout, _) = run(sous().args([
+        "serve",
+        "--dry-run",
+        "--recipe",
+        "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml",
+    ]));
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains(r#"--speculative-config '{"method":"qwen3_next_mtp","num_speculative_tokens":2}'"#),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn newer_vllm_renders_generic_mtp() {
+    let (launch, _) = dry_run_json(&[
+        "--recipe",
+        "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml",
+        "--set",
+        "engine.version=0.33.0",
+    ]);
+    assert!(argv(&launch).contains(&r#"{"method":"mtp","num_speculative_tokens":2}"#.to_owned()));
+}
+
+#[test]
+fn set_beats_environment_beats_file() {
+    let recipe = "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml";
+    let util = |launch: &Value| {
+        let a = argv(launch);
+        let i = a
+            .iter()
+            .position(|x| x == "--gpu-memory-utilization")
+            .expect("flag");
+        a[i + 1].clone()
+    };
+    let mut cmd = sous();
+    cmd.env("SOUS_MEMORY__GPU_UTILIZATION", "0.88")
+        .env("SOUS_MEMORY__OOM_FALLBACK", "[0.8]");
+    cmd.args(["serve", "--dry-run", "--json", "--recipe", recipe]);
+    let (code, stdout, stderr) = run(&mut cmd);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(util(&serde_json::from_str(&stdout).expect("json")), "0.88");
+
+    let mut cmd = sous();
+    cmd.env("SOUS_MEMORY__GPU_UTILIZATION", "0.88")
+        .env("SOUS_MEMORY__OOM_FALLBACK", "[0.8]");
+    cmd.args([
+        "serve",
+        "--dry-run",
+        "--json",
+        "--recipe",
+        recipe,
+        "--set",
+        "memory.gpu_utilization=0.86",
+    ]);
+    let (code, stdout, stderr) = run(&mut cmd);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(util(&serde_json::from_str(&stdout).expect("json")), "0.86");
+
+    // `[env]` keys keep their case when set from the environment.
+    let mut cmd = sous();
+    cmd.env("SOUS_ENV__VLLM_LOGGING_LEVEL", "DEBUG");
+    cmd.args(["serve", "--dry-run", "--json", "--recipe", recipe]);
+    let (_, stdout, _) = run(&mut cmd);
+    let launch: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(launch["env"]["VLLM_LOGGING_LEVEL"], "DEBUG");
+}
+
+#[test]
+fn api_keys_are_referenced_never_expanded() {
+    let (launch, _) = dry_run_json(&[
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--set",
+        "server.api_key_env=TITAN_KEY",
+    ]);
+    assert_eq!(launch["env"]["VLLM_API_KEY"], "${TITAN_KEY}");
+    let mut cmd = sous();
+    cmd.env("TITAN_KEY", "sk-secret-value");
+    cmd.args([
+        "serve",
+        "--dry-run",
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--set",
+        "server.api_key_env=TITAN_KEY",
+    ]);
+    let (code, stdout, stderr) = run(&mut cmd);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("VLLM_API_KEY=\"$TITAN_KEY\""), "{stdout}");
+    assert!(!stdout.contains("sk-secret-value") && !stderr.contains("sk-secret-value"));
+}
+
+#[test]
+fn trtllm_writes_its_options_file_into_the_state_directory() {
+    let (launch, _) = dry_run_json(&[
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--set",
+        "engine.kind=trtllm",
+    ]);
+    let a = argv(&launch);
+    assert_eq!(a[..2], ["trtllm-serve", "/model"]);
+    assert!(
+        a.windows(2)
+            .any(|w| w == ["--config", "/state/qwen3.8-flash-next-titan/trtllm-options.yaml"]),
+        "{a:?}"
+    );
+    let contents = launch["files"][0]["contents"].as_str().expect("yaml");
+    assert!(
+        contents.contains("max_gpu_total_bytes: 15569256448"),
+        "{contents}"
+    );
+    assert!(contents.contains("enable_block_reuse: true"), "{contents}");
+}
+
+#[test]
+fn native_engine_has_no_command_line_and_serve_says_what_is_missing() {
+    let (code, _, stderr) = run(sous().args([
+        "serve",
+        "--dry-run",
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--set",
+        "engine.kind=native",
+    ]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("the native engine runs inside sous"), "{stderr}");
+
+    let (code, _, stderr) = run(sous().args(["serve", "--recipe", "recipes/titan/qwen3.8-flash-next.toml"]));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("cannot start engines yet: only `--dry-run` is implemented"),
+        "{stderr}"
+    );
+}
