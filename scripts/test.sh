@@ -18,6 +18,9 @@ if [ -x scripts/fetch-test-model.sh ]; then
   scripts/fetch-test-model.sh
 fi
 
+step "python test environment"
+scripts/python-env.sh
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

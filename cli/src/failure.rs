@@ -9,6 +9,8 @@ use std::process::ExitCode;
 use sous_engine::launch::RenderError;
 use sous_engine::recipe::RecipeError;
 
+use crate::hub::api::HubError;
+use crate::hub::pull::PullError;
 use crate::shell::Shell;
 
 /// The user's input or environment is wrong.
@@ -68,6 +70,12 @@ pub fn classify(err: &anyhow::Error) -> (u8, Option<String>) {
         }
         if let Some(e) = cause.downcast_ref::<UserError>() {
             return (USER, e.hint.clone());
+        }
+        if let Some(e) = cause.downcast_ref::<PullError>() {
+            return (if e.is_internal() { INTERNAL } else { USER }, e.hint());
+        }
+        if let Some(e) = cause.downcast_ref::<HubError>() {
+            return (USER, e.hint());
         }
     }
     (

@@ -7,6 +7,7 @@
 
 mod commands;
 mod failure;
+mod hub;
 mod shell;
 
 use std::process::ExitCode;

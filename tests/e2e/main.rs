@@ -1,7 +1,12 @@
 //! End-to-end tests: the real `sous` binary, run from the workspace root on the shipped
 //! recipes and the broken-recipe corpus in `tests/recipes/broken/`.
 
+// A check that cannot run on this machine says so on stderr.
+#![allow(clippy::print_stderr)]
+
 mod broken;
+mod hub_python;
+mod pull;
 mod recipe;
 mod serve;
 mod util;

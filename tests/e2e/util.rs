@@ -37,3 +37,141 @@ pub fn run(cmd: &mut Command) -> (i32, String, String) {
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }
+
+/// A `sous hub serve` child process, killed on drop.
+pub struct Mirror {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Mirror {
+    /// Starts a mirror over `root` with extra arguments (faults, gated repos).
+    pub fn start(root: &std::path::Path, args: &[&str], envs: &[(&str, &str)]) -> Mirror {
+        use std::io::{BufRead, BufReader};
+        let bin = assert_cmd::cargo::cargo_bin("sous");
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(["hub", "serve", "--port", "0", "--root"])
+            .arg(root)
+            .args(args)
+            .envs(envs.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("mirror starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut first = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut first)
+            .expect("mirror prints its URL");
+        let url = first.trim().to_owned();
+        assert!(url.starts_with("http://127.0.0.1:"), "mirror URL: {url:?}");
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(mut log) = sink.lock() {
+                    log.push(line);
+                }
+            }
+        });
+        Mirror { child, url, log }
+    }
+
+    /// Requests logged so far (`GET /path 200`), in order.
+    pub fn requests(&self) -> Vec<String> {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        self.log
+            .lock()
+            .map(|l| {
+                l.iter()
+                    .filter_map(|s| s.strip_prefix("hub: ").map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Forgets the requests logged so far.
+    pub fn clear(&self) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        if let Ok(mut log) = self.log.lock() {
+            log.clear();
+        }
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A deterministic multi-shard safetensors repository of about `mib` MiB at
+/// `ROOT/acme/<name>/`, generated once and reused (target/test-hub/).
+pub fn generated_repo(name: &str, mib: usize) -> std::path::PathBuf {
+    use std::io::Write;
+    let root = root().join("target/test-hub");
+    let dir = root.join("acme").join(name);
+    let done = root.join(format!(".{name}.done"));
+    if done.exists() {
+        return root;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("repo dir");
+    let shards = 3;
+    let per_shard = mib * (1 << 20) / shards / 4; // f32 elements
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15 ^ name.len() as u64;
+    let mut weight_map = serde_json::Map::new();
+    for shard in 0..shards {
+        let file = format!("model-{:05}-of-{:05}.safetensors", shard + 1, shards);
+        let tensor = format!("model.layers.{shard}.weight");
+        let header = serde_json::json!({
+            tensor.clone(): { "dtype": "F32", "shape": [per_shard], "data_offsets": [0, per_shard * 4] },
+            "__metadata__": { "format": "pt" }
+        })
+        .to_string();
+        let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join(&file)).expect("shard"));
+        out.write_all(&(header.len() as u64).to_le_bytes())
+            .expect("write");
+        out.write_all(header.as_bytes()).expect("write");
+        let mut buffer = Vec::with_capacity(1 << 16);
+        for _ in 0..per_shard {
+            // xorshift64*: fast, deterministic, incompressible enough.
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            let v = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            buffer.extend_from_slice(&v.to_le_bytes());
+            if buffer.len() >= 1 << 16 {
+                out.write_all(&buffer).expect("write");
+                buffer.clear();
+            }
+        }
+        out.write_all(&buffer).expect("write");
+        weight_map.insert(tensor, serde_json::Value::String(file));
+    }
+    let index =
+        serde_json::json!({ "metadata": { "total_size": shards * per_shard * 4 }, "weight_map": weight_map });
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).expect("index");
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"architectures":["LlamaForCausalLM"],"model_type":"llama"}"#,
+    )
+    .expect("config");
+    std::fs::create_dir_all(dir.join("original")).expect("original");
+    std::fs::write(dir.join("original/consolidated.00.pth"), b"duplicate weights").expect("pth");
+    std::fs::write(dir.join("pytorch_model.bin"), b"duplicate weights").expect("bin");
+    std::fs::write(&done, b"").expect("done");
+    root
+}
+
+/// sha256 of a file, hex.
+pub fn sha256(path: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    let mut file = std::fs::File::open(path).expect("open");
+    std::io::copy(&mut file, &mut hasher).expect("read");
+    hex::encode(hasher.finalize())
+}

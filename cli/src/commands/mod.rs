@@ -2,6 +2,8 @@
 //! that calls into `sous-engine`.
 
 mod completions;
+mod hub;
+mod pull;
 mod recipe;
 mod serve;
 
@@ -30,6 +32,11 @@ enum Command {
     /// Check recipes and print them resolved, or print the recipe schema.
     #[command(subcommand)]
     Recipe(recipe::RecipeCommand),
+    /// Download a model from the Hugging Face Hub into the shared cache (resumable, verified).
+    Pull(pull::PullArgs),
+    /// Tools for the Hub itself: `sous hub serve` runs a local read-only mirror.
+    #[command(subcommand)]
+    Hub(hub::HubCommand),
     /// Serve a recipe's model (for now: print the engine's exact command line with --dry-run).
     Serve(serve::ServeArgs),
     /// Print a shell completion script.
@@ -41,6 +48,8 @@ pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Recipe(cmd) => recipe::exec(cmd, shell),
         Command::Serve(args) => serve::exec(args, shell),
+        Command::Pull(args) => pull::exec(args, shell),
+        Command::Hub(cmd) => hub::exec(cmd, shell),
         Command::Completions(args) => completions::exec(args, shell),
     }
 }

@@ -1,0 +1,109 @@
+//! `sous hub serve`: the local Hub mirror.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+use crate::failure::UserError;
+use crate::hub::mirror::{self, Faults, MirrorOptions};
+use crate::shell::Shell;
+
+#[derive(Debug, Subcommand)]
+pub enum HubCommand {
+    /// Serve model directories (ROOT/org/name/...) over the Hub's HTTP API, read-only.
+    /// Point clients at it with HF_ENDPOINT=http://HOST:PORT.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Directory holding one folder per repository: ROOT/org/name/.
+    #[arg(long, value_name = "DIR")]
+    root: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port (0 picks a free one; the URL is printed on stdout).
+    #[arg(long, default_value_t = 8090)]
+    port: u16,
+    /// A repository that needs the token (repeatable): anonymous requests get 401,
+    /// wrong tokens 403, as the Hub answers for gated models.
+    #[arg(long, value_name = "ORG/NAME")]
+    gated: Vec<String>,
+    /// Environment variable holding the token gated repositories accept.
+    #[arg(long, value_name = "VAR", default_value = "SOUS_HUB_TOKEN")]
+    token_env: String,
+    /// Inject a fault, for testing clients (repeatable): drop-after=SIZE, status=CODE,
+    /// corrupt, stall-after=SIZE,SECONDS, rate=SIZE; each with an optional @TIMES per file.
+    #[arg(long, value_name = "SPEC")]
+    fault: Vec<String>,
+    /// Do not log requests on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn exec(cmd: HubCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
+    let HubCommand::Serve(args) = cmd;
+    if !args.root.is_dir() {
+        return Err(UserError::new(
+            format!("`{}` is not a directory", args.root.display()),
+            Some("give the directory that holds org/name/ model folders"),
+        )
+        .into());
+    }
+    let faults =
+        Faults::new(&args.fault).map_err(|e| UserError::new(format!("invalid --fault: {e}"), None))?;
+    let token = std::env::var(&args.token_env).ok().filter(|t| !t.is_empty());
+    if !args.gated.is_empty() && token.is_none() {
+        return Err(UserError::new(
+            format!("--gated needs the accepted token in ${}", args.token_env),
+            Some("export the token in that variable, or name another with --token-env"),
+        )
+        .into());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let listener = mirror::bind(SocketAddr::new(args.host, args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        shell.data(&format!("http://{addr}"))?;
+        shell.status(
+            "serving",
+            &format!(
+                "{} at http://{addr} (HF_ENDPOINT=http://{addr})",
+                args.root.display()
+            ),
+        );
+        let options = MirrorOptions {
+            root: args.root,
+            gated: args.gated,
+            token,
+            faults,
+            access_log: !args.quiet,
+        };
+        mirror::serve(listener, options, shutdown_signal())
+            .await
+            .context("serving")?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

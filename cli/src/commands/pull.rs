@@ -1,0 +1,137 @@
+//! `sous pull REPO[@REVISION]` and `sous pull --recipe FILE`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::{OverrideArgs, display, load_recipe};
+use crate::failure::UserError;
+use crate::hub::api::HubClient;
+use crate::hub::config::HubConfig;
+use crate::hub::progress::{Style, human};
+use crate::hub::pull::{PullRequest, pull};
+use crate::shell::Shell;
+
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    /// Repository id, optionally with a revision: `org/name` or `org/name@v1.0`.
+    #[arg(
+        value_name = "REPO[@REVISION]",
+        required_unless_present = "recipe",
+        conflicts_with = "recipe"
+    )]
+    repo: Option<String>,
+    /// Pull the model a recipe names (`model.repo` at `model.revision`).
+    #[arg(long, short = 'r', value_name = "FILE")]
+    recipe: Option<PathBuf>,
+    /// Only paths matching these globs (repeatable). Default: what serving needs.
+    #[arg(long, value_name = "GLOB")]
+    include: Vec<String>,
+    /// Skip paths matching these globs (repeatable).
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Write plain files into this directory instead of the Hub cache.
+    #[arg(long, value_name = "DIR")]
+    local_dir: Option<PathBuf>,
+    /// Use only what is already on disk (as HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    offline: bool,
+    /// Connections at once, over all files.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    connections: usize,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    json: bool,
+    /// No progress on stderr.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    #[command(flatten)]
+    overrides: OverrideArgs,
+}
+
+pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
+    let (repo, revision, local_dir) = match (&args.repo, &args.recipe) {
+        (Some(spec), _) => {
+            let (repo, revision) = spec.split_once('@').unwrap_or((spec, "main"));
+            (repo.to_owned(), revision.to_owned(), args.local_dir.clone())
+        }
+        (None, Some(file)) => {
+            let loaded = load_recipe(file, &args.overrides)?;
+            let model = loaded.recipe.model;
+            let repo = model.repo.ok_or_else(|| {
+                UserError::new(
+                    format!("recipe {} names no `model.repo` to pull", display(file)),
+                    Some("set `model.repo`; with `model.path` too, the files go to that directory"),
+                )
+            })?;
+            // With both, the recipe says where the weights must end up.
+            let local = args.local_dir.clone().or(model.path.map(PathBuf::from));
+            (repo, model.revision.unwrap_or_else(|| "main".into()), local)
+        }
+        (None, None) => {
+            return Err(UserError::new("nothing to pull", Some("give `org/name` or `--recipe FILE`")).into());
+        }
+    };
+    if repo.split('/').count() != 2 || repo.split('/').any(str::is_empty) {
+        return Err(UserError::new(
+            format!("`{repo}` is not a repository id"),
+            Some("write `org/name`, e.g. `HuggingFaceTB/SmolLM2-135M-Instruct`"),
+        )
+        .into());
+    }
+    let config = HubConfig::from_env();
+    let request = PullRequest {
+        repo,
+        revision,
+        include: args.include,
+        exclude: args.exclude,
+        local_dir,
+        offline: args.offline || config.offline,
+        connections: args.connections,
+        progress: if args.quiet { Style::Quiet } else { Style::detect() },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let client = HubClient::new(config)?;
+    let report = runtime.block_on(pull(&client, &request))?;
+    if args.json {
+        shell.data(&serde_json::to_string_pretty(&report)?)?;
+    } else {
+        shell.data(&report.path.display().to_string())?;
+    }
+    if report.up_to_date {
+        shell.status(
+            "up to date",
+            &format!(
+                "{}@{} ({} files, {})",
+                report.repo,
+                &report.commit[..12],
+                report.files,
+                human(report.bytes)
+            ),
+        );
+    } else {
+        let resumed = if report.resumed_bytes > 0 {
+            format!(", {} resumed", human(report.resumed_bytes))
+        } else {
+            String::new()
+        };
+        shell.status(
+            "pulled",
+            &format!(
+                "{}@{}: {} files, {} downloaded in {:.1} s ({:.0} MB/s){resumed}",
+                report.repo,
+                &report.commit[..12],
+                report.files,
+                human(report.downloaded_bytes),
+                report.seconds,
+                report.mb_per_s
+            ),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

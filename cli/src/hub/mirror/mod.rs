@@ -1,0 +1,530 @@
+//! `sous hub serve`: a local, read-only Hugging Face Hub mirror over plain directories,
+//! for air-gapped clusters (`HF_ENDPOINT=http://mirror:8090`) and as the test double of
+//! every pull test.
+//!
+//! It serves the part of the Hub HTTP API that huggingface_hub (1.x, 2.x), hf-hub and
+//! `sous pull` use (shared/reference/hub.md §2.5): revision info with siblings,
+//! the recursive file tree with LFS metadata, and `resolve` (HEAD and GET, single
+//! byte ranges, `If-None-Match`) with the headers clients rely on, answering errors
+//! with the Hub's `X-Error-Code`s. It never sends `X-Xet-Hash`, so clients stay on
+//! plain HTTP.
+
+mod faults;
+mod store;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio_util::io::ReaderStream;
+
+pub use faults::Faults;
+use store::{IndexedFile, RepoIndex, Store};
+
+/// How a mirror runs.
+#[derive(Debug)]
+pub struct MirrorOptions {
+    /// Directory of `org/name/` repositories.
+    pub root: PathBuf,
+    /// Repositories that need a token.
+    pub gated: Vec<String>,
+    /// The token gated repositories accept.
+    pub token: Option<String>,
+    /// Injected faults.
+    pub faults: Faults,
+    /// Log every request on stderr.
+    pub access_log: bool,
+}
+
+struct Mirror {
+    store: Store,
+    gated: Vec<String>,
+    token: Option<String>,
+    faults: Faults,
+    access_log: bool,
+}
+
+/// Binds the listener (so the caller learns the port before serving).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    options: MirrorOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let mirror = Arc::new(Mirror {
+        store: Store::new(options.root),
+        gated: options.gated,
+        token: options.token,
+        faults: options.faults,
+        access_log: options.access_log,
+    });
+    let app = Router::new().fallback(handle).with_state(mirror);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+#[allow(clippy::print_stderr)]
+async fn handle(State(mirror): State<Arc<Mirror>>, method: Method, uri: Uri, headers: HeaderMap) -> Response {
+    let response = route(&mirror, &method, &uri, &headers).await;
+    if mirror.access_log {
+        eprintln!("hub: {method} {} {}", uri.path(), response.status().as_u16());
+    }
+    response
+}
+
+async fn route(mirror: &Mirror, method: &Method, uri: &Uri, headers: &HeaderMap) -> Response {
+    let segments: Vec<String> = uri
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .map(|s| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .collect();
+    if let Some(code) = mirror.faults.status(uri.path()) {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return error(status, None, "injected fault", None);
+    }
+    let query = uri.query().unwrap_or_default();
+    let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+    match (method, segs.as_slice()) {
+        (&Method::GET, ["api", "models", org, name]) => info(mirror, org, name, "main", query, headers).await,
+        (&Method::GET, ["api", "models", org, name, "revision", revision]) => {
+            info(mirror, org, name, revision, query, headers).await
+        }
+        (&Method::GET, ["api", "models", org, name, "tree", revision, rest @ ..]) => {
+            tree(mirror, org, name, revision, &rest.join("/"), query, headers).await
+        }
+        (&Method::GET | &Method::HEAD, [org, name, "resolve", revision, rest @ ..]) if !rest.is_empty() => {
+            resolve(mirror, method, org, name, revision, &rest.join("/"), headers).await
+        }
+        _ => error(StatusCode::NOT_FOUND, None, "not found", None),
+    }
+}
+
+fn error(status: StatusCode, code: Option<&str>, message: &str, commit: Option<&str>) -> Response {
+    let mut response = (status, axum::Json(json!({ "error": message }))).into_response();
+    let h = response.headers_mut();
+    if let Some(code) = code {
+        h.insert(
+            "x-error-code",
+            HeaderValue::from_str(code).unwrap_or(HeaderValue::from_static("Error")),
+        );
+    }
+    if let Ok(v) = HeaderValue::from_str(message) {
+        h.insert("x-error-message", v);
+    }
+    if let Some(commit) = commit.and_then(|c| HeaderValue::from_str(c).ok()) {
+        h.insert("x-repo-commit", commit);
+    }
+    response
+}
+
+/// The repository at a revision, or the Hub's error for why not.
+async fn lookup(
+    mirror: &Mirror,
+    org: &str,
+    name: &str,
+    revision: &str,
+    headers: &HeaderMap,
+) -> Result<Arc<RepoIndex>, Response> {
+    let repo = format!("{org}/{name}");
+    if mirror.gated.contains(&repo) {
+        let sent = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match (sent, &mirror.token) {
+            (None, _) => {
+                return Err(error(
+                    StatusCode::UNAUTHORIZED,
+                    Some("GatedRepo"),
+                    &format!(
+                        "Access to model {repo} is restricted. You must have access to it and be authenticated to access it. Please log in."
+                    ),
+                    None,
+                ));
+            }
+            (Some(t), Some(expected)) if t == expected => {}
+            (Some(_), _) => {
+                return Err(error(
+                    StatusCode::FORBIDDEN,
+                    Some("GatedRepo"),
+                    &format!("Access to model {repo} is restricted and you are not in the authorized list."),
+                    None,
+                ));
+            }
+        }
+    }
+    let (org, name) = (org.to_owned(), name.to_owned());
+    let store_result = tokio::task::block_in_place(|| mirror.store.repo(&org, &name));
+    let index = match store_result {
+        Ok(Some(index)) => index,
+        Ok(None) => {
+            return Err(error(
+                StatusCode::NOT_FOUND,
+                Some("RepoNotFound"),
+                "Repository not found",
+                None,
+            ));
+        }
+        Err(e) => {
+            return Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                &format!("cannot read the repository: {e}"),
+                None,
+            ));
+        }
+    };
+    if !index.has_revision(revision) {
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            Some("RevisionNotFound"),
+            &format!("Invalid rev id: {revision}"),
+            None,
+        ));
+    }
+    Ok(index)
+}
+
+async fn info(
+    mirror: &Mirror,
+    org: &str,
+    name: &str,
+    revision: &str,
+    query: &str,
+    headers: &HeaderMap,
+) -> Response {
+    let index = match lookup(mirror, org, name, revision, headers).await {
+        Ok(index) => index,
+        Err(response) => return response,
+    };
+    let blobs = query.split('&').any(|p| p == "blobs=true" || p == "blobs=1");
+    let siblings: Vec<serde_json::Value> = index
+        .files
+        .iter()
+        .map(|f| {
+            if blobs {
+                let mut v = json!({ "rfilename": f.path, "size": f.size, "blobId": f.oid });
+                if let Some(sha) = &f.lfs_sha256 {
+                    v["lfs"] = json!({ "sha256": sha, "size": f.size, "pointerSize": f.pointer_size });
+                }
+                v
+            } else {
+                json!({ "rfilename": f.path })
+            }
+        })
+        .collect();
+    let gated = mirror.gated.contains(&index.repo);
+    axum::Json(json!({
+        "id": index.repo,
+        "modelId": index.repo,
+        "sha": index.commit,
+        "private": false,
+        "gated": if gated { json!("manual") } else { json!(false) },
+        "disabled": false,
+        "tags": [],
+        "siblings": siblings,
+    }))
+    .into_response()
+}
+
+async fn tree(
+    mirror: &Mirror,
+    org: &str,
+    name: &str,
+    revision: &str,
+    prefix: &str,
+    query: &str,
+    headers: &HeaderMap,
+) -> Response {
+    let index = match lookup(mirror, org, name, revision, headers).await {
+        Ok(index) => index,
+        Err(response) => return response,
+    };
+    let recursive = query
+        .split('&')
+        .any(|p| p == "recursive=true" || p == "recursive=1");
+    let prefix = prefix.trim_matches('/');
+    let under = |path: &str| prefix.is_empty() || path.starts_with(&format!("{prefix}/"));
+    let mut entries = Vec::new();
+    let mut dirs = std::collections::BTreeSet::new();
+    for file in index.files.iter().filter(|f| under(&f.path)) {
+        let rest = if prefix.is_empty() {
+            file.path.as_str()
+        } else {
+            &file.path[prefix.len() + 1..]
+        };
+        if !recursive && rest.contains('/') {
+            let dir = rest.split('/').next().unwrap_or_default();
+            dirs.insert(if prefix.is_empty() {
+                dir.to_owned()
+            } else {
+                format!("{prefix}/{dir}")
+            });
+            continue;
+        }
+        if recursive {
+            let mut parts: Vec<&str> = file.path.split('/').collect();
+            parts.pop();
+            for i in 1..=parts.len() {
+                let dir = parts[..i].join("/");
+                if under(&dir) && dir != prefix {
+                    dirs.insert(dir);
+                }
+            }
+        }
+        entries.push(tree_entry(file));
+    }
+    if !prefix.is_empty() && entries.is_empty() && dirs.is_empty() {
+        return error(
+            StatusCode::NOT_FOUND,
+            Some("EntryNotFound"),
+            &format!("{prefix} does not exist"),
+            Some(&index.commit),
+        );
+    }
+    let mut all: Vec<serde_json::Value> = dirs
+        .into_iter()
+        .map(|d| json!({ "type": "directory", "oid": "0000000000000000000000000000000000000000", "size": 0, "path": d }))
+        .collect();
+    all.extend(entries);
+    axum::Json(all).into_response()
+}
+
+fn tree_entry(file: &IndexedFile) -> serde_json::Value {
+    let mut v = json!({ "type": "file", "oid": file.oid, "size": file.size, "path": file.path });
+    if let Some(sha) = &file.lfs_sha256 {
+        v["lfs"] = json!({ "oid": sha, "size": file.size, "pointerSize": file.pointer_size });
+    }
+    v
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn resolve(
+    mirror: &Mirror,
+    method: &Method,
+    org: &str,
+    name: &str,
+    revision: &str,
+    path: &str,
+    headers: &HeaderMap,
+) -> Response {
+    let index = match lookup(mirror, org, name, revision, headers).await {
+        Ok(index) => index,
+        Err(response) => return response,
+    };
+    let Some(file) = index.file(path) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            Some("EntryNotFound"),
+            &format!("{path} does not exist at {revision}"),
+            Some(&index.commit),
+        );
+    };
+    let etag = format!("\"{}\"", file.etag());
+    let mut h = HeaderMap::new();
+    let insert = |h: &mut HeaderMap, name: &'static str, value: &str| {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(name, v);
+        }
+    };
+    insert(&mut h, "x-repo-commit", &index.commit);
+    insert(&mut h, "etag", &etag);
+    insert(&mut h, "accept-ranges", "bytes");
+    insert(&mut h, "content-type", "application/octet-stream");
+    if file.lfs_sha256.is_some() {
+        insert(&mut h, "x-linked-etag", &etag);
+        insert(&mut h, "x-linked-size", &file.size.to_string());
+    }
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start_matches("W/") == etag)
+    {
+        return (StatusCode::NOT_MODIFIED, h).into_response();
+    }
+    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        None => None,
+        Some(spec) => match parse_range(spec, file.size) {
+            RangeSpec::Ignore => None,
+            RangeSpec::Range(start, end) => Some((start, end)),
+            RangeSpec::Unsatisfiable => {
+                insert(&mut h, "content-range", &format!("bytes */{}", file.size));
+                return (StatusCode::RANGE_NOT_SATISFIABLE, h).into_response();
+            }
+        },
+    };
+    let (status, start, end) = match range {
+        Some((start, end)) => {
+            insert(
+                &mut h,
+                "content-range",
+                &format!("bytes {start}-{}/{}", end - 1, file.size),
+            );
+            (StatusCode::PARTIAL_CONTENT, start, end)
+        }
+        None => (StatusCode::OK, 0, file.size),
+    };
+    insert(&mut h, "content-length", &(end - start).to_string());
+    if method == Method::HEAD {
+        return (status, h).into_response();
+    }
+    let mut handle = match tokio::fs::File::open(&file.disk).await {
+        Ok(f) => f,
+        // Removed from disk after the index was built.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return error(
+                StatusCode::NOT_FOUND,
+                Some("EntryNotFound"),
+                &format!("{path} does not exist at {revision}"),
+                Some(&index.commit),
+            );
+        }
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                &format!("cannot read {path}: {e}"),
+                None,
+            );
+        }
+    };
+    if let Err(e) = handle.seek(std::io::SeekFrom::Start(start)).await {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            &format!("cannot read {path}: {e}"),
+            None,
+        );
+    }
+    let reader = ReaderStream::with_capacity(handle.take(end - start), 256 << 10);
+    let plan = mirror.faults.body(&format!("/{}/{}/resolve/{}", org, name, path));
+    let body = if plan.is_clean() {
+        Body::from_stream(reader)
+    } else {
+        Body::from_stream(faulty(reader, plan))
+    };
+    (status, h, body).into_response()
+}
+
+enum RangeSpec {
+    Ignore,
+    Range(u64, u64),
+    Unsatisfiable,
+}
+
+/// One `bytes=a-b`, `a-` or `-n` range, as an end-exclusive pair. Several ranges are
+/// answered with the whole file, which RFC 9110 allows.
+fn parse_range(spec: &str, size: u64) -> RangeSpec {
+    let Some(ranges) = spec.trim().strip_prefix("bytes=") else {
+        return RangeSpec::Ignore;
+    };
+    if ranges.contains(',') {
+        return RangeSpec::Ignore;
+    }
+    let Some((a, b)) = ranges.trim().split_once('-') else {
+        return RangeSpec::Ignore;
+    };
+    let (a, b) = (a.trim(), b.trim());
+    let parsed = match (a.is_empty(), b.is_empty()) {
+        (true, false) => b.parse::<u64>().ok().map(|n| (size.saturating_sub(n), size)),
+        (false, true) => a.parse::<u64>().ok().map(|s| (s, size)),
+        (false, false) => match (a.parse::<u64>(), b.parse::<u64>()) {
+            (Ok(s), Ok(e)) if e >= s => Some((s, (e + 1).min(size))),
+            _ => return RangeSpec::Ignore,
+        },
+        (true, true) => return RangeSpec::Ignore,
+    };
+    match parsed {
+        Some((start, end)) if start < end && start < size => RangeSpec::Range(start, end),
+        Some(_) => RangeSpec::Unsatisfiable,
+        None => RangeSpec::Ignore,
+    }
+}
+
+/// A body with faults applied.
+fn faulty(
+    inner: ReaderStream<tokio::io::Take<tokio::fs::File>>,
+    plan: faults::BodyPlan,
+) -> impl Stream<Item = std::io::Result<Bytes>> + Send {
+    futures_util::stream::unfold(
+        (inner, 0u64, plan, false),
+        |(mut inner, sent, mut plan, done)| async move {
+            if done {
+                return None;
+            }
+            let mut chunk = match inner.next().await? {
+                Ok(chunk) => chunk,
+                Err(e) => return Some((Err(e), (inner, sent, plan, true))),
+            };
+            if let Some(limit) = plan.drop_after
+                && sent + chunk.len() as u64 > limit
+            {
+                let keep = limit.saturating_sub(sent) as usize;
+                if keep == 0 {
+                    return Some((
+                        Err(std::io::Error::other("injected fault: connection dropped")),
+                        (inner, sent, plan, true),
+                    ));
+                }
+                // Send what fits, then fail on the next poll.
+                let head = chunk.split_to(keep);
+                plan.drop_after = Some(sent + keep as u64);
+                return Some((Ok(head), (inner, sent + keep as u64, plan, false)));
+            }
+            if plan.corrupt && !chunk.is_empty() {
+                let mut bytes = chunk.to_vec();
+                bytes[0] ^= 0xff;
+                chunk = Bytes::from(bytes);
+                plan.corrupt = false;
+            }
+            if let Some((at, pause)) = plan.stall
+                && sent + chunk.len() as u64 > at
+            {
+                tokio::time::sleep(pause).await;
+                plan.stall = None;
+            }
+            if let Some(rate) = plan.rate {
+                tokio::time::sleep(Duration::from_secs_f64(chunk.len() as f64 / rate as f64)).await;
+            }
+            let sent = sent + chunk.len() as u64;
+            Some((Ok(chunk), (inner, sent, plan, false)))
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert!(matches!(parse_range("bytes=0-9", 100), RangeSpec::Range(0, 10)));
+        assert!(matches!(parse_range("bytes=90-", 100), RangeSpec::Range(90, 100)));
+        assert!(matches!(parse_range("bytes=-10", 100), RangeSpec::Range(90, 100)));
+        assert!(matches!(
+            parse_range("bytes=95-200", 100),
+            RangeSpec::Range(95, 100)
+        ));
+        assert!(matches!(parse_range("bytes=100-", 100), RangeSpec::Unsatisfiable));
+        assert!(matches!(parse_range("bytes=0-1,5-6", 100), RangeSpec::Ignore));
+        assert!(matches!(parse_range("items=0-1", 100), RangeSpec::Ignore));
+    }
+}

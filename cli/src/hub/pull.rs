@@ -1,0 +1,493 @@
+//! A whole pull: resolve the revision, list and select the files, check the disk, fetch
+//! what is missing (several files at once, several ranges per file), lay the snapshot
+//! out, and write the completion marker last.
+//!
+//! A second pull of the same revision with the marker present asks the Hub one
+//! question (what commit the revision is), or none when the revision is a commit id or
+//! the pull is offline.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use tokio::sync::Semaphore;
+
+use super::api::{HubClient, HubError, TreeEntry};
+use super::cache::{Marker, MarkerFile, RepoCache, is_commit};
+use super::download::{self, DownloadError, FileJob};
+use super::progress::{Style, Tracker, human};
+use super::select::{GlobError, Selection};
+
+/// Files fetched at once.
+const FILES_AT_ONCE: usize = 4;
+/// Ranges of one file fetched at once.
+const RANGES_PER_FILE: usize = 8;
+
+/// What to pull.
+#[derive(Debug, Clone)]
+pub struct PullRequest {
+    /// Repository id.
+    pub repo: String,
+    /// Branch, tag or commit.
+    pub revision: String,
+    /// Globs of paths to take (empty: the defaults).
+    pub include: Vec<String>,
+    /// Globs of paths to leave.
+    pub exclude: Vec<String>,
+    /// A plain directory instead of the Hub cache.
+    pub local_dir: Option<PathBuf>,
+    /// No network at all.
+    pub offline: bool,
+    /// Connections at once, over all files.
+    pub connections: usize,
+    /// How to show progress.
+    pub progress: Style,
+}
+
+/// What a pull did (`sous pull --json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PullReport {
+    /// Repository id.
+    pub repo: String,
+    /// The revision asked for.
+    pub revision: String,
+    /// The commit it resolved to.
+    pub commit: String,
+    /// The snapshot (or local) directory holding the files.
+    pub path: PathBuf,
+    /// Files in the pull.
+    pub files: usize,
+    /// Their total size.
+    pub bytes: u64,
+    /// Bytes received in this run.
+    pub downloaded_bytes: u64,
+    /// Bytes kept from an interrupted run.
+    pub resumed_bytes: u64,
+    /// Files already present.
+    pub cached_files: usize,
+    /// Their size.
+    pub cached_bytes: u64,
+    /// Wall time.
+    pub seconds: f64,
+    /// `downloaded_bytes` per second, in MB (10^6 bytes).
+    pub mb_per_s: f64,
+    /// Nothing was fetched: the marker said the pull was complete.
+    pub up_to_date: bool,
+}
+
+/// Why a pull failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    /// The Hub said no, or could not be reached.
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    /// A file could not be fetched or verified.
+    #[error(transparent)]
+    Download(#[from] DownloadError),
+    /// A bad `--include` / `--exclude`.
+    #[error(transparent)]
+    Glob(#[from] GlobError),
+    /// The selection matched nothing.
+    #[error("no file of `{repo}` at {commit} matches the selection")]
+    NothingSelected {
+        /// Repository.
+        repo: String,
+        /// Commit.
+        commit: String,
+    },
+    /// Not enough free space for what must be downloaded.
+    #[error("not enough disk space in `{}`: the pull needs {} more, {} is free", path.display(), human(*needed), human(*available))]
+    DiskFull {
+        /// Where the files go.
+        path: PathBuf,
+        /// Bytes to download.
+        needed: u64,
+        /// Bytes free.
+        available: u64,
+    },
+    /// Offline, and the cache does not hold the revision.
+    #[error("`{repo}` at `{revision}` is not in the cache, and the pull is offline")]
+    NotCached {
+        /// Repository.
+        repo: String,
+        /// Revision.
+        revision: String,
+    },
+    /// A local file operation failed.
+    #[error("{action} `{}`", path.display())]
+    Io {
+        /// What sous was doing.
+        action: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl PullError {
+    fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> PullError + use<> {
+        let path = path.to_path_buf();
+        move |source| PullError::Io { action, path, source }
+    }
+
+    /// A next step, when there is one.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            PullError::Hub(e) | PullError::Download(DownloadError::Hub(e)) => e.hint(),
+            PullError::Download(DownloadError::Corrupt { .. }) => {
+                Some("the mirror or a proxy served wrong bytes; run the pull again, and check the server if it repeats".into())
+            }
+            PullError::Download(DownloadError::Io { source, .. }) | PullError::Io { source, .. }
+                if source.raw_os_error() == Some(28) =>
+            {
+                Some("the disk is full: free space and run the same command again; finished files are kept".into())
+            }
+            PullError::NothingSelected { .. } => Some("check `--include` / `--exclude`".into()),
+            PullError::DiskFull { .. } => Some("free space, or pull elsewhere with HF_HUB_CACHE or --local-dir".into()),
+            PullError::NotCached { .. } => Some("run the pull once with the network (without --offline / HF_HUB_OFFLINE)".into()),
+            _ => None,
+        }
+    }
+
+    /// Whether sous itself is at fault (exit code 2) rather than the input, the
+    /// network or the machine (exit code 1).
+    pub fn is_internal(&self) -> bool {
+        matches!(self, PullError::Io { source, .. } | PullError::Download(DownloadError::Io { source, .. })
+            if !matches!(source.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::StorageFull | std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::NotFound)
+                && source.raw_os_error() != Some(28))
+    }
+}
+
+/// Where the files of a pull go, and where its bookkeeping lives.
+enum Target {
+    Cache(RepoCache),
+    Local(PathBuf),
+}
+
+impl Target {
+    fn dest(&self, file: &MarkerFile) -> PathBuf {
+        match self {
+            Target::Cache(cache) => cache.blob(&file.etag),
+            Target::Local(dir) => dir.join(&file.path),
+        }
+    }
+
+    /// Whether file names are content hashes (a file of the right size is the file).
+    fn content_addressed(&self) -> bool {
+        matches!(self, Target::Cache(_))
+    }
+
+    fn lock(&self, etag: &str) -> PathBuf {
+        match self {
+            Target::Cache(cache) => cache.lock(etag),
+            Target::Local(dir) => dir.join(".cache/sous").join(format!("{etag}.lock")),
+        }
+    }
+
+    fn marker(&self, commit: &str) -> PathBuf {
+        match self {
+            Target::Cache(cache) => cache.marker(commit),
+            Target::Local(dir) => dir.join(".download-complete"),
+        }
+    }
+
+    fn root(&self, commit: &str) -> PathBuf {
+        match self {
+            Target::Cache(cache) => cache.snapshot(commit),
+            Target::Local(dir) => dir.clone(),
+        }
+    }
+
+    /// Whether a file is already in place (verified when it was put there).
+    fn present(&self, commit: &str, file: &MarkerFile, marker: Option<&Marker>) -> bool {
+        let dest = self.dest(file);
+        let size_ok = fs::metadata(&dest).map(|m| m.len() == file.size).unwrap_or(false);
+        match self {
+            // Blobs are named by their hash and only ever renamed into place verified.
+            Target::Cache(_) => size_ok,
+            // A plain directory may have been edited: trust the marker, else rehash.
+            Target::Local(_) => {
+                size_ok
+                    && (marker.is_some_and(|m| m.commit == commit && m.files.contains(file))
+                        || download::hash_file(&dest, file.lfs).is_ok_and(|h| h == file.etag))
+            }
+        }
+    }
+}
+
+/// Runs a pull.
+pub async fn pull(client: &HubClient, request: &PullRequest) -> Result<PullReport, PullError> {
+    let started = Instant::now();
+    let config = client.config();
+    let target = match &request.local_dir {
+        Some(dir) => Target::Local(dir.clone()),
+        None => Target::Cache(RepoCache::new(&config.cache_dir, &request.repo)),
+    };
+    let report = |commit: &str, marker: &Marker, up_to_date: bool| PullReport {
+        repo: request.repo.clone(),
+        revision: request.revision.clone(),
+        commit: commit.to_owned(),
+        path: target.root(commit),
+        files: marker.files.len(),
+        bytes: marker.files.iter().map(|f| f.size).sum(),
+        downloaded_bytes: 0,
+        resumed_bytes: 0,
+        cached_files: marker.files.len(),
+        cached_bytes: marker.files.iter().map(|f| f.size).sum(),
+        seconds: started.elapsed().as_secs_f64(),
+        mb_per_s: 0.0,
+        up_to_date,
+    };
+
+    // Without the network: the marker or nothing.
+    let known_commit = match &target {
+        Target::Cache(cache) => cache.read_ref(&request.revision),
+        // A plain directory holds one pull; its marker says which commit.
+        Target::Local(dir) => Marker::read(&dir.join(".download-complete"))
+            .filter(|m| m.repo == request.repo)
+            .map(|m| m.commit)
+            .filter(|c| !is_commit(&request.revision) || *c == request.revision),
+    };
+    let selection = selection_key(request);
+    if let Some(commit) = &known_commit
+        && let Some(marker) = complete(&target, commit, &selection)
+        && (request.offline || is_commit(&request.revision))
+    {
+        return Ok(report(commit, &marker, true));
+    }
+    if request.offline {
+        return Err(PullError::NotCached {
+            repo: request.repo.clone(),
+            revision: request.revision.clone(),
+        });
+    }
+
+    // One request to learn the commit; if the marker for it is there, done.
+    let commit = client.revision(&request.repo, &request.revision).await?.sha;
+    if let Some(marker) = complete(&target, &commit, &selection) {
+        if let Target::Cache(cache) = &target {
+            cache
+                .write_ref(&request.revision, &commit)
+                .map_err(PullError::io("writing", &cache.dir()))?;
+        }
+        return Ok(report(&commit, &marker, true));
+    }
+
+    let tree = client.tree(&request.repo, &commit).await?;
+    let chosen: Vec<&str> =
+        Selection::new(&request.include, &request.exclude)?.apply(tree.iter().map(|e| e.path.as_str()));
+    if chosen.is_empty() {
+        return Err(PullError::NothingSelected {
+            repo: request.repo.clone(),
+            commit,
+        });
+    }
+    let files: Vec<MarkerFile> = tree
+        .iter()
+        .filter(|e| chosen.contains(&e.path.as_str()))
+        .map(marker_file)
+        .collect();
+    let previous = Marker::read(&target.marker(&commit));
+    let (present, missing): (Vec<&MarkerFile>, Vec<&MarkerFile>) = files
+        .iter()
+        .partition(|f| target.present(&commit, f, previous.as_ref()));
+
+    let jobs: Vec<FileJob> = missing
+        .iter()
+        .map(|f| FileJob {
+            repo: request.repo.clone(),
+            commit: commit.clone(),
+            path: f.path.clone(),
+            url: client.resolve_url(&request.repo, &commit, &f.path),
+            size: f.size,
+            etag: f.etag.clone(),
+            lfs: f.lfs,
+            dest: target.dest(f),
+        })
+        .collect();
+    let resumable: u64 = jobs.iter().map(FileJob::resumable_bytes).sum();
+    let needed: u64 = jobs.iter().map(|j| j.size).sum::<u64>() - resumable;
+    let data_dir = match &target {
+        Target::Cache(cache) => cache.dir().join("blobs"),
+        Target::Local(dir) => dir.clone(),
+    };
+    fs::create_dir_all(&data_dir).map_err(PullError::io("creating", &data_dir))?;
+    let available =
+        fs4::available_space(&data_dir).map_err(PullError::io("measuring free space in", &data_dir))?;
+    if needed > available {
+        return Err(PullError::DiskFull {
+            path: data_dir,
+            needed,
+            available,
+        });
+    }
+
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    let already: u64 = present.iter().map(|f| f.size).sum();
+    let cached_files = present.len();
+    let cached_bytes = already;
+    let tracker = Tracker::new(request.progress, total, already);
+    let ticker = tracker.spawn_ticker();
+    let connections = Arc::new(Semaphore::new(request.connections.max(1)));
+    let files_at_once = Arc::new(Semaphore::new(FILES_AT_ONCE));
+    let content_addressed = target.content_addressed();
+    let mut tasks = tokio::task::JoinSet::new();
+    for job in jobs {
+        let (client, connections, files_at_once, tracker) = (
+            client.clone(),
+            connections.clone(),
+            files_at_once.clone(),
+            tracker.clone(),
+        );
+        let lock = target.lock(&job.etag);
+        tasks.spawn(async move {
+            let _slot = files_at_once.acquire_owned().await;
+            let _lock = acquire_lock(&lock, &job).await?;
+            // Another process may have finished it while we waited.
+            if content_addressed && fs::metadata(&job.dest).is_ok_and(|m| m.len() == job.size) {
+                tracker.finish_file(&job.path);
+                return Ok(download::Fetched::default());
+            }
+            let counter = tracker.file(&job.path, job.size);
+            let fetched = download::fetch(&client, &job, RANGES_PER_FILE, connections, counter).await?;
+            tracker.finish_file(&job.path);
+            Ok::<_, PullError>(fetched)
+        });
+    }
+    let mut downloaded = 0;
+    let mut resumed = 0;
+    let mut failure = None;
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(fetched)) => {
+                downloaded += fetched.downloaded;
+                resumed += fetched.resumed;
+            }
+            Ok(Err(e)) => {
+                // Stop the others: their progress is logged, the next run resumes it.
+                tasks.abort_all();
+                failure.get_or_insert(e);
+            }
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => {
+                failure.get_or_insert(PullError::Io {
+                    action: "downloading into",
+                    path: data_dir.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                });
+            }
+        }
+    }
+    ticker.abort();
+    tracker.finish();
+    if let Some(e) = failure {
+        return Err(e);
+    }
+
+    // Lay out the snapshot, then the ref, then the marker: the marker last.
+    let marker = Marker {
+        repo: request.repo.clone(),
+        commit: commit.clone(),
+        selection: selection_key(request),
+        files,
+    };
+    if let Target::Cache(cache) = &target {
+        for file in &marker.files {
+            cache
+                .link(&commit, &file.path, &file.etag)
+                .map_err(PullError::io("linking", &cache.snapshot(&commit)))?;
+        }
+        cache
+            .write_ref(&request.revision, &commit)
+            .map_err(PullError::io("writing", &cache.dir()))?;
+    }
+    let marker_path = target.marker(&commit);
+    marker
+        .write(&marker_path)
+        .map_err(PullError::io("writing", &marker_path))?;
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(PullReport {
+        downloaded_bytes: downloaded,
+        resumed_bytes: resumed,
+        cached_files,
+        cached_bytes,
+        seconds,
+        mb_per_s: downloaded as f64 / 1e6 / seconds.max(1e-9),
+        up_to_date: false,
+        ..report(&commit, &marker, false)
+    })
+}
+
+fn marker_file(entry: &TreeEntry) -> MarkerFile {
+    match &entry.lfs {
+        Some(lfs) => MarkerFile {
+            path: entry.path.clone(),
+            size: lfs.size,
+            etag: lfs.oid.clone(),
+            lfs: true,
+        },
+        None => MarkerFile {
+            path: entry.path.clone(),
+            size: entry.size,
+            etag: entry.oid.clone(),
+            lfs: false,
+        },
+    }
+}
+
+/// The globs of a request, as recorded in the marker.
+fn selection_key(request: &PullRequest) -> String {
+    format!("include={:?} exclude={:?}", request.include, request.exclude)
+}
+
+/// The marker of a commit, when it exists, was made with the same globs, and every
+/// file it lists is in place.
+fn complete(target: &Target, commit: &str, selection: &str) -> Option<Marker> {
+    let marker =
+        Marker::read(&target.marker(commit)).filter(|m| m.commit == commit && m.selection == selection)?;
+    let all_there = marker.files.iter().all(|f| {
+        let path = match target {
+            Target::Cache(cache) => cache.snapshot(commit).join(&f.path),
+            Target::Local(dir) => dir.join(&f.path),
+        };
+        fs::metadata(path).is_ok_and(|m| m.len() == f.size)
+    });
+    all_there.then_some(marker)
+}
+
+/// Takes the blob's lock (the same file and `flock` huggingface_hub uses), waiting
+/// for another pull of the same file to finish rather than racing it.
+async fn acquire_lock(path: &Path, job: &FileJob) -> Result<fs::File, PullError> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(PullError::io("creating", dir))?;
+    }
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(PullError::io("opening lock", path))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => {
+            tracing::info!(path = %job.path, "another pull is fetching this file; waiting for it");
+            let path_buf = path.to_path_buf();
+            tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+                .await
+                .map_err(|e| PullError::Io {
+                    action: "waiting for lock",
+                    path: path_buf.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })?
+                .map_err(PullError::io("waiting for lock", path))
+        }
+        Err(fs::TryLockError::Error(e)) => Err(PullError::Io {
+            action: "locking",
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
+}

@@ -1,0 +1,404 @@
+//! `sous pull` against `sous hub serve` on loopback: real binaries, real files, the
+//! faults the mirror injects.
+
+use std::path::{Path, PathBuf};
+use std::process::Command as Process;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::{Mirror, generated_repo, run, sha256, sous};
+
+fn pull(mirror: &Mirror, cache: &Path, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = sous();
+    cmd.env("HF_ENDPOINT", &mirror.url)
+        .env("HF_HUB_CACHE", cache)
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HUB_OFFLINE")
+        .env("HF_HOME", cache.join("hf-home"))
+        .args(["pull", "--json"])
+        .args(args);
+    run(&mut cmd)
+}
+
+fn report(stdout: &str) -> Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("JSON report ({e}): {stdout}"))
+}
+
+/// Every pulled file equals its source, and the duplicates were left out.
+fn assert_same_files(snapshot: &Path, source: &Path) {
+    let mut compared = 0;
+    for entry in std::fs::read_dir(source).expect("source") {
+        let path = entry.expect("entry").path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("name")
+            .to_owned();
+        if path.is_dir() || name == "pytorch_model.bin" {
+            assert!(
+                !snapshot.join(&name).exists(),
+                "{name} should not be pulled by default"
+            );
+            continue;
+        }
+        assert_eq!(sha256(&snapshot.join(&name)), sha256(&path), "{name}");
+        compared += 1;
+    }
+    assert!(compared >= 5, "compared {compared} files");
+}
+
+#[test]
+fn pull_lands_in_the_hub_cache_and_a_second_pull_is_a_noop() {
+    let root = generated_repo("shards", 210);
+    let mirror = Mirror::start(&root, &[], &[]);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = pull(&mirror, cache.path(), &["acme/shards"]);
+    assert_eq!(code, 0, "{stderr}");
+    let first = report(&stdout);
+    assert_eq!(first["up_to_date"], false);
+    assert!(first["bytes"].as_u64().expect("bytes") > 200 << 20);
+    assert_eq!(first["downloaded_bytes"], first["bytes"]);
+    let snapshot = PathBuf::from(first["path"].as_str().expect("path"));
+    assert!(snapshot.starts_with(cache.path().join("models--acme--shards/snapshots")));
+    assert_same_files(&snapshot, &root.join("acme/shards"));
+    assert!(
+        std::fs::symlink_metadata(snapshot.join("config.json"))
+            .expect("link")
+            .file_type()
+            .is_symlink()
+    );
+    let commit = first["commit"].as_str().expect("commit");
+    assert_eq!(
+        std::fs::read_to_string(cache.path().join("models--acme--shards/refs/main")).expect("ref"),
+        commit
+    );
+
+    // Second pull: one request, the revision check.
+    mirror.clear();
+    let (code, stdout, stderr) = pull(&mirror, cache.path(), &["acme/shards"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(report(&stdout)["up_to_date"], true);
+    assert!(stderr.contains("up to date"), "{stderr}");
+    assert_eq!(
+        mirror.requests(),
+        ["GET /api/models/acme/shards/revision/main 200"]
+    );
+
+    // Offline, or by commit: none at all.
+    mirror.clear();
+    let (code, _, stderr) = pull(&mirror, cache.path(), &["acme/shards", "--offline"]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = pull(&mirror, cache.path(), &[&format!("acme/shards@{commit}")]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(mirror.requests().is_empty(), "{:?}", mirror.requests());
+}
+
+#[test]
+fn dropped_connections_are_resumed_within_the_run() {
+    let root = generated_repo("shards", 210);
+    let mirror = Mirror::start(
+        &root,
+        &["--fault", "drop-after=3MiB@2", "--fault", "status=503@1"],
+        &[],
+    );
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = pull(&mirror, cache.path(), &["acme/shards"]);
+    assert_eq!(code, 0, "{stderr}");
+    let snapshot = PathBuf::from(report(&stdout)["path"].as_str().expect("path"));
+    assert_same_files(&snapshot, &root.join("acme/shards"));
+    let requests = mirror.requests();
+    assert!(requests.iter().any(|r| r.ends_with(" 503")), "{requests:?}");
+}
+
+#[test]
+fn a_killed_pull_resumes_where_it_stopped() {
+    let root = generated_repo("shards", 210);
+    let cache = tempfile::tempdir().expect("tempdir");
+    // A slow link, so the pull is surely in flight when it is killed.
+    let slow = Mirror::start(&root, &["--fault", "rate=4MB", "--quiet"], &[]);
+    let mut child = Process::new(assert_cmd::cargo::cargo_bin("sous"))
+        .args(["pull", "acme/shards", "--quiet"])
+        .env("HF_ENDPOINT", &slow.url)
+        .env("HF_HUB_CACHE", cache.path())
+        .env("HF_HOME", cache.path().join("hf-home"))
+        .spawn()
+        .expect("pull starts");
+    let blobs = cache.path().join("models--acme--shards/blobs");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let written = || -> u64 {
+        std::fs::read_dir(&blobs)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".sous.state"))
+                    .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                    .map(|s| s.lines().count() as u64)
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    while written() < 24 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().expect("kill -9");
+    child.wait().expect("reaped");
+    assert!(written() >= 24, "the pull wrote progress before it was killed");
+    assert!(
+        !cache.path().join("models--acme--shards/snapshots").exists(),
+        "nothing looks complete"
+    );
+
+    let fast = Mirror::start(&root, &[], &[]);
+    let (code, stdout, stderr) = pull(&fast, cache.path(), &["acme/shards"]);
+    assert_eq!(code, 0, "{stderr}");
+    let summary = report(&stdout);
+    let resumed = summary["resumed_bytes"].as_u64().expect("resumed");
+    assert!(resumed >= 16 << 20, "resumed {resumed} bytes");
+    assert_eq!(
+        summary["downloaded_bytes"].as_u64().expect("downloaded")
+            + resumed
+            + summary["cached_bytes"].as_u64().expect("cached"),
+        summary["bytes"].as_u64().expect("bytes"),
+        "every byte was kept, resumed or downloaded, once"
+    );
+    // Ranges resumed from the log: they asked for offsets that are not chunk starts.
+    let ranges = fast.requests();
+    assert!(!ranges.is_empty());
+    assert_same_files(
+        &PathBuf::from(summary["path"].as_str().expect("path")),
+        &root.join("acme/shards"),
+    );
+}
+
+#[test]
+fn corrupt_bytes_never_reach_the_snapshot() {
+    let root = generated_repo("shards", 210);
+    let mirror = Mirror::start(&root, &["--fault", "corrupt@1000"], &[]);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = pull(
+        &mirror,
+        cache.path(),
+        &["acme/shards", "--include", "model-00002-of-00003.safetensors"],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stdout.is_empty());
+    assert!(
+        stderr.contains("`model-00002-of-00003.safetensors` of `acme/shards` is corrupt: expected sha256"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the partial file was deleted"), "{stderr}");
+    let repo = cache.path().join("models--acme--shards");
+    assert!(!repo.join("snapshots").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(repo.join("blobs"))
+        .expect("blobs")
+        .filter_map(Result::ok)
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn concurrent_pulls_of_one_repo_both_succeed() {
+    let root = generated_repo("shards", 210);
+    let mirror = Mirror::start(&root, &["--fault", "rate=100MB", "--quiet"], &[]);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let spawn = || {
+        Process::new(assert_cmd::cargo::cargo_bin("sous"))
+            .args(["pull", "acme/shards", "--json", "--quiet"])
+            .env("HF_ENDPOINT", &mirror.url)
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HOME", cache.path().join("hf-home"))
+            .output()
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(spawn);
+        std::thread::sleep(Duration::from_millis(200));
+        let b = s.spawn(spawn);
+        (a.join().expect("thread"), b.join().expect("thread"))
+    });
+    let (a, b) = (a.expect("runs"), b.expect("runs"));
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let snapshot = PathBuf::from(
+        report(&String::from_utf8_lossy(&b.stdout))["path"]
+            .as_str()
+            .expect("path"),
+    );
+    assert_same_files(&snapshot, &root.join("acme/shards"));
+}
+
+#[test]
+fn local_dir_gets_plain_files_and_the_marker() {
+    let root = generated_repo("shards", 210);
+    let mirror = Mirror::start(&root, &[], &[]);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let dir = cache.path().join("plain");
+    let (code, stdout, stderr) = pull(
+        &mirror,
+        cache.path(),
+        &["acme/shards", "--local-dir", dir.to_str().expect("utf-8")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        PathBuf::from(report(&stdout)["path"].as_str().expect("path")),
+        dir
+    );
+    assert_same_files(&dir, &root.join("acme/shards"));
+    let marker: Value =
+        serde_json::from_slice(&std::fs::read(dir.join(".download-complete")).expect("marker"))
+            .expect("json");
+    assert_eq!(marker["repo"], "acme/shards");
+    assert_eq!(marker["files"].as_array().expect("files").len(), 5);
+    assert!(!cache.path().join("models--acme--shards").exists());
+}
+
+#[test]
+fn hub_errors_have_clear_messages_and_exit_code_1() {
+    let root = generated_repo("shards", 210);
+    let mirror = Mirror::start(
+        &root,
+        &["--gated", "acme/shards"],
+        &[("SOUS_HUB_TOKEN", "hf_right")],
+    );
+    let cache = tempfile::tempdir().expect("tempdir");
+    let cases: &[(&[&str], Option<&str>, &str)] = &[
+        (
+            &["acme/nothing"],
+            None,
+            "repository `acme/nothing` not found on http://127.0.0.1:",
+        ),
+        (&["acme/shards"], None, "`acme/shards` is gated: it needs a token"),
+        (
+            &["acme/shards"],
+            Some("hf_wrong"),
+            "the Hub refused the token for `acme/shards` (403)",
+        ),
+        (
+            &["acme/shards@v9"],
+            Some("hf_right"),
+            "revision `v9` not found in `acme/shards`",
+        ),
+        (
+            &["acme/shards", "--include", "*.gguf"],
+            Some("hf_right"),
+            "no file of `acme/shards`",
+        ),
+        (
+            &["acme/shards", "--include", "["],
+            Some("hf_right"),
+            "invalid glob `[`",
+        ),
+        (&["not-a-repo-id"], None, "`not-a-repo-id` is not a repository id"),
+    ];
+    for (args, token, message) in cases {
+        let mut cmd = sous();
+        cmd.env("HF_ENDPOINT", &mirror.url)
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HOME", cache.path());
+        if let Some(token) = token {
+            cmd.env("HF_TOKEN", token);
+        }
+        let (code, _, stderr) = run(cmd.arg("pull").args(*args));
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(message),
+            "{args:?}: expected `{message}` in {stderr}"
+        );
+        assert!(
+            stderr.contains("hint:") || message.contains("glob") || message.contains("no file"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("hf_right") && !stderr.contains("hf_wrong"),
+            "the token never shows"
+        );
+    }
+    // With the right token the gated repository pulls.
+    let mut cmd = sous();
+    cmd.env("HF_ENDPOINT", &mirror.url)
+        .env("HF_HUB_CACHE", cache.path())
+        .env("HF_TOKEN", "hf_right");
+    let (code, _, stderr) = run(cmd.args(["pull", "acme/shards", "--include", "config.json"]));
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn an_unreachable_hub_and_a_failing_one_say_so() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    // A port nothing listens on.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = format!("http://{}", listener.local_addr().expect("addr"));
+    drop(listener);
+    let mut cmd = sous();
+    cmd.env("HF_ENDPOINT", &dead).env("HF_HUB_CACHE", cache.path());
+    let (code, _, stderr) = run(cmd.args(["pull", "acme/shards"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("cannot reach"), "{stderr}");
+    assert!(
+        stderr.contains("run the same command again to resume"),
+        "{stderr}"
+    );
+
+    let root = generated_repo("shards", 210);
+    let failing = Mirror::start(&root, &["--fault", "status=500@100"], &[]);
+    let mut cmd = sous();
+    cmd.env("HF_ENDPOINT", &failing.url)
+        .env("HF_HUB_CACHE", cache.path());
+    let (code, _, stderr) = run(cmd.args(["pull", "acme/shards"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("HTTP 500"), "{stderr}");
+    let attempts = failing.requests().len();
+    assert_eq!(
+        attempts,
+        5,
+        "retried with backoff, then gave up: {:?}",
+        failing.requests()
+    );
+}
+
+#[test]
+fn a_file_that_vanished_from_the_mirror_is_named() {
+    // A private copy of a small repository, indexed, then a file removed from disk.
+    let root = tempfile::tempdir().expect("tempdir");
+    let repo = root.path().join("acme/small");
+    std::fs::create_dir_all(&repo).expect("dir");
+    std::fs::write(repo.join("config.json"), b"{}").expect("write");
+    std::fs::write(repo.join("tokenizer.json"), b"{\"version\": \"1.0\"}").expect("write");
+    let mirror = Mirror::start(root.path(), &[], &[]);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (code, _, stderr) = pull(&mirror, cache.path(), &["acme/small", "--include", "config.json"]);
+    assert_eq!(code, 0, "{stderr}");
+    std::fs::remove_file(repo.join("tokenizer.json")).expect("remove");
+    let (code, _, stderr) = pull(&mirror, cache.path(), &["acme/small"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("file `tokenizer.json` not found in `acme/small`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_full_disk_is_refused_before_downloading() {
+    let mount = tempfile::tempdir().expect("tempdir");
+    let mounted = Process::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(mount.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!(
+            "SKIPPED: cannot mount a small tmpfs here (needs root); the disk-full check is not exercised"
+        );
+        return;
+    }
+    let root = generated_repo("shards", 210);
+    let mirror = Mirror::start(&root, &[], &[]);
+    let (code, _, stderr) = pull(&mirror, mount.path(), &["acme/shards"]);
+    let _ = Process::new("umount").arg(mount.path()).status();
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("not enough disk space in"), "{stderr}");
+    assert!(stderr.contains("the pull needs 220.2 MB more"), "{stderr}");
+    assert!(
+        mirror.requests().iter().all(|r| !r.contains("/resolve/")),
+        "nothing was downloaded"
+    );
+}
