@@ -9,17 +9,21 @@
 //! (shared/reference/hub.md §1.6, §2.3); Ollama keeps per-part state the same way
 //! (`server/download.go`).
 //!
-//! Verification: the size, then the sha256 (LFS files) or the git blob sha1 (others)
-//! of the whole file against the etag the Hub announced. A mismatch deletes the
-//! partial file and its state, so bad bytes never reach `blobs/` or `snapshots/`.
+//! Verification: the sha256 (LFS files) or the git blob sha1 (others) of the whole
+//! file against the etag the Hub announced, computed by a thread that follows the
+//! ranges in file order as they complete (reading back from the page cache), so the
+//! hash is ready moments after the last byte arrives. A mismatch deletes the partial
+//! file and its state, so bad bytes never reach `blobs/` or `snapshots/`. Like
+//! huggingface_hub, the file is not fsynced: a torn write after a power cut fails the
+//! hash on the next pull instead.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -181,7 +185,7 @@ pub async fn fetch(
     file.set_len(job.size)
         .map_err(DownloadError::io("allocating", &partial))?;
     let file = Arc::new(file);
-    let log = Arc::new(std::sync::Mutex::new(
+    let log = Arc::new(Mutex::new(
         OpenOptions::new()
             .create(true)
             .append(true)
@@ -191,15 +195,75 @@ pub async fn fetch(
 
     let mut resumed = 0;
     let mut pending = Vec::new();
+    let chunks = Arc::new(Chunks::new(job.chunks() as usize));
     for index in 0..job.chunks() {
         let (start, end) = job.chunk_range(index);
         let have = done.get(&index).copied().unwrap_or(0).min(end - start);
         resumed += have;
         if start + have < end || job.size == 0 {
             pending.push((index, start + have, end));
+        } else {
+            chunks.complete(index as usize);
         }
     }
     progress.store(resumed, Ordering::Relaxed);
+    let hasher = {
+        let (chunks, path, lfs, size) = (chunks.clone(), partial.clone(), job.lfs, job.size);
+        tokio::task::spawn_blocking(move || hash_in_order(&path, lfs, size, &chunks))
+    };
+    let result = fetch_ranges(
+        client,
+        job,
+        per_file,
+        connections,
+        pending,
+        &file,
+        &log,
+        &progress,
+        &chunks,
+    )
+    .await;
+    if result.is_err() {
+        chunks.cancel();
+    }
+    let hashed = hasher.await.map_err(|e| join_error(partial.clone(), e))?;
+    result?;
+    drop(file);
+    let actual = hashed.map_err(DownloadError::io("reading back", &partial))?;
+    if actual != job.etag {
+        let _ = fs::remove_file(&partial);
+        let _ = fs::remove_file(&state_path);
+        return Err(DownloadError::Corrupt {
+            repo: job.repo.clone(),
+            path: job.path.clone(),
+            algorithm: if job.lfs { "sha256" } else { "git sha1" },
+            expected: job.etag.clone(),
+            actual,
+        });
+    }
+    fs::rename(&partial, &job.dest).map_err(DownloadError::io("moving into place", &job.dest))?;
+    let _ = fs::remove_file(&state_path);
+    Ok(Fetched {
+        downloaded: job.size - resumed,
+        resumed,
+    })
+}
+
+/// Runs the ranges: the first alone (it follows the Hub's redirect), then the rest
+/// `per_file` at a time.
+#[allow(clippy::too_many_arguments)]
+async fn fetch_ranges(
+    client: &HubClient,
+    job: &FileJob,
+    per_file: usize,
+    connections: Arc<Semaphore>,
+    pending: Vec<(u64, u64, u64)>,
+    file: &Arc<File>,
+    log: &Arc<Mutex<File>>,
+    progress: &Arc<AtomicU64>,
+    chunks: &Arc<Chunks>,
+) -> Result<(), DownloadError> {
+    let partial = job.partial();
 
     // The first range follows the Hub's redirect; the others go straight to where it
     // led (a CDN, on the real Hub), so `/resolve` is asked once per file.
@@ -212,7 +276,7 @@ pub async fn fetch(
             .acquire_owned()
             .await
             .map_err(|_| closed(job))?;
-        let final_url = fetch_range(client, job, &url, send_auth, first, &file, &log, &progress).await?;
+        let final_url = fetch_range(client, job, &url, send_auth, first, file, log, progress, chunks).await?;
         drop(permit);
         if final_url != url {
             send_auth = same_origin(&final_url, &url);
@@ -228,16 +292,20 @@ pub async fn fetch(
             .acquire_owned()
             .await
             .map_err(|_| closed(job))?;
-        let (client, job, url, file, log, progress) = (
+        let (client, job, url, file, log, progress, chunks) = (
             client.clone(),
             job.clone(),
             url.clone(),
             file.clone(),
             log.clone(),
             progress.clone(),
+            chunks.clone(),
         );
         tasks.spawn(async move {
-            let result = fetch_range(&client, &job, &url, send_auth, range, &file, &log, &progress).await;
+            let result = fetch_range(
+                &client, &job, &url, send_auth, range, &file, &log, &progress, &chunks,
+            )
+            .await;
             drop((permit, file_permit));
             result
         });
@@ -249,15 +317,89 @@ pub async fn fetch(
     while let Some(joined) = tasks.join_next().await {
         joined.map_err(|e| join_error(job_path(&partial), e))??;
     }
-    file.sync_all().map_err(DownloadError::io("flushing", &partial))?;
-    drop(file);
+    Ok(())
+}
 
-    verify(job, &partial)?;
-    fs::rename(&partial, &job.dest).map_err(DownloadError::io("moving into place", &job.dest))?;
-    let _ = fs::remove_file(&state_path);
-    Ok(Fetched {
-        downloaded: job.size - resumed,
-        resumed,
+/// Which ranges are complete, for the hashing thread.
+struct Chunks {
+    state: Mutex<(Vec<bool>, bool)>,
+    changed: Condvar,
+}
+
+impl Chunks {
+    fn new(count: usize) -> Chunks {
+        Chunks {
+            state: Mutex::new((vec![false; count], false)),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn complete(&self, index: usize) {
+        if let Ok(mut state) = self.state.lock() {
+            if let Some(slot) = state.0.get_mut(index) {
+                *slot = true;
+            }
+            self.changed.notify_all();
+        }
+    }
+
+    fn cancel(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.1 = true;
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits until range `index` is complete; false when the download was cancelled.
+    fn wait(&self, index: usize) -> bool {
+        let Ok(mut state) = self.state.lock() else {
+            return false;
+        };
+        loop {
+            if state.1 {
+                return false;
+            }
+            if state.0.get(index).copied().unwrap_or(true) {
+                return true;
+            }
+            state = match self.changed.wait(state) {
+                Ok(s) => s,
+                Err(_) => return false,
+            };
+        }
+    }
+}
+
+/// Hashes the partial file range by range, as each completes.
+fn hash_in_order(path: &Path, lfs: bool, size: u64, chunks: &Chunks) -> io::Result<String> {
+    let file = File::open(path)?;
+    let mut sha256 = Sha256::new();
+    let mut sha1 = Sha1::new();
+    if !lfs {
+        sha1.update(format!("blob {size}\0").as_bytes());
+    }
+    let mut buffer = vec![0u8; 1 << 20];
+    let count = size.div_ceil(CHUNK).max(1);
+    for index in 0..count {
+        if !chunks.wait(index as usize) {
+            return Err(io::Error::other("download cancelled"));
+        }
+        let (mut at, end) = (index * CHUNK, ((index + 1) * CHUNK).min(size));
+        while at < end {
+            let n = ((end - at) as usize).min(buffer.len());
+            file.read_exact_at(&mut buffer[..n], at)?;
+            if lfs {
+                sha256.update(&buffer[..n]);
+            } else {
+                sha1.update(&buffer[..n]);
+            }
+            at += n as u64;
+        }
+    }
+    Ok(if lfs {
+        hex::encode(sha256.finalize())
+    } else {
+        hex::encode(sha1.finalize())
     })
 }
 
@@ -299,8 +441,9 @@ async fn fetch_range(
     send_auth: bool,
     (index, from, end): (u64, u64, u64),
     file: &File,
-    log: &std::sync::Mutex<File>,
+    log: &Mutex<File>,
     progress: &AtomicU64,
+    chunks: &Chunks,
 ) -> Result<String, DownloadError> {
     let chunk_start = index * CHUNK;
     let mut offset = from;
@@ -309,6 +452,7 @@ async fn fetch_range(
     let mut final_url = url.to_owned();
     loop {
         if offset >= end && job.size > 0 {
+            chunks.complete(index as usize);
             return Ok(final_url);
         }
         let mut request = client.http().get(url);
@@ -383,7 +527,10 @@ async fn fetch_range(
         }
         .await;
         match outcome {
-            Ok(()) => return Ok(final_url),
+            Ok(()) => {
+                chunks.complete(index as usize);
+                return Ok(final_url);
+            }
             Err(e) if retryable(&e) && attempt < ATTEMPTS => {
                 tracing::debug!(path = %job.path, error = %e, attempt, "range failed, retrying");
                 tokio::time::sleep(delay).await;
@@ -407,7 +554,7 @@ fn retryable(e: &DownloadError) -> bool {
     }
 }
 
-fn record(log: &std::sync::Mutex<File>, index: u64, done: u64) {
+fn record(log: &Mutex<File>, index: u64, done: u64) {
     if let Ok(mut file) = log.lock() {
         // A failed record only costs re-downloading that megabyte later.
         let _ = writeln!(file, "{index} {done}");
@@ -430,23 +577,6 @@ fn read_state(path: &Path) -> HashMap<u64, u64> {
         }
     }
     done
-}
-
-/// Hashes the partial file and compares with the etag; deletes it on mismatch.
-fn verify(job: &FileJob, partial: &Path) -> Result<(), DownloadError> {
-    let actual = hash_file(partial, job.lfs).map_err(DownloadError::io("reading back", partial))?;
-    if actual != job.etag {
-        let _ = fs::remove_file(partial);
-        let _ = fs::remove_file(job.state());
-        return Err(DownloadError::Corrupt {
-            repo: job.repo.clone(),
-            path: job.path.clone(),
-            algorithm: if job.lfs { "sha256" } else { "git sha1" },
-            expected: job.etag.clone(),
-            actual,
-        });
-    }
-    Ok(())
 }
 
 /// sha256 of a file (LFS), or its git blob sha1 (`sha1("blob <len>\0" + data)`).
