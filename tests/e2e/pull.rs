@@ -402,3 +402,78 @@ fn a_full_disk_is_refused_before_downloading() {
         "nothing was downloaded"
     );
 }
+
+#[test]
+fn pull_reads_the_model_from_a_recipe() {
+    let root = generated_repo("shards", 210);
+    let mirror = Mirror::start(&root, &[], &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recipe = dir.path().join("shards.toml");
+    std::fs::write(
+        &recipe,
+        "[model]\nrepo = \"acme/shards\"\n\n[engine]\nkind = \"vllm\"\n",
+    )
+    .expect("recipe");
+    let (code, stdout, stderr) = pull(
+        &mirror,
+        dir.path(),
+        &["--recipe", recipe.to_str().expect("utf-8")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        report(&stdout)["path"]
+            .as_str()
+            .expect("path")
+            .contains("models--acme--shards/snapshots/")
+    );
+
+    // With `model.path` too, the weights go where the recipe says they live.
+    let target = dir.path().join("weights");
+    std::fs::write(
+        &recipe,
+        format!(
+            "[model]\nrepo = \"acme/shards\"\npath = \"{}\"\n\n[engine]\nkind = \"vllm\"\n",
+            target.display()
+        ),
+    )
+    .expect("recipe");
+    let (code, _, stderr) = pull(
+        &mirror,
+        dir.path(),
+        &["--recipe", recipe.to_str().expect("utf-8")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_same_files(&target, &root.join("acme/shards"));
+
+    let (code, _, stderr) = pull(
+        &mirror,
+        dir.path(),
+        &["--recipe", "recipes/titan/qwen3.8-flash-next.toml"],
+    );
+    assert_eq!(code, 1);
+    assert!(stderr.contains("names no `model.repo` to pull"), "{stderr}");
+}
+
+#[test]
+fn pull_the_smollm2_test_model() {
+    let models = crate::util::root().join("target/models");
+    let source = models.join("HuggingFaceTB/SmolLM2-135M-Instruct");
+    if !source.join("model.safetensors").exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the test model is missing in CI"
+        );
+        eprintln!("SKIPPED: test model missing, run scripts/fetch-test-model.sh");
+        return;
+    }
+    let mirror = Mirror::start(&models, &[], &[]);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = pull(&mirror, cache.path(), &["HuggingFaceTB/SmolLM2-135M-Instruct"]);
+    assert_eq!(code, 0, "{stderr}");
+    let snapshot = PathBuf::from(report(&stdout)["path"].as_str().expect("path"));
+    for entry in std::fs::read_dir(&source).expect("model dir") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("name");
+        assert_eq!(sha256(&snapshot.join(name)), sha256(&path), "{}", path.display());
+    }
+}
