@@ -57,6 +57,11 @@ impl Shell {
         eprintln!("{} {message}", self.paint(YELLOW, "warning:"));
     }
 
+    /// A line of an engine's output on stderr, prefixed with the engine's name.
+    pub fn engine_line(&self, engine: &str, line: &str) {
+        eprintln!("{} {line}", self.paint(CYAN, &format!("{engine} |")));
+    }
+
     /// A status line on stderr, e.g. `ok recipes/x.toml`.
     pub fn status(&self, word: &str, message: &str) {
         eprintln!("{} {message}", self.paint(GREEN, word));

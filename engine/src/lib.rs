@@ -4,6 +4,7 @@
 //!   validation, and the generated schema and reference.
 //! - [`launch`]: engine adapters that turn a [`recipe::Recipe`] into the exact command
 //!   line, environment and option files of vLLM, SGLang or TensorRT-LLM.
+//! - [`serve`]: running an engine: launch, readiness, OOM fallback, restarts, stop.
 //! - [`version`]: engine release numbers.
 //! - [`paths`]: where sous keeps per-deployment state.
 //!
@@ -13,4 +14,5 @@
 pub mod launch;
 pub mod paths;
 pub mod recipe;
+pub mod serve;
 pub mod version;

@@ -39,6 +39,7 @@ fn render(path: &Path, kind: EngineKind) -> String {
     }
     let ctx = RenderContext {
         instance_dir: PathBuf::from("/state").join(&recipe.name),
+        hub_cache: PathBuf::from("/hub"),
     };
     match launch::render(&recipe, &ctx) {
         Ok(launch) => {

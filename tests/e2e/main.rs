@@ -9,4 +9,5 @@ mod hub_python;
 mod pull;
 mod recipe;
 mod serve;
+mod serve_run;
 mod util;

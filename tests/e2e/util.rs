@@ -175,3 +175,116 @@ pub fn sha256(path: &std::path::Path) -> String {
     std::io::copy(&mut file, &mut hasher).expect("read");
     hex::encode(hasher.finalize())
 }
+
+/// The `fake-engine` test double (tests/fake-engine), built on first use.
+pub fn fake_engine() -> std::path::PathBuf {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args(["build", "--quiet", "-p", "sous-fake-engine", "--bin", "fake-engine"])
+                .current_dir(root())
+                .status()
+                .expect("cargo runs");
+            assert!(status.success(), "building the fake engine");
+            let sous = assert_cmd::cargo::cargo_bin("sous");
+            sous.with_file_name("fake-engine")
+        })
+        .clone()
+}
+
+/// A TCP port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A running `sous` whose stderr is collected line by line.
+pub struct Running {
+    /// The process.
+    pub child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Running {
+    /// Starts `sous` with `args` (and the clean environment of [`sous`]).
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Running {
+        use std::io::{BufRead, BufReader};
+        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("sous"));
+        for (name, _) in std::env::vars() {
+            if name.starts_with("SOUS_") {
+                cmd.env_remove(name);
+            }
+        }
+        cmd.current_dir(root())
+            .env("NO_COLOR", "1")
+            .args(args)
+            .envs(envs.iter().copied())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("sous starts");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(mut l) = sink.lock() {
+                    l.push(line);
+                }
+            }
+        });
+        Running { child, lines }
+    }
+
+    /// Everything printed so far.
+    pub fn stderr(&self) -> String {
+        self.lines.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// Waits until a line contains `text`.
+    pub fn wait_for(&self, text: &str, within: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if self.stderr().contains(text) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Sends a signal to sous.
+    pub fn signal(&self, signal: &str) {
+        let _ = std::process::Command::new("kill").args(["-s", signal, &self.child.id().to_string()]).status();
+    }
+
+    /// Waits for sous to exit; its exit code.
+    pub fn wait(&mut self, within: std::time::Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                return status.code();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether a process is alive (and not a zombie).
+pub fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z')))
+        .unwrap_or(false)
+}

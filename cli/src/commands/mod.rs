@@ -72,6 +72,27 @@ pub fn load_recipe(path: &Path, overrides: &OverrideArgs) -> anyhow::Result<Load
     sous_engine::recipe::load(path, &layered).with_context(|| format!("recipe {}", display(path)))
 }
 
+/// Where the engine of a recipe keeps its files, and the Hub cache it reads.
+pub fn render_context(recipe: &sous_engine::recipe::Recipe) -> sous_engine::launch::RenderContext {
+    sous_engine::launch::RenderContext {
+        instance_dir: sous_engine::paths::instance_dir(&recipe.name),
+        hub_cache: crate::hub::config::HubConfig::from_env().cache_dir,
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
 /// A path as the user wrote it.
 pub fn display(path: &Path) -> String {
     path.display().to_string()

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::json;
-use sous_engine::launch::{self, RenderContext};
+use sous_engine::launch;
 use sous_engine::recipe::{EngineKind, Loaded, schema};
 
 use super::{OverrideArgs, display, load_recipe};
@@ -139,9 +139,7 @@ fn check_one(file: &std::path::Path, overrides: &OverrideArgs) -> anyhow::Result
     let loaded = load_recipe(file, overrides)?;
     let mut warnings: Vec<String> = loaded.warnings.iter().map(|w| w.message.clone()).collect();
     if loaded.recipe.engine.kind != EngineKind::Native {
-        let ctx = RenderContext {
-            instance_dir: sous_engine::paths::instance_dir(&loaded.recipe.name),
-        };
+        let ctx = super::render_context(&loaded.recipe);
         let rendered =
             launch::render(&loaded.recipe, &ctx).with_context(|| format!("recipe {}", display(file)))?;
         warnings.extend(rendered.warnings.into_iter().map(|w| w.message));

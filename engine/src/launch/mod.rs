@@ -6,6 +6,7 @@
 //! Nothing here starts a process: `sous serve --dry-run` prints a [`Launch`] and
 //! `sous serve` runs exactly that.
 
+mod container;
 mod sglang;
 mod shell;
 mod trtllm;
@@ -16,7 +17,7 @@ use std::path::PathBuf;
 
 use serde::{Serialize, Serializer};
 
-use crate::recipe::{EngineKind, Recipe, Warning, closest};
+use crate::recipe::{EngineKind, Recipe, Runtime, Warning, closest};
 use crate::version::Version;
 
 /// One argument of an engine's command line.
@@ -98,6 +99,8 @@ impl Launch {
 pub struct RenderContext {
     /// The instance's state directory (`<state>/<recipe name>`).
     pub instance_dir: PathBuf,
+    /// The Hugging Face cache, mounted into containers.
+    pub hub_cache: PathBuf,
 }
 
 /// A recipe the chosen engine cannot serve as written. Every variant is the user's to
@@ -192,6 +195,9 @@ pub fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, RenderErro
         launch.env.insert(name.clone(), Arg::Lit(value.clone()));
     }
     launch.image = recipe.engine.image.clone();
+    if recipe.engine.runtime != Runtime::Host {
+        container::wrap(&mut launch, recipe, ctx);
+    }
     Ok(launch)
 }
 

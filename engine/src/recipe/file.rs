@@ -164,6 +164,29 @@ pub struct EngineSection {
     /// writes for `trtllm-serve` (any `LlmArgs` field). Other engines refuse it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extra_options: Option<serde_json::Map<String, serde_json::Value>>,
+
+    /// Where `sous serve` runs the engine: `host` (a process on this machine, the
+    /// default) or `docker` / `podman` (a container of `image`, with the GPUs, the Hub
+    /// cache, the model directory and the port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Runtime>,
+
+    /// How many times `sous serve` restarts an engine that crashed after it was ready,
+    /// within 10 minutes, before giving up with the engine's exit code. Default: 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<u32>,
+}
+
+/// Where an engine process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    /// A process on this machine.
+    Host,
+    /// A Docker container of `engine.image`.
+    Docker,
+    /// A Podman container of `engine.image`.
+    Podman,
 }
 
 /// The serving engines sous knows.
@@ -198,6 +221,17 @@ impl EngineKind {
             EngineKind::Sglang => "SGLang",
             EngineKind::Trtllm => "TensorRT-LLM",
             EngineKind::Native => "the native engine",
+        }
+    }
+}
+
+impl Runtime {
+    /// The recipe spelling, which is also the container CLI's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Host => "host",
+            Runtime::Docker => "docker",
+            Runtime::Podman => "podman",
         }
     }
 }
@@ -421,6 +455,16 @@ pub struct ServerSection {
     /// Address to listen on. Default: `0.0.0.0` (all interfaces).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+
+    /// How long the engine may take to become ready (`/health` answering 200) before
+    /// `sous serve` gives up: `90s`, `30m`. Default: `30m` (a 27B model takes minutes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_timeout: Option<String>,
+
+    /// How long an engine may take to stop after SIGTERM before it is killed: `30s`.
+    /// Default: `30s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_grace: Option<String>,
 
     /// TCP port. Default: 8000.
     #[serde(default, skip_serializing_if = "Option::is_none")]

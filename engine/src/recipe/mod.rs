@@ -13,11 +13,11 @@ pub use bytes::{ByteSize, ByteSizeError};
 pub use error::{At, Location, RecipeError, closest};
 pub use file::{
     EngineKind, EngineSection, KvCacheDtype, MemorySection, ModelDtype, ModelSection, QuantFormat,
-    QuantScheme, QuantizeSection, RecipeFile, ServerSection, ServingSection, SpeculativeSection,
+    QuantScheme, QuantizeSection, RecipeFile, Runtime, ServerSection, ServingSection, SpeculativeSection,
 };
 pub use load::{ENV_PREFIX, Overrides, Provenance};
 pub use resolve::{
-    DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION, Engine, Memory, Model, Quantize, Recipe, Server, Warning,
+    DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION, Engine, Memory, Model, Quantize, RESTART_WINDOW, Recipe, Server, Warning,
     is_mtp,
 };
 

@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::error::{At, RecipeError};
 use super::file::{
     EngineKind, EngineSection, KvCacheDtype, MemorySection, ModelDtype, ModelSection, QuantFormat,
-    QuantScheme, QuantizeSection, RecipeFile, ServerSection, ServingSection, SpeculativeSection,
+    QuantScheme, QuantizeSection, RecipeFile, Runtime, ServerSection, ServingSection, SpeculativeSection,
 };
 use super::load::Provenance;
 use crate::version::Version;
@@ -94,7 +94,14 @@ pub struct Engine {
     pub extra_args: Vec<String>,
     /// Extra TensorRT-LLM options.
     pub extra_options: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Host process or container.
+    pub runtime: Runtime,
+    /// Restarts after a crash, within [`RESTART_WINDOW`].
+    pub restarts: u32,
 }
+
+/// The window `engine.restarts` counts within.
+pub const RESTART_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Memory settings, in bytes where sizes are involved.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,6 +127,10 @@ pub struct Server {
     pub port: u16,
     /// Environment variable holding the API key.
     pub api_key_env: Option<String>,
+    /// Longest start-up.
+    pub startup_timeout: std::time::Duration,
+    /// Longest stop after SIGTERM.
+    pub stop_grace: std::time::Duration,
 }
 
 /// Something legal but probably not what the author meant.
@@ -319,6 +330,17 @@ fn resolve_engine(raw: EngineSection, invalid: &Invalid<'_>) -> Result<Engine, R
             Some("remove `engine.version`"),
         ));
     }
+    let runtime = raw.runtime.unwrap_or(Runtime::Host);
+    if runtime != Runtime::Host && raw.image.is_none() {
+        return Err(invalid(
+            &["engine", "runtime"],
+            format!("a `{}` runtime needs `engine.image`", runtime.as_str()),
+            Some("set `engine.image` (e.g. `vllm/vllm-openai:v0.27.1`), or use `runtime = \"host\"`"),
+        ));
+    }
+    if runtime != Runtime::Host && kind == EngineKind::Native {
+        return Err(invalid(&["engine", "runtime"], "the native engine runs inside sous".into(), None));
+    }
     Ok(Engine {
         kind,
         version,
@@ -326,6 +348,8 @@ fn resolve_engine(raw: EngineSection, invalid: &Invalid<'_>) -> Result<Engine, R
         executable: raw.executable,
         extra_args: raw.extra_args,
         extra_options: raw.extra_options,
+        runtime,
+        restarts: raw.restarts.unwrap_or(3),
     })
 }
 
@@ -528,10 +552,18 @@ fn resolve_server(raw: ServerSection, invalid: &Invalid<'_>) -> Result<Server, R
             Some("name the variable that holds the key (e.g. `SOUS_API_KEY`), not the key itself"),
         ));
     }
+    let duration = |key: &'static str, value: &Option<String>, default: u64| match value {
+        None => Ok(std::time::Duration::from_secs(default)),
+        Some(text) => humantime::parse_duration(text).map_err(|e| {
+            invalid(&["server", key], format!("`{text}` is not a duration ({e})"), Some("write e.g. `90s`, `30m` or `1h`"))
+        }),
+    };
     Ok(Server {
         host: raw.host.unwrap_or_else(|| DEFAULT_HOST.to_owned()),
         port: raw.port.unwrap_or(DEFAULT_PORT),
         api_key_env: raw.api_key_env,
+        startup_timeout: duration("startup_timeout", &raw.startup_timeout, 1800)?,
+        stop_grace: duration("stop_grace", &raw.stop_grace, 30)?,
     })
 }
 
@@ -567,6 +599,8 @@ impl Recipe {
                 executable: self.engine.executable.clone(),
                 extra_args: self.engine.extra_args.clone(),
                 extra_options: self.engine.extra_options.clone(),
+                runtime: (self.engine.runtime != Runtime::Host).then_some(self.engine.runtime),
+                restarts: (self.engine.restarts != 3).then_some(self.engine.restarts),
             },
             memory: MemorySection {
                 gpu_utilization: self.memory.gpu_utilization,
@@ -580,6 +614,8 @@ impl Recipe {
                 host: Some(self.server.host.clone()),
                 port: Some(self.server.port),
                 api_key_env: self.server.api_key_env.clone(),
+                startup_timeout: Some(humantime::format_duration(self.server.startup_timeout).to_string()),
+                stop_grace: Some(humantime::format_duration(self.server.stop_grace).to_string()),
             },
             env: self.env.clone(),
         }

@@ -1,0 +1,112 @@
+//! Reading an engine's output for what sous needs to know: that it ran out of memory at
+//! start-up, and how many tokens of KV cache it got.
+//!
+//! Patterns come from the engines' sources (shared/reference/engines.md §4.1, §7, §8):
+//! vLLM `vllm/v1/core/kv_cache_planning.py`, `vllm/v1/worker/utils.py`,
+//! `vllm/v1/core/kv_cache_utils.py`; SGLang `mem_cache/memory_pool.py`,
+//! `managers/scheduler.py`; TensorRT-LLM's `[MemUsageChange]` and KV lines; and the
+//! CUDA/PyTorch and NVIDIA driver out-of-memory messages every engine can hit.
+
+use serde::Serialize;
+
+use crate::recipe::EngineKind;
+
+/// Messages that mean "not enough memory" at start-up.
+const OOM_PATTERNS: &[&str] = &[
+    "CUDA out of memory",
+    "torch.OutOfMemoryError",
+    "torch.cuda.OutOfMemoryError",
+    "No available memory for the cache blocks",
+    "is larger than the available KV cache memory",
+    "less than desired GPU memory utilization",
+    "NV_ERR_NO_MEMORY",
+    "cudaErrorMemoryAllocation",
+];
+
+/// Whether a line of engine output reports running out of memory.
+pub fn is_oom(line: &str) -> bool {
+    OOM_PATTERNS.iter().any(|p| line.contains(p))
+}
+
+/// The KV-cache capacity an engine reported at start-up.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Capacity {
+    /// Tokens the KV cache holds.
+    pub tokens: u64,
+    /// Requests of `max_model_len` tokens that fit at once (vLLM).
+    pub max_concurrency: Option<f64>,
+    /// The line it came from.
+    pub line: String,
+}
+
+/// The KV capacity in a line of engine output, if it is the engine's capacity line.
+pub fn capacity(kind: EngineKind, line: &str) -> Option<Capacity> {
+    let number_after = |marker: &str| -> Option<u64> {
+        let rest = &line[line.find(marker)? + marker.len()..];
+        let digits: String = rest
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == ',')
+            .filter(|c| *c != ',')
+            .collect();
+        digits.parse().ok()
+    };
+    match kind {
+        // "GPU KV cache size: 46,592 tokens, Maximum concurrency for 2,048 tokens per request: 22.75x"
+        // (the device word is CPU, GPU, XPU ...).
+        EngineKind::Vllm | EngineKind::Native => {
+            let tokens = number_after("KV cache size:")?;
+            let max_concurrency = line.find("per request:").and_then(|i| {
+                let rest = line[i + "per request:".len()..].trim_start();
+                rest.trim_end_matches(|c: char| !c.is_ascii_digit()).trim_end_matches('x').parse().ok()
+            });
+            Some(Capacity {
+                tokens,
+                max_concurrency,
+                line: line.to_owned(),
+            })
+        }
+        // "max_total_num_tokens=N, chunked_prefill_size=..."
+        EngineKind::Sglang => number_after("max_total_num_tokens=").map(|tokens| Capacity {
+            tokens,
+            max_concurrency: None,
+            line: line.to_owned(),
+        }),
+        // "[MemUsageChange] Allocated 1.01 GiB for max tokens in paged KV cache (8256)."
+        EngineKind::Trtllm => {
+            if !line.contains("max tokens in paged KV cache") {
+                return None;
+            }
+            number_after("paged KV cache (").map(|tokens| Capacity {
+                tokens,
+                max_concurrency: None,
+                line: line.to_owned(),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_real_capacity_lines() {
+        let vllm = "(EngineCore pid=13411) INFO 11-29 23:22:19 [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, Maximum concurrency for 2,048 tokens per request: 22.75x";
+        let c = capacity(EngineKind::Vllm, vllm).expect("vLLM line");
+        assert_eq!((c.tokens, c.max_concurrency), (46_592, Some(22.75)));
+        let sglang = "max_total_num_tokens=604705, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=16, context_len=524288, available_gpu_mem=12.1 GB";
+        assert_eq!(capacity(EngineKind::Sglang, sglang).map(|c| c.tokens), Some(604_705));
+        let trt = "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 1.01 GiB for max tokens in paged KV cache (8256).";
+        assert_eq!(capacity(EngineKind::Trtllm, trt).map(|c| c.tokens), Some(8256));
+        assert!(capacity(EngineKind::Vllm, "Starting vLLM server on http://0.0.0.0:8013").is_none());
+    }
+
+    #[test]
+    fn recognises_out_of_memory() {
+        assert!(is_oom("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."));
+        assert!(is_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"));
+        assert!(is_oom("NVRM: nvAssertFailedNoLog: NV_ERR_NO_MEMORY"));
+        assert!(!is_oom("INFO Application startup complete."));
+    }
+}
