@@ -8,6 +8,7 @@
 mod commands;
 mod failure;
 mod hub;
+mod import;
 mod shell;
 
 use std::process::ExitCode;

@@ -2,6 +2,7 @@
 //!
 //! - [`recipe`]: the recipe format, loading (`extends`, environment, `--set`),
 //!   validation, and the generated schema and reference.
+//! - [`chat`]: chat templates rendered as transformers renders them (minijinja).
 //! - [`launch`]: engine adapters that turn a [`recipe::Recipe`] into the exact command
 //!   line, environment and option files of vLLM, SGLang or TensorRT-LLM.
 //! - [`serve`]: running an engine: launch, readiness, OOM fallback, restarts, stop.
@@ -11,6 +12,7 @@
 //! This crate never prints: it returns values and typed errors, and logs through
 //! `tracing`. The `sous` binary decides what reaches the terminal.
 
+pub mod chat;
 pub mod launch;
 pub mod paths;
 pub mod recipe;

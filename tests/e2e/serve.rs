@@ -284,10 +284,62 @@ fn native_engine_has_no_command_line_and_serve_says_what_is_missing() {
     assert_eq!(code, 1);
     assert!(stderr.contains("the native engine runs inside sous"), "{stderr}");
 
-    let (code, _, stderr) = run(sous().args(["serve", "--recipe", "recipes/titan/qwen3.8-flash-next.toml"]));
+    let (code, _, stderr) = run(sous().args([
+        "serve",
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--set",
+        "engine.kind=native",
+    ]));
     assert_eq!(code, 1);
-    assert!(
-        stderr.contains("cannot start engines yet: only `--dry-run` is implemented"),
-        "{stderr}"
+    assert!(stderr.contains("the native engine is not built yet"), "{stderr}");
+}
+
+#[test]
+fn docker_runtime_wraps_the_same_command() {
+    let mut cmd = sous();
+    cmd.env("HF_HUB_CACHE", "/hub");
+    let (host, _) = dry_run_json(&["--recipe", "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml"]);
+    let mut cmd_args = vec![
+        "serve",
+        "--dry-run",
+        "--json",
+        "--recipe",
+        "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml",
+    ];
+    cmd_args.extend([
+        "--set",
+        "engine.runtime=docker",
+        "--set",
+        "env.VLLM_LOGGING_LEVEL=INFO",
+    ]);
+    let (code, stdout, stderr) = run(cmd.args(&cmd_args));
+    assert_eq!(code, 0, "{stderr}");
+    let launch: Value = serde_json::from_str(&stdout).expect("json");
+    let docker = argv(&launch);
+    let at = docker
+        .iter()
+        .position(|a| a == "vllm/vllm-openai:v0.27.1")
+        .expect("image");
+    assert_eq!(docker[..4], ["docker", "run", "--rm", "--init"]);
+    assert_eq!(docker[at - 2..at], ["--entrypoint", "vllm"]);
+    assert_eq!(
+        docker[at + 1..],
+        argv(&host)[1..],
+        "the engine's own arguments are unchanged"
     );
+    let joined = docker.join(" ");
+    for part in [
+        "--name sous-qwen3.8-27b-dgx-spark",
+        "--gpus all",
+        "--ipc host",
+        "--publish 0.0.0.0:8000:8000",
+        "--volume /hub:/root/.cache/huggingface/hub",
+        "--volume /models/qwen3.8-27b-inferact-nvfp4:/models/qwen3.8-27b-inferact-nvfp4:ro",
+        "--env VLLM_LOGGING_LEVEL",
+        "--env HF_HUB_CACHE",
+    ] {
+        assert!(joined.contains(part), "{part} in {joined}");
+    }
+    assert_eq!(launch["env"]["VLLM_LOGGING_LEVEL"], "INFO");
 }

@@ -41,22 +41,39 @@ fn setup(kind: &str, extra: &str) -> Setup {
 }
 
 fn state_env(setup: &Setup) -> (String, String) {
-    ("SOUS_STATE_DIR".into(), setup.dir.path().join("state").display().to_string())
+    (
+        "SOUS_STATE_DIR".into(),
+        setup.dir.path().join("state").display().to_string(),
+    )
 }
 
 fn start(setup: &Setup, envs: &[(&str, &str)]) -> Running {
     let (k, v) = state_env(setup);
-    let mut all: Vec<(&str, &str)> = vec![(k.as_str(), v.as_str()), ("FAKE_RECORD", setup.record.to_str().expect("utf-8"))];
+    let mut all: Vec<(&str, &str)> = vec![
+        (k.as_str(), v.as_str()),
+        ("FAKE_RECORD", setup.record.to_str().expect("utf-8")),
+    ];
     all.extend_from_slice(envs);
-    Running::start(&["serve", "--recipe", setup.recipe.to_str().expect("utf-8")], &all)
+    Running::start(
+        &["serve", "--recipe", setup.recipe.to_str().expect("utf-8")],
+        &all,
+    )
 }
 
 fn dry_run_argv(setup: &Setup) -> Vec<String> {
     let (k, v) = state_env(setup);
-    let (code, stdout, stderr) = run(sous().env(k, v).args(["serve", "--dry-run", "--json", "--recipe"]).arg(&setup.recipe));
+    let (code, stdout, stderr) = run(sous()
+        .env(k, v)
+        .args(["serve", "--dry-run", "--json", "--recipe"])
+        .arg(&setup.recipe));
     assert_eq!(code, 0, "{stderr}");
     let launch: Value = serde_json::from_str(&stdout).expect("json");
-    launch["argv"].as_array().expect("argv").iter().map(|a| a.as_str().expect("str").to_owned()).collect()
+    launch["argv"]
+        .as_array()
+        .expect("argv")
+        .iter()
+        .map(|a| a.as_str().expect("str").to_owned())
+        .collect()
 }
 
 fn record(path: &Path) -> Value {
@@ -72,18 +89,39 @@ fn vllm_gets_the_dry_run_argv_is_reported_ready_and_stops_on_sigterm() {
         "[memory]\ngpu_utilization = 0.9\nkv_cache_dtype = \"fp8\"\n[serving]\nmax_model_len = 8192\nprefix_caching = true\nspeculative = { method = \"mtp\", tokens = 2 }\n[env]\nVLLM_PLE_CPU_OFFLOAD = \"1\"\n",
     );
     let mut sous = start(&s, &[("FAKE_FORK", "1")]);
-    assert!(sous.wait_for("ready http://127.0.0.1:", READY), "{}", sous.stderr());
+    assert!(
+        sous.wait_for("ready http://127.0.0.1:", READY),
+        "{}",
+        sous.stderr()
+    );
     let stderr = sous.stderr();
-    assert!(stderr.contains(&format!("ready http://127.0.0.1:{}", s.port)), "{stderr}");
-    assert!(stderr.contains("KV cache 450000 tokens, max concurrency 54.93x"), "{stderr}");
-    assert!(stderr.contains("vllm | (EngineCore"), "engine output is streamed with a prefix: {stderr}");
+    assert!(
+        stderr.contains(&format!("ready http://127.0.0.1:{}", s.port)),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("KV cache 450000 tokens, max concurrency 54.93x"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("vllm | (EngineCore"),
+        "engine output is streamed with a prefix: {stderr}"
+    );
     let rec = record(&s.record);
-    let argv: Vec<String> = rec["argv"].as_array().expect("argv").iter().map(|a| a.as_str().expect("str").to_owned()).collect();
+    let argv: Vec<String> = rec["argv"]
+        .as_array()
+        .expect("argv")
+        .iter()
+        .map(|a| a.as_str().expect("str").to_owned())
+        .collect();
     assert_eq!(argv, dry_run_argv(&s));
     assert_eq!(rec["env"]["VLLM_PLE_CPU_OFFLOAD"], "1");
     let log = std::fs::read_to_string(s.dir.path().join("state/fake-vllm/engine.log")).expect("engine log");
     assert!(log.contains("GPU KV cache size: 450000 tokens"), "{log}");
-    let state: Value = serde_json::from_slice(&std::fs::read(s.dir.path().join("state/fake-vllm/instance.json")).expect("state")).expect("json");
+    let state: Value = serde_json::from_slice(
+        &std::fs::read(s.dir.path().join("state/fake-vllm/instance.json")).expect("state"),
+    )
+    .expect("json");
     assert_eq!(state["url"], format!("http://127.0.0.1:{}", s.port));
 
     sous.signal("TERM");
@@ -91,18 +129,30 @@ fn vllm_gets_the_dry_run_argv_is_reported_ready_and_stops_on_sigterm() {
     let engine = rec["pid"].as_u64().expect("pid");
     let worker = rec["worker_pid"].as_u64().expect("worker pid");
     std::thread::sleep(Duration::from_millis(300));
-    assert!(!alive(engine) && !alive(worker), "no engine process survives sous");
+    assert!(
+        !alive(engine) && !alive(worker),
+        "no engine process survives sous"
+    );
 }
 
 #[test]
 fn dgx_spark_scenario_falls_back_from_0_90_to_0_85() {
-    let s = setup("vllm", "[memory]\ngpu_utilization = 0.90\noom_fallback = [0.85]\n");
+    let s = setup(
+        "vllm",
+        "[memory]\ngpu_utilization = 0.90\noom_fallback = [0.85]\n",
+    );
     let mut sous = start(&s, &[("FAKE_OOM_ABOVE", "0.87")]);
     assert!(sous.wait_for("ready http://", READY), "{}", sous.stderr());
     let stderr = sous.stderr();
     assert!(stderr.contains("CUDA out of memory"), "{stderr}");
-    assert!(stderr.contains("retrying with `memory.gpu_utilization = 0.85`"), "{stderr}");
-    assert!(stderr.contains("memory fraction 0.85, KV cache 425000 tokens"), "{stderr}");
+    assert!(
+        stderr.contains("retrying with `memory.gpu_utilization = 0.85`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("memory fraction 0.85, KV cache 425000 tokens"),
+        "{stderr}"
+    );
     let argv = record(&s.record)["argv"].to_string();
     assert!(argv.contains("\"--gpu-memory-utilization\",\"0.85\""), "{argv}");
     sous.signal("INT");
@@ -115,23 +165,47 @@ fn oom_at_every_fraction_exits_1_with_the_engines_message() {
     let mut sous = start(&s, &[("FAKE_OOM_ABOVE", "0.87")]);
     assert_eq!(sous.wait(READY), Some(1), "{}", sous.stderr());
     let stderr = sous.stderr();
-    assert!(stderr.contains("ran out of memory at start-up with every memory fraction tried (0.95, 0.9)"), "{stderr}");
-    assert!(stderr.contains("torch.OutOfMemoryError: CUDA out of memory"), "{stderr}");
-    assert!(stderr.contains("hint: lower `memory.gpu_utilization`"), "{stderr}");
+    assert!(
+        stderr.contains("ran out of memory at start-up with every memory fraction tried (0.95, 0.9)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("torch.OutOfMemoryError: CUDA out of memory"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("hint: lower `memory.gpu_utilization`"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn crashes_restart_with_backoff_then_give_up_with_the_engines_code() {
     let s = setup("vllm", "[engine.restarts]\n");
     // `engine.restarts` lives in [engine]; rewrite the recipe with it.
-    let text = std::fs::read_to_string(&s.recipe).expect("recipe").replace("[engine.restarts]\n", "");
-    std::fs::write(&s.recipe, text.replace("kind = \"vllm\"", "kind = \"vllm\"\nrestarts = 2")).expect("recipe");
+    let text = std::fs::read_to_string(&s.recipe)
+        .expect("recipe")
+        .replace("[engine.restarts]\n", "");
+    std::fs::write(
+        &s.recipe,
+        text.replace("kind = \"vllm\"", "kind = \"vllm\"\nrestarts = 2"),
+    )
+    .expect("recipe");
     let mut sous = start(&s, &[("FAKE_CRASH_AFTER", "1.5"), ("FAKE_CRASH_CODE", "7")]);
     assert_eq!(sous.wait(Duration::from_secs(40)), Some(7), "{}", sous.stderr());
     let stderr = sous.stderr();
-    assert!(stderr.contains("exited with code 7; restarting in 1 s (1 restarts left)"), "{stderr}");
-    assert!(stderr.contains("exited with code 7; restarting in 2 s (0 restarts left)"), "{stderr}");
-    assert!(stderr.contains("crashed more than 2 times in 10 minutes; giving up with its exit code 7"), "{stderr}");
+    assert!(
+        stderr.contains("exited with code 7; restarting in 1 s (1 restarts left)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("exited with code 7; restarting in 2 s (0 restarts left)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("crashed more than 2 times in 10 minutes; giving up with its exit code 7"),
+        "{stderr}"
+    );
     assert_eq!(stderr.matches("ready http://").count(), 3, "{stderr}");
 }
 
@@ -140,13 +214,25 @@ fn a_crash_is_restarted_and_serving_goes_on() {
     let s = setup("vllm", "");
     let counter = s.dir.path().join("launches");
     let counter = counter.to_str().expect("utf-8");
-    let mut sous = start(&s, &[("FAKE_CRASH_AFTER", "1.5"), ("FAKE_CRASH_TIMES", "1"), ("FAKE_COUNTER", counter)]);
+    let mut sous = start(
+        &s,
+        &[
+            ("FAKE_CRASH_AFTER", "1.5"),
+            ("FAKE_CRASH_TIMES", "1"),
+            ("FAKE_COUNTER", counter),
+        ],
+    );
     assert!(sous.wait_for("restarting in 1 s", READY), "{}", sous.stderr());
     let deadline = std::time::Instant::now() + READY;
     while sous.stderr().matches("ready http://").count() < 2 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(sous.stderr().matches("ready http://").count(), 2, "{}", sous.stderr());
+    assert_eq!(
+        sous.stderr().matches("ready http://").count(),
+        2,
+        "{}",
+        sous.stderr()
+    );
     sous.signal("TERM");
     assert_eq!(sous.wait(Duration::from_secs(10)), Some(0));
 }
@@ -154,15 +240,24 @@ fn a_crash_is_restarted_and_serving_goes_on() {
 #[test]
 fn an_engine_ignoring_sigterm_is_killed_after_the_grace_period() {
     let s = setup("vllm", "");
-    let text = std::fs::read_to_string(&s.recipe).expect("recipe").replace("stop_grace = \"5s\"", "stop_grace = \"1s\"");
+    let text = std::fs::read_to_string(&s.recipe)
+        .expect("recipe")
+        .replace("stop_grace = \"5s\"", "stop_grace = \"1s\"");
     std::fs::write(&s.recipe, text).expect("recipe");
     let mut sous = start(&s, &[("FAKE_IGNORE_SIGTERM", "1")]);
     assert!(sous.wait_for("ready http://", READY), "{}", sous.stderr());
     let started = std::time::Instant::now();
     sous.signal("TERM");
     assert_eq!(sous.wait(Duration::from_secs(10)), Some(0), "{}", sous.stderr());
-    assert!(started.elapsed() >= Duration::from_millis(900), "the grace period was honoured");
-    assert!(sous.stderr().contains("received SIGTERM; ignoring it"), "{}", sous.stderr());
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "the grace period was honoured"
+    );
+    assert!(
+        sous.stderr().contains("received SIGTERM; ignoring it"),
+        "{}",
+        sous.stderr()
+    );
     let engine = record(&s.record)["pid"].as_u64().expect("pid");
     std::thread::sleep(Duration::from_millis(200));
     assert!(!alive(engine));
@@ -172,10 +267,26 @@ fn an_engine_ignoring_sigterm_is_killed_after_the_grace_period() {
 fn an_engine_rejecting_its_flags_exits_with_its_own_code() {
     let s = setup("vllm", "");
     let text = std::fs::read_to_string(&s.recipe).expect("recipe");
-    std::fs::write(&s.recipe, text.replace("kind = \"vllm\"", "kind = \"vllm\"\nextra_args = [\"--frobnicate\"]")).expect("recipe");
+    std::fs::write(
+        &s.recipe,
+        text.replace(
+            "kind = \"vllm\"",
+            "kind = \"vllm\"\nextra_args = [\"--frobnicate\"]",
+        ),
+    )
+    .expect("recipe");
     let mut sous = start(&s, &[]);
-    assert_eq!(sous.wait(READY), Some(2), "argparse's exit code: {}", sous.stderr());
-    assert!(sous.stderr().contains("unrecognized arguments: --frobnicate"), "{}", sous.stderr());
+    assert_eq!(
+        sous.wait(READY),
+        Some(2),
+        "argparse's exit code: {}",
+        sous.stderr()
+    );
+    assert!(
+        sous.stderr().contains("unrecognized arguments: --frobnicate"),
+        "{}",
+        sous.stderr()
+    );
 }
 
 #[test]
@@ -197,7 +308,10 @@ fn killing_sous_takes_the_engine_down_too() {
 fn sglang_and_trtllm_run_their_own_command_lines() {
     for (kind, extra) in [
         ("sglang", "[memory]\ngpu_utilization = 0.8\n"),
-        ("trtllm", "[memory]\ngpu_utilization = 0.8\n[serving]\nprefix_caching = true\n"),
+        (
+            "trtllm",
+            "[memory]\ngpu_utilization = 0.8\n[serving]\nprefix_caching = true\n",
+        ),
     ] {
         let s = setup(kind, extra);
         let mut sous = start(&s, &[]);

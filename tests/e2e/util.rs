@@ -183,7 +183,14 @@ pub fn fake_engine() -> std::path::PathBuf {
         .get_or_init(|| {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let status = std::process::Command::new(cargo)
-                .args(["build", "--quiet", "-p", "sous-fake-engine", "--bin", "fake-engine"])
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "sous-fake-engine",
+                    "--bin",
+                    "fake-engine",
+                ])
                 .current_dir(root())
                 .status()
                 .expect("cargo runs");
@@ -258,7 +265,9 @@ impl Running {
 
     /// Sends a signal to sous.
     pub fn signal(&self, signal: &str) {
-        let _ = std::process::Command::new("kill").args(["-s", signal, &self.child.id().to_string()]).status();
+        let _ = std::process::Command::new("kill")
+            .args(["-s", signal, &self.child.id().to_string()])
+            .status();
     }
 
     /// Waits for sous to exit; its exit code.

@@ -3,6 +3,7 @@
 
 mod completions;
 mod hub;
+mod import;
 mod pull;
 mod recipe;
 mod serve;
@@ -34,6 +35,9 @@ enum Command {
     Recipe(recipe::RecipeCommand),
     /// Download a model from the Hugging Face Hub into the shared cache (resumable, verified).
     Pull(pull::PullArgs),
+    /// Convert a model from another format into a Hugging Face model directory.
+    #[command(subcommand)]
+    Import(import::ImportCommand),
     /// Tools for the Hub itself: `sous hub serve` runs a local read-only mirror.
     #[command(subcommand)]
     Hub(hub::HubCommand),
@@ -50,6 +54,7 @@ pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::exec(args, shell),
         Command::Pull(args) => pull::exec(args, shell),
         Command::Hub(cmd) => hub::exec(cmd, shell),
+        Command::Import(cmd) => import::exec(cmd, shell),
         Command::Completions(args) => completions::exec(args, shell),
     }
 }

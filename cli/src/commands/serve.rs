@@ -44,14 +44,15 @@ pub fn exec(args: ServeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     }
     let recipe = loaded.recipe;
     let ctx = super::render_context(&recipe);
-    if recipe.engine.kind == EngineKind::Native {
+    if recipe.engine.kind == EngineKind::Native && !args.dry_run {
         return Err(UserError::new(
             "the native engine is not built yet: `sous serve` can run vLLM, SGLang and TensorRT-LLM",
             Some("set `engine.kind` to `vllm`, `sglang` or `trtllm`"),
         )
         .into());
     }
-    let rendered = launch::render(&recipe, &ctx).with_context(|| format!("recipe {}", display(&args.recipe.recipe)))?;
+    let rendered =
+        launch::render(&recipe, &ctx).with_context(|| format!("recipe {}", display(&args.recipe.recipe)))?;
     for w in &rendered.warnings {
         shell.warn(&w.message);
     }
@@ -124,7 +125,8 @@ async fn build(recipe: &Recipe, no_build: bool, shell: &Shell) -> anyhow::Result
     }
     let Some(repo) = &recipe.model.repo else {
         let path = recipe.model.path.as_deref().unwrap_or_default();
-        if recipe.engine.runtime == sous_engine::recipe::Runtime::Host && !std::path::Path::new(path).exists() {
+        if recipe.engine.runtime == sous_engine::recipe::Runtime::Host && !std::path::Path::new(path).exists()
+        {
             return Err(UserError::new(
                 format!("`model.path` `{path}` does not exist"),
                 Some("set `model.repo` so that `sous serve` can pull it, or fix the path"),
@@ -170,10 +172,21 @@ fn recipe_hash(recipe: &Recipe) -> anyhow::Result<String> {
 
 fn report(shell: &Shell, prefix: &str, event: Event) {
     match event {
-        Event::Launching { attempt, utilization, log } => {
+        Event::Launching {
+            attempt,
+            utilization,
+            log,
+        } => {
             let fraction = utilization.map_or(String::new(), |u| format!(" at memory fraction {u}"));
-            let again = if attempt > 1 { format!(" (attempt {attempt})") } else { String::new() };
-            shell.status("starting", &format!("{prefix}{fraction}{again}; log: {}", log.display()));
+            let again = if attempt > 1 {
+                format!(" (attempt {attempt})")
+            } else {
+                String::new()
+            };
+            shell.status(
+                "starting",
+                &format!("{prefix}{fraction}{again}; log: {}", log.display()),
+            );
         }
         Event::Output(line) => shell.engine_line(prefix, &line),
         Event::OomFallback { failed, next } => shell.warn(&format!(
@@ -188,7 +201,9 @@ fn report(shell: &Shell, prefix: &str, event: Event) {
         } => {
             let fraction = utilization.map_or(String::new(), |u| format!(", memory fraction {u}"));
             let kv = capacity.map_or(String::new(), |c| {
-                let concurrency = c.max_concurrency.map_or(String::new(), |x| format!(", max concurrency {x}x"));
+                let concurrency = c
+                    .max_concurrency
+                    .map_or(String::new(), |x| format!(", max concurrency {x}x"));
                 format!(", KV cache {} tokens{concurrency}", c.tokens)
             });
             shell.status("ready", &format!("{url} after {seconds:.1} s{fraction}{kv}"));
@@ -200,4 +215,3 @@ fn report(shell: &Shell, prefix: &str, event: Event) {
         Event::Stopping => shell.status("stopping", "sending SIGTERM to the engine"),
     }
 }
-

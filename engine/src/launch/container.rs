@@ -13,8 +13,13 @@ pub const CONTAINER_HUB_CACHE: &str = "/root/.cache/huggingface/hub";
 
 pub(super) fn wrap(launch: &mut Launch, recipe: &Recipe, ctx: &super::RenderContext) {
     let runtime = recipe.engine.runtime;
-    let Some(image) = recipe.engine.image.clone() else { return };
-    let mut argv: Vec<Arg> = ["run", "--rm", "--init", "--name"].iter().map(|s| Arg::from(*s)).collect();
+    let Some(image) = recipe.engine.image.clone() else {
+        return;
+    };
+    let mut argv: Vec<Arg> = ["run", "--rm", "--init", "--name"]
+        .iter()
+        .map(|s| Arg::from(*s))
+        .collect();
     argv.insert(0, Arg::from(runtime.as_str()));
     argv.push(Arg::Lit(format!("sous-{}", recipe.name)));
     match runtime {
@@ -34,9 +39,16 @@ pub(super) fn wrap(launch: &mut Launch, recipe: &Recipe, ctx: &super::RenderCont
     }
     let mut mount = |from: String, to: String, read_only: bool| {
         argv.push(Arg::from("--volume"));
-        argv.push(Arg::Lit(format!("{from}:{to}{}", if read_only { ":ro" } else { "" })));
+        argv.push(Arg::Lit(format!(
+            "{from}:{to}{}",
+            if read_only { ":ro" } else { "" }
+        )));
     };
-    mount(ctx.hub_cache.display().to_string(), CONTAINER_HUB_CACHE.to_owned(), false);
+    mount(
+        ctx.hub_cache.display().to_string(),
+        CONTAINER_HUB_CACHE.to_owned(),
+        false,
+    );
     if let Some(path) = &recipe.model.path {
         mount(path.clone(), path.clone(), true);
     }
@@ -44,7 +56,9 @@ pub(super) fn wrap(launch: &mut Launch, recipe: &Recipe, ctx: &super::RenderCont
         let dir = ctx.instance_dir.display().to_string();
         mount(dir.clone(), dir, true);
     }
-    launch.env.insert("HF_HUB_CACHE".into(), Arg::from(CONTAINER_HUB_CACHE));
+    launch
+        .env
+        .insert("HF_HUB_CACHE".into(), Arg::from(CONTAINER_HUB_CACHE));
     for name in launch.env.keys() {
         argv.push(Arg::from("--env"));
         argv.push(Arg::Lit(name.clone()));

@@ -17,8 +17,8 @@ pub use file::{
 };
 pub use load::{ENV_PREFIX, Overrides, Provenance};
 pub use resolve::{
-    DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION, Engine, Memory, Model, Quantize, RESTART_WINDOW, Recipe, Server, Warning,
-    is_mtp,
+    DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION, Engine, Memory, Model, Quantize, RESTART_WINDOW, Recipe,
+    Server, Warning, is_mtp,
 };
 
 use std::path::Path;

@@ -339,7 +339,11 @@ fn resolve_engine(raw: EngineSection, invalid: &Invalid<'_>) -> Result<Engine, R
         ));
     }
     if runtime != Runtime::Host && kind == EngineKind::Native {
-        return Err(invalid(&["engine", "runtime"], "the native engine runs inside sous".into(), None));
+        return Err(invalid(
+            &["engine", "runtime"],
+            "the native engine runs inside sous".into(),
+            None,
+        ));
     }
     Ok(Engine {
         kind,
@@ -555,7 +559,11 @@ fn resolve_server(raw: ServerSection, invalid: &Invalid<'_>) -> Result<Server, R
     let duration = |key: &'static str, value: &Option<String>, default: u64| match value {
         None => Ok(std::time::Duration::from_secs(default)),
         Some(text) => humantime::parse_duration(text).map_err(|e| {
-            invalid(&["server", key], format!("`{text}` is not a duration ({e})"), Some("write e.g. `90s`, `30m` or `1h`"))
+            invalid(
+                &["server", key],
+                format!("`{text}` is not a duration ({e})"),
+                Some("write e.g. `90s`, `30m` or `1h`"),
+            )
         }),
     };
     Ok(Server {

@@ -58,7 +58,10 @@ pub fn capacity(kind: EngineKind, line: &str) -> Option<Capacity> {
             let tokens = number_after("KV cache size:")?;
             let max_concurrency = line.find("per request:").and_then(|i| {
                 let rest = line[i + "per request:".len()..].trim_start();
-                rest.trim_end_matches(|c: char| !c.is_ascii_digit()).trim_end_matches('x').parse().ok()
+                rest.trim_end_matches(|c: char| !c.is_ascii_digit())
+                    .trim_end_matches('x')
+                    .parse()
+                    .ok()
             });
             Some(Capacity {
                 tokens,
@@ -96,7 +99,10 @@ mod tests {
         let c = capacity(EngineKind::Vllm, vllm).expect("vLLM line");
         assert_eq!((c.tokens, c.max_concurrency), (46_592, Some(22.75)));
         let sglang = "max_total_num_tokens=604705, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=16, context_len=524288, available_gpu_mem=12.1 GB";
-        assert_eq!(capacity(EngineKind::Sglang, sglang).map(|c| c.tokens), Some(604_705));
+        assert_eq!(
+            capacity(EngineKind::Sglang, sglang).map(|c| c.tokens),
+            Some(604_705)
+        );
         let trt = "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 1.01 GiB for max tokens in paged KV cache (8256).";
         assert_eq!(capacity(EngineKind::Trtllm, trt).map(|c| c.tokens), Some(8256));
         assert!(capacity(EngineKind::Vllm, "Starting vLLM server on http://0.0.0.0:8013").is_none());
@@ -104,8 +110,12 @@ mod tests {
 
     #[test]
     fn recognises_out_of_memory() {
-        assert!(is_oom("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."));
-        assert!(is_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"));
+        assert!(is_oom(
+            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."
+        ));
+        assert!(is_oom(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+        ));
         assert!(is_oom("NVRM: nvAssertFailedNoLog: NV_ERR_NO_MEMORY"));
         assert!(!is_oom("INFO Application startup complete."));
     }

@@ -289,7 +289,10 @@ pub async fn run(
         let _ = std::fs::remove_file(ctx.instance_dir.join("instance.json"));
         let now = Instant::now();
         crashes.push_back(now);
-        while crashes.front().is_some_and(|t| now.duration_since(*t) > RESTART_WINDOW) {
+        while crashes
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > RESTART_WINDOW)
+        {
             crashes.pop_front();
         }
         let used = crashes.len() as u32;
@@ -364,8 +367,11 @@ fn write_files(launch: &Launch) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// Environment variables for a process.
+type EnvPairs = Vec<(String, String)>;
+
 /// The argv and environment with secrets read from sous's environment.
-fn resolve(launch: &Launch) -> Result<(Vec<String>, Vec<(String, String)>), ServeError> {
+fn resolve(launch: &Launch) -> Result<(Vec<String>, EnvPairs), ServeError> {
     let value = |arg: &Arg| match arg {
         Arg::Lit(s) => Ok(s.clone()),
         Arg::FromEnv(var) => std::env::var(var).map_err(|_| ServeError::MissingEnv(var.clone())),
@@ -387,7 +393,11 @@ async fn wait_ready(recipe: &Recipe) -> String {
     };
     let url = format!("http://{host}:{}", recipe.server.port);
     // SGLang's /health runs a one-token generation and may take up to 20 s to answer.
-    let timeout = if recipe.engine.kind == EngineKind::Sglang { 25 } else { 5 };
+    let timeout = if recipe.engine.kind == EngineKind::Sglang {
+        25
+    } else {
+        5
+    };
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(timeout))
         .connect_timeout(Duration::from_secs(2))
@@ -408,14 +418,21 @@ async fn wait_ready(recipe: &Recipe) -> String {
             .is_ok_and(|r| r.status().is_success());
         if healthy {
             let mut request = client.get(format!("{url}/v1/models"));
-            if let Some(key) = recipe.server.api_key_env.as_deref().and_then(|v| std::env::var(v).ok()) {
+            if let Some(key) = recipe
+                .server
+                .api_key_env
+                .as_deref()
+                .and_then(|v| std::env::var(v).ok())
+            {
                 request = request.bearer_auth(key);
             }
             if let Ok(response) = request.send().await
                 && let Ok(body) = response.json::<serde_json::Value>().await
-                && body["data"]
-                    .as_array()
-                    .is_some_and(|models| models.iter().any(|m| m["id"].as_str().is_some_and(|id| names.contains(&id))))
+                && body["data"].as_array().is_some_and(|models| {
+                    models
+                        .iter()
+                        .any(|m| m["id"].as_str().is_some_and(|id| names.contains(&id)))
+                })
             {
                 return url;
             }

@@ -54,9 +54,7 @@ fn die_with_parent(cmd: &mut Command) {
     // SAFETY: the closure runs in the forked child before exec and only calls
     // prctl(2), which is async-signal-safe; it touches no memory of the parent.
     unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
-        });
+        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from));
     }
 }
 
@@ -120,5 +118,8 @@ impl Drop for EngineProcess {
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
 }

@@ -45,42 +45,142 @@ enum Kind {
 /// Flags taking a value, per engine (a subset of each parser that covers every flag
 /// sous renders and the common others).
 const VLLM_VALUES: &[&str] = &[
-    "--served-model-name", "--host", "--port", "--uds", "--max-model-len", "--gpu-memory-utilization",
-    "--device-memory-utilization", "--kv-cache-memory-bytes", "--kv-cache-dtype", "--block-size",
-    "--prefix-match-unit", "--max-num-seqs", "--max-num-batched-tokens", "--tensor-parallel-size", "-tp",
-    "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp", "--data-parallel-size-local",
-    "--speculative-config", "-sc", "--spec-method", "--spec-model", "--spec-tokens", "--quantization", "-q",
-    "--cpu-offload-gb", "--kv-offloading-size", "--kv-offloading-backend", "--kv-transfer-config",
-    "--tool-call-parser", "--tool-parser-plugin", "--reasoning-parser", "--reasoning-parser-plugin", "--dtype",
-    "--api-key", "--compilation-config", "-cc", "--download-dir", "--load-format", "--mamba-cache-dtype",
-    "--mamba-ssm-cache-dtype", "--mamba-block-size", "--mamba-cache-mode", "--config", "--optimization-level",
-    "--seed", "--revision", "--tokenizer", "--attention-backend",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--uds",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--device-memory-utilization",
+    "--kv-cache-memory-bytes",
+    "--kv-cache-dtype",
+    "--block-size",
+    "--prefix-match-unit",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--tensor-parallel-size",
+    "-tp",
+    "--pipeline-parallel-size",
+    "-pp",
+    "--data-parallel-size",
+    "-dp",
+    "--data-parallel-size-local",
+    "--speculative-config",
+    "-sc",
+    "--spec-method",
+    "--spec-model",
+    "--spec-tokens",
+    "--quantization",
+    "-q",
+    "--cpu-offload-gb",
+    "--kv-offloading-size",
+    "--kv-offloading-backend",
+    "--kv-transfer-config",
+    "--tool-call-parser",
+    "--tool-parser-plugin",
+    "--reasoning-parser",
+    "--reasoning-parser-plugin",
+    "--dtype",
+    "--api-key",
+    "--compilation-config",
+    "-cc",
+    "--download-dir",
+    "--load-format",
+    "--mamba-cache-dtype",
+    "--mamba-ssm-cache-dtype",
+    "--mamba-block-size",
+    "--mamba-cache-mode",
+    "--config",
+    "--optimization-level",
+    "--seed",
+    "--revision",
+    "--tokenizer",
+    "--attention-backend",
 ];
 const VLLM_SWITCHES: &[&str] = &[
-    "--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-prefix-caching", "--enable-chunked-prefill",
-    "--no-enable-chunked-prefill", "--disable-chunked-prefill", "--enable-expert-parallel",
-    "--no-enable-expert-parallel", "--enable-auto-tool-choice", "--no-enable-auto-tool-choice", "--trust-remote-code",
-    "--no-trust-remote-code", "--enforce-eager", "--no-enforce-eager", "--disable-log-stats", "--enable-log-requests",
-    "--async-scheduling", "--language-model-only",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--disable-prefix-caching",
+    "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill",
+    "--disable-chunked-prefill",
+    "--enable-expert-parallel",
+    "--no-enable-expert-parallel",
+    "--enable-auto-tool-choice",
+    "--no-enable-auto-tool-choice",
+    "--trust-remote-code",
+    "--no-trust-remote-code",
+    "--enforce-eager",
+    "--no-enforce-eager",
+    "--disable-log-stats",
+    "--enable-log-requests",
+    "--async-scheduling",
+    "--language-model-only",
 ];
 const SGLANG_VALUES: &[&str] = &[
-    "--model-path", "--model", "--served-model-name", "--host", "--port", "--context-length",
-    "--mem-fraction-static", "--max-total-tokens", "--kv-cache-dtype", "--chunked-prefill-size",
-    "--max-prefill-tokens", "--max-running-requests", "--tp-size", "--tensor-parallel-size", "--pp-size",
-    "--dp-size", "--ep-size", "--speculative-algorithm", "--speculative-draft-model-path",
-    "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--reasoning-parser",
-    "--tool-call-parser", "--dtype", "--api-key", "--hicache-size", "--hicache-ratio", "--quantization",
-    "--load-format", "--download-dir", "--config",
+    "--model-path",
+    "--model",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--context-length",
+    "--mem-fraction-static",
+    "--max-total-tokens",
+    "--kv-cache-dtype",
+    "--chunked-prefill-size",
+    "--max-prefill-tokens",
+    "--max-running-requests",
+    "--tp-size",
+    "--tensor-parallel-size",
+    "--pp-size",
+    "--dp-size",
+    "--ep-size",
+    "--speculative-algorithm",
+    "--speculative-draft-model-path",
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+    "--reasoning-parser",
+    "--tool-call-parser",
+    "--dtype",
+    "--api-key",
+    "--hicache-size",
+    "--hicache-ratio",
+    "--quantization",
+    "--load-format",
+    "--download-dir",
+    "--config",
 ];
 const SGLANG_SWITCHES: &[&str] = &[
-    "--disable-radix-cache", "--trust-remote-code", "--enable-metrics", "--enable-hierarchical-cache",
+    "--disable-radix-cache",
+    "--trust-remote-code",
+    "--enable-metrics",
+    "--enable-hierarchical-cache",
     "--enable-metrics-for-all-schedulers",
 ];
 const TRTLLM_VALUES: &[&str] = &[
-    "--host", "--port", "--backend", "--max_batch_size", "--max_num_tokens", "--max_seq_len", "--tp_size",
-    "--tensor_parallel_size", "--pp_size", "--pipeline_parallel_size", "--ep_size", "--moe_expert_parallel_size",
-    "--free_gpu_memory_fraction", "--kv_cache_free_gpu_memory_fraction", "--config", "--extra_llm_api_options",
-    "--reasoning_parser", "--tool_parser", "--served_model_name", "--log_level", "--tokenizer", "--revision",
+    "--host",
+    "--port",
+    "--backend",
+    "--max_batch_size",
+    "--max_num_tokens",
+    "--max_seq_len",
+    "--tp_size",
+    "--tensor_parallel_size",
+    "--pp_size",
+    "--pipeline_parallel_size",
+    "--ep_size",
+    "--moe_expert_parallel_size",
+    "--free_gpu_memory_fraction",
+    "--kv_cache_free_gpu_memory_fraction",
+    "--config",
+    "--extra_llm_api_options",
+    "--reasoning_parser",
+    "--tool_parser",
+    "--served_model_name",
+    "--log_level",
+    "--tokenizer",
+    "--revision",
 ];
 const TRTLLM_SWITCHES: &[&str] = &["--trust_remote_code", "--enable_chunked_prefill"];
 
@@ -95,8 +195,12 @@ fn fail(kind: Kind, message: &str) -> ! {
         Kind::Vllm => {
             eprintln!("usage: vllm serve [model_tag] [options]\nvllm serve: error: {message}");
         }
-        Kind::Sglang => eprintln!("usage: launch_server.py [-h] --model-path MODEL_PATH [options]\nlaunch_server.py: error: {message}"),
-        Kind::Trtllm => eprintln!("Usage: trtllm-serve serve [OPTIONS] MODEL\nTry 'trtllm-serve serve --help' for help.\n\nError: {message}"),
+        Kind::Sglang => eprintln!(
+            "usage: launch_server.py [-h] --model-path MODEL_PATH [options]\nlaunch_server.py: error: {message}"
+        ),
+        Kind::Trtllm => eprintln!(
+            "Usage: trtllm-serve serve [OPTIONS] MODEL\nTry 'trtllm-serve serve --help' for help.\n\nError: {message}"
+        ),
     }
     std::process::exit(2);
 }
@@ -164,7 +268,10 @@ fn parse(args: &[String]) -> Parsed {
         && let Some(spec) = values.get("--speculative-config")
         && serde_json::from_str::<serde_json::Value>(spec).is_err()
     {
-        fail(kind, &format!("argument --speculative-config: invalid loads value: '{spec}'"));
+        fail(
+            kind,
+            &format!("argument --speculative-config: invalid loads value: '{spec}'"),
+        );
     }
     Parsed { kind, model, values }
 }
@@ -204,16 +311,26 @@ async fn main() {
         .get("--port")
         .and_then(|p| p.parse().ok())
         .unwrap_or(if kind == Kind::Sglang { 30000 } else { 8000 });
-    let host = parsed
-        .values
-        .get("--host")
-        .cloned()
-        .unwrap_or_else(|| if kind == Kind::Vllm { "0.0.0.0".into() } else { "127.0.0.1".into() });
+    let host = parsed.values.get("--host").cloned().unwrap_or_else(|| {
+        if kind == Kind::Vllm {
+            "0.0.0.0".into()
+        } else {
+            "127.0.0.1".into()
+        }
+    });
 
     // The memory fraction, with each engine's default.
     let fraction = match kind {
-        Kind::Vllm => parsed.values.get("--gpu-memory-utilization").and_then(|v| v.parse().ok()).unwrap_or(0.92),
-        Kind::Sglang => parsed.values.get("--mem-fraction-static").and_then(|v| v.parse().ok()).unwrap_or(0.88),
+        Kind::Vllm => parsed
+            .values
+            .get("--gpu-memory-utilization")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.92),
+        Kind::Sglang => parsed
+            .values
+            .get("--mem-fraction-static")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.88),
         Kind::Trtllm => trt_fraction(&parsed).unwrap_or(0.9),
     };
     let max_len: u64 = ["--max-model-len", "--context-length", "--max_seq_len"]
@@ -226,10 +343,19 @@ async fn main() {
     // Start-up lines, as the real engines print them.
     match kind {
         Kind::Vllm => {
-            println!("(APIServer pid={pid}) INFO 11-29 23:22:03 [api_utils.py:347]  version 0.33.0 model {}", parsed.model);
-            println!("(APIServer pid={pid}) INFO 11-29 23:22:03 [api_utils.py:286] non-default args: {:?}", parsed.values);
+            println!(
+                "(APIServer pid={pid}) INFO 11-29 23:22:03 [api_utils.py:347]  version 0.33.0 model {}",
+                parsed.model
+            );
+            println!(
+                "(APIServer pid={pid}) INFO 11-29 23:22:03 [api_utils.py:286] non-default args: {:?}",
+                parsed.values
+            );
         }
-        Kind::Sglang => println!("[2026-11-29 23:22:03] server_args=ServerArgs(model_path='{}', port={port})", parsed.model),
+        Kind::Sglang => println!(
+            "[2026-11-29 23:22:03] server_args=ServerArgs(model_path='{}', port={port})",
+            parsed.model
+        ),
         Kind::Trtllm => println!("[TensorRT-LLM] TensorRT LLM version: 1.3.0"),
     }
     tokio::time::sleep(Duration::from_secs_f64(env_f64("FAKE_LOAD_SECS").unwrap_or(0.3))).await;
@@ -238,11 +364,19 @@ async fn main() {
     {
         match kind {
             Kind::Vllm => {
-                eprintln!("(EngineCore pid={pid}) ERROR 11-29 23:22:09 [core.py:1010] EngineCore failed to start.");
-                eprintln!("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 119.70 GiB of which 1.02 GiB is free.");
+                eprintln!(
+                    "(EngineCore pid={pid}) ERROR 11-29 23:22:09 [core.py:1010] EngineCore failed to start."
+                );
+                eprintln!(
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 119.70 GiB of which 1.02 GiB is free."
+                );
             }
-            Kind::Sglang => eprintln!("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. torch.OutOfMemoryError: CUDA out of memory."),
-            Kind::Trtllm => eprintln!("[TensorRT-LLM][ERROR] CUDA runtime error in cudaMalloc: out of memory (cudaErrorMemoryAllocation)"),
+            Kind::Sglang => eprintln!(
+                "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. torch.OutOfMemoryError: CUDA out of memory."
+            ),
+            Kind::Trtllm => eprintln!(
+                "[TensorRT-LLM][ERROR] CUDA runtime error in cudaMalloc: out of memory (cudaErrorMemoryAllocation)"
+            ),
         }
         if let Some(mut w) = worker {
             let _ = w.kill();
@@ -254,8 +388,12 @@ async fn main() {
             "(EngineCore pid={pid}) INFO 11-29 23:22:19 [kv_cache_utils.py:2327] GPU KV cache size: {tokens} tokens, Maximum concurrency for {max_len} tokens per request: {:.2}x",
             tokens as f64 / max_len as f64
         ),
-        Kind::Sglang => println!("max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=16, context_len={max_len}, available_gpu_mem=12.10 GB"),
-        Kind::Trtllm => println!("[TensorRT-LLM][INFO] [MemUsageChange] Allocated 1.01 GiB for max tokens in paged KV cache ({tokens})."),
+        Kind::Sglang => println!(
+            "max_total_num_tokens={tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=16, context_len={max_len}, available_gpu_mem=12.10 GB"
+        ),
+        Kind::Trtllm => println!(
+            "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 1.01 GiB for max tokens in paged KV cache ({tokens})."
+        ),
     }
 
     let warming = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(kind == Kind::Sglang));
@@ -290,23 +428,34 @@ async fn main() {
                     .into_response()
             }),
         );
-    let bind = if host == "0.0.0.0" { "127.0.0.1".to_owned() } else { host.clone() };
+    let bind = if host == "0.0.0.0" {
+        "127.0.0.1".to_owned()
+    } else {
+        host.clone()
+    };
     let listener = match tokio::net::TcpListener::bind((bind.as_str(), port)).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("OSError: [Errno 98] error while attempting to bind on address ('{host}', {port}): {e}");
+            eprintln!(
+                "OSError: [Errno 98] error while attempting to bind on address ('{host}', {port}): {e}"
+            );
             std::process::exit(1);
         }
     };
     match kind {
-        Kind::Vllm => println!("(APIServer pid={pid}) INFO 11-29 23:22:23 [entry.py:140] Starting vLLM server on http://{host}:{port}"),
+        Kind::Vllm => println!(
+            "(APIServer pid={pid}) INFO 11-29 23:22:23 [entry.py:140] Starting vLLM server on http://{host}:{port}"
+        ),
         Kind::Sglang => println!("INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)"),
         Kind::Trtllm => println!("INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)"),
     }
     if kind == Kind::Sglang {
         let warming = warming.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs_f64(env_f64("FAKE_WARMUP_SECS").unwrap_or(0.3))).await;
+            tokio::time::sleep(Duration::from_secs_f64(
+                env_f64("FAKE_WARMUP_SECS").unwrap_or(0.3),
+            ))
+            .await;
             warming.store(false, std::sync::atomic::Ordering::Relaxed);
             println!("The server is fired up and ready to roll!");
         });
@@ -318,8 +467,15 @@ async fn main() {
     {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs_f64(after)).await;
-            eprintln!("RuntimeError: Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.");
-            std::process::exit(std::env::var("FAKE_CRASH_CODE").ok().and_then(|c| c.parse().ok()).unwrap_or(3));
+            eprintln!(
+                "RuntimeError: Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."
+            );
+            std::process::exit(
+                std::env::var("FAKE_CRASH_CODE")
+                    .ok()
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(3),
+            );
         });
     }
     let ignore_term = std::env::var("FAKE_IGNORE_SIGTERM").as_deref() == Ok("1");
@@ -346,27 +502,40 @@ async fn main() {
 
 /// TensorRT-LLM's fraction: the YAML options file wins over the flag.
 fn trt_fraction(parsed: &Parsed) -> Option<f64> {
-    let file = parsed.values.get("--config").or_else(|| parsed.values.get("--extra_llm_api_options"));
+    let file = parsed
+        .values
+        .get("--config")
+        .or_else(|| parsed.values.get("--extra_llm_api_options"));
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path).unwrap_or_else(|e| fail(Kind::Trtllm, &format!("cannot read {path}: {e}")));
-        let yaml: serde_json::Value =
-            serde_yaml_ng::from_str(&text).unwrap_or_else(|e| fail(Kind::Trtllm, &format!("invalid YAML in {path}: {e}")));
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| fail(Kind::Trtllm, &format!("cannot read {path}: {e}")));
+        let yaml: serde_json::Value = serde_yaml_ng::from_str(&text)
+            .unwrap_or_else(|e| fail(Kind::Trtllm, &format!("invalid YAML in {path}: {e}")));
         if let Some(f) = yaml["kv_cache_config"]["free_gpu_memory_fraction"].as_f64() {
             return Some(f);
         }
     }
-    parsed.values.get("--free_gpu_memory_fraction").and_then(|v| v.parse().ok())
+    parsed
+        .values
+        .get("--free_gpu_memory_fraction")
+        .and_then(|v| v.parse().ok())
 }
 
 /// With `FAKE_CRASH_TIMES=N` and `FAKE_COUNTER=FILE`, only the first N launches crash.
 fn should_crash() -> bool {
     let (Some(times), Ok(counter)) = (
-        std::env::var("FAKE_CRASH_TIMES").ok().and_then(|t| t.parse::<u32>().ok()),
+        std::env::var("FAKE_CRASH_TIMES")
+            .ok()
+            .and_then(|t| t.parse::<u32>().ok()),
         std::env::var("FAKE_COUNTER"),
     ) else {
         return true;
     };
-    let launches: u32 = std::fs::read_to_string(&counter).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0) + 1;
+    let launches: u32 = std::fs::read_to_string(&counter)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+        + 1;
     let _ = std::fs::write(&counter, launches.to_string());
     launches <= times
 }

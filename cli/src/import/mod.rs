@@ -1,0 +1,360 @@
+//! `sous import gguf`: a GGUF file (llama.cpp, Ollama) to a Hugging Face model directory
+//! that transformers and vLLM load as is: `config.json`, `generation_config.json`,
+//! dequantized safetensors weights under HF names, `tokenizer.json` and
+//! `tokenizer_config.json`.
+//!
+//! One file per idea: [`gguf`] opens and checks the file, [`config`] reads the
+//! hyperparameters, [`tensors`] names, un-permutes and dequantizes, [`tokenizer`]
+//! rebuilds the tokenizer ([`sentencepiece`] for SentencePiece vocabularies),
+//! [`write`] lays the directory out atomically. This module only sequences them and
+//! reports progress through a callback; it never prints.
+
+pub mod config;
+pub mod gguf;
+pub mod sentencepiece;
+pub mod tensors;
+pub mod tokenizer;
+pub mod write;
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use self::config::LlamaConfig;
+use self::gguf::Gguf;
+use self::write::Staging;
+
+/// The dtype of the written weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// bfloat16: what Llama-family checkpoints ship in, half the size of f32.
+    Bf16,
+    /// IEEE half precision.
+    F16,
+    /// Single precision: exactly the dequantized values, no rounding.
+    F32,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::Bf16 | Dtype::F16 => 2,
+            Dtype::F32 => 4,
+        }
+    }
+
+    /// The name transformers uses in `config.json` (`torch_dtype`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bfloat16",
+            Dtype::F16 => "float16",
+            Dtype::F32 => "float32",
+        }
+    }
+}
+
+/// What to import and where.
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    /// The GGUF file.
+    pub file: PathBuf,
+    /// The model directory to create.
+    pub out: PathBuf,
+    /// Weight dtype.
+    pub dtype: Dtype,
+    /// Largest shard, in bytes, before the weights are split over several files.
+    pub max_shard_bytes: u64,
+    /// Replace `out` if it exists.
+    pub replace: bool,
+}
+
+/// Steps of an import, for progress display.
+#[derive(Debug, Clone)]
+pub enum Progress<'a> {
+    /// The header was read.
+    Opened {
+        /// `general.architecture`.
+        arch: &'a str,
+        /// Tensors in the file.
+        tensors: usize,
+    },
+    /// A shard is about to be written.
+    Shard {
+        /// 1-based index.
+        index: usize,
+        /// Number of shards.
+        count: usize,
+        /// Its file name.
+        file: &'a str,
+        /// Tensor bytes in it.
+        bytes: u64,
+    },
+}
+
+/// What an import produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// The GGUF file read.
+    pub source: PathBuf,
+    /// The model directory written.
+    pub out: PathBuf,
+    /// `general.architecture`.
+    pub architecture: String,
+    /// `general.name`, when set.
+    pub name: Option<String>,
+    /// Weight dtype.
+    pub dtype: Dtype,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Parameters written.
+    pub parameters: u64,
+    /// Safetensors files, in order.
+    pub shards: Vec<String>,
+    /// Bytes of tensor data.
+    pub total_size: u64,
+    /// GGUF tokenizer model (`gpt2` or `llama`).
+    pub tokenizer: String,
+    /// Tokens in the vocabulary, special tokens included.
+    pub vocab_size: usize,
+    /// Whether a chat template was carried over.
+    pub chat_template: bool,
+}
+
+/// Why an import failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The file does not start with the GGUF magic.
+    #[error("{path} is not a GGUF file: it starts with {found}, not \"GGUF\"")]
+    NotGguf {
+        /// The file.
+        path: PathBuf,
+        /// What it starts with.
+        found: String,
+    },
+    /// The header cannot be parsed.
+    #[error("{path} is not a valid GGUF file: {reason}")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor's data runs past the end of the file.
+    #[error("{path} is truncated: tensor `{tensor}` ends at byte {needed} but the file has only {len} bytes")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// The first tensor found out of bounds.
+        tensor: String,
+        /// Where its data ends.
+        needed: u64,
+        /// The file's size.
+        len: u64,
+    },
+    /// `general.architecture` is not one sous converts.
+    #[error(
+        "{path}: architecture `{arch}` is not supported (sous imports: {})",
+        config::SUPPORTED_ARCHITECTURES.join(", ")
+    )]
+    UnsupportedArchitecture {
+        /// The file.
+        path: PathBuf,
+        /// Its architecture.
+        arch: String,
+    },
+    /// A supported architecture with a feature sous cannot convert faithfully.
+    #[error("{path}: {what} is not supported")]
+    Unsupported {
+        /// The file.
+        path: PathBuf,
+        /// The feature.
+        what: String,
+    },
+    /// A required metadata key is absent.
+    #[error("{path}: metadata key `{key}` is missing")]
+    MissingKey {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+    },
+    /// A metadata value has the wrong type or an impossible value.
+    #[error("{path}: metadata key `{key}` should be {expected}, found {found}")]
+    BadValue {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// What was expected.
+        expected: String,
+        /// What was found.
+        found: String,
+    },
+    /// A tensor the architecture requires is absent.
+    #[error("{path}: tensor `{name}` is missing")]
+    MissingTensor {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+    },
+    /// A tensor whose HF name sous does not know.
+    #[error("{path}: tensor `{name}` has no known Hugging Face name for this architecture")]
+    UnknownTensor {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+    },
+    /// The tokenizer metadata cannot be turned into a `tokenizer.json`.
+    #[error("{path}: cannot rebuild the tokenizer: {reason}")]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The output directory exists.
+    #[error("{path} already exists")]
+    OutputExists {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The output path has no directory name (e.g. `/` or `..`).
+    #[error("{path} cannot be used as the output directory")]
+    BadOutput {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The GGUF file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// An output file cannot be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// candle failed on a tensor (reading its blocks or dequantizing them). The cause is
+    /// the error's source, which the binary prints after this message.
+    #[error("tensor `{name}`")]
+    Tensor {
+        /// The GGUF tensor name.
+        name: String,
+        /// candle's error.
+        source: candle_core::Error,
+    },
+}
+
+impl ImportError {
+    /// What the user can do about it, when there is an obvious next step.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            ImportError::NotGguf { .. } => {
+                Some("pass the .gguf file itself (llama.cpp and Ollama model files)")
+            }
+            ImportError::Malformed { .. } | ImportError::Truncated { .. } => {
+                Some("the file is damaged or incompletely downloaded: fetch it again and check its checksum")
+            }
+            ImportError::UnsupportedArchitecture { .. } | ImportError::Unsupported { .. } => Some(
+                "convert the original Hugging Face checkpoint instead, or open an issue with the file's architecture",
+            ),
+            ImportError::OutputExists { .. } => Some("pick another --out, or pass --force to replace it"),
+            _ => None,
+        }
+    }
+
+    /// Whether the error is about the user's input or environment (exit code 1) rather
+    /// than a failure of sous itself.
+    pub fn is_user_error(&self) -> bool {
+        !matches!(self, ImportError::Tensor { .. })
+    }
+}
+
+/// Imports a GGUF file. Nothing exists at `options.out` unless this returns `Ok`.
+pub fn import_gguf(
+    options: &ImportOptions,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Summary, ImportError> {
+    if options.out.exists() && !options.replace {
+        // Checked again when the staging directory is made; this only fails fast.
+        return Err(ImportError::OutputExists {
+            path: options.out.clone(),
+        });
+    }
+    let mut gguf = Gguf::open(&options.file)?;
+    let arch = gguf.string("general.architecture")?.to_owned();
+    progress(Progress::Opened {
+        arch: &arch,
+        tensors: gguf.tensor_names().len(),
+    });
+    let config = LlamaConfig::from_gguf(&gguf)?;
+    let planned = tensors::plan(&gguf, &config)?;
+    let tok = tokenizer::Rebuilt::from_gguf(&gguf)?;
+    if tok.vocab_size() as u64 > config.vocab_size {
+        return Err(ImportError::Tokenizer {
+            path: options.file.clone(),
+            reason: format!(
+                "{} tokens but the embedding has only {} rows",
+                tok.vocab_size(),
+                config.vocab_size
+            ),
+        });
+    }
+
+    let staging = Staging::new(&options.out, options.replace)?;
+    staging.write_json("config.json", &config.to_hf_config(options.dtype))?;
+    staging.write_json("generation_config.json", &config.to_generation_config())?;
+    staging.write_bytes("tokenizer.json", tok.tokenizer_json().as_bytes())?;
+    staging.write_json("tokenizer_config.json", &tok.tokenizer_config())?;
+
+    let shards = write::shard(&planned, options.dtype, options.max_shard_bytes);
+    for (i, shard) in shards.iter().enumerate() {
+        progress(Progress::Shard {
+            index: i + 1,
+            count: shards.len(),
+            file: &shard.file,
+            bytes: shard.bytes,
+        });
+        let mut converted = Vec::with_capacity(shard.tensors.len());
+        for &t in &shard.tensors {
+            let tensor = &planned[t];
+            converted.push((
+                tensor.hf_name.clone(),
+                tensors::convert(&mut gguf, tensor, options.dtype)?,
+            ));
+        }
+        write::write_safetensors(&staging.dir().join(&shard.file), converted)?;
+    }
+    if shards.len() > 1 {
+        staging.write_json("model.safetensors.index.json", &write::index(&planned, &shards))?;
+    }
+    let out = staging.commit()?;
+
+    Ok(Summary {
+        source: options.file.clone(),
+        out,
+        architecture: arch,
+        name: gguf.opt_string("general.name")?.map(str::to_owned),
+        dtype: options.dtype,
+        tensors: planned.len(),
+        parameters: planned
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>() as u64)
+            .sum(),
+        shards: shards.iter().map(|s| s.file.clone()).collect(),
+        total_size: shards.iter().map(|s| s.bytes).sum(),
+        tokenizer: tok.model().to_owned(),
+        vocab_size: tok.vocab_size(),
+        chat_template: tok.has_chat_template(),
+    })
+}
