@@ -176,11 +176,16 @@ pub fn sha256(path: &std::path::Path) -> String {
     hex::encode(hasher.finalize())
 }
 
-/// The `fake-engine` test double (tests/fake-engine), built on first use.
+/// The `fake-engine` test double (tests/fake-engine). `cargo test --workspace` builds
+/// it (it has an integration test of its own); other runs build it on first use.
 pub fn fake_engine() -> std::path::PathBuf {
     static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
+            let beside = assert_cmd::cargo::cargo_bin("sous").with_file_name("fake-engine");
+            if beside.exists() {
+                return beside;
+            }
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let status = std::process::Command::new(cargo)
                 .args([
