@@ -8,6 +8,7 @@
 mod commands;
 mod failure;
 mod hub;
+mod quantize;
 mod shell;
 
 use std::process::ExitCode;

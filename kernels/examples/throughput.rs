@@ -59,7 +59,11 @@ fn main() {
             .num_threads(threads)
             .build()
             .unwrap();
-        let kernels = if all_kernels { Kernel::available() } else { vec![Kernel::detect()] };
+        let kernels = if all_kernels {
+            Kernel::available()
+        } else {
+            vec![Kernel::detect()]
+        };
         for kernel in kernels {
             for flavor in [Flavor::CompressedTensors, Flavor::ModelOptGpu] {
                 let pass = || {
@@ -93,11 +97,18 @@ fn main() {
 /// User + system CPU seconds of this process, from `/proc/self/stat` (Linux; clock
 /// ticks of 1/100 s there); NaN elsewhere.
 fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return f64::NAN };
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
     // Fields after the command name (which may contain spaces) start after ") ".
     let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
     // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after ") ".
     (ticks(11) + ticks(12)) / 100.0
 }

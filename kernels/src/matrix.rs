@@ -47,7 +47,7 @@ pub struct Matrix<'a> {
 impl<'a> Matrix<'a> {
     /// Checks the shape against the buffer and the block size.
     pub fn new(dtype: Dtype, rows: usize, cols: usize, data: &'a [u8]) -> Result<Matrix<'a>, KernelError> {
-        if cols % BLOCK != 0 {
+        if !cols.is_multiple_of(BLOCK) {
             return Err(KernelError::NotBlockAligned { cols });
         }
         let expected = rows

@@ -255,7 +255,7 @@ mod tests {
         // f32 weights: no rounding, 1/0.03 * 2688 in f32 (reference: 89600.0078125).
         let f32_scale = TensorScale::from_amax(Flavor::CompressedTensors, Dtype::F32, 0.03);
         assert_eq!(f32_scale.value(), (1.0f32 / 0.03) * 2688.0);
-        assert_eq!(f32_scale.value(), 89600.0078125);
+        assert_eq!(f32_scale.value(), f32::from_bits(0x47AF_0001)); // 89600.0078125
     }
 
     #[test]
