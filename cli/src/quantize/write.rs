@@ -271,7 +271,7 @@ impl Writer<'_> {
         for (first, rows) in self.windows(tensor) {
             let map = self.map_rows(tensor, first, rows)?;
             let matrix = self.matrix(tensor, &map, rows)?;
-            let q = fast::quantize(&matrix, &scale);
+            let (q, window_errors) = fast::quantize_with_stats(&matrix, &scale);
             packed_file
                 .write_all_at(&q.packed, packed_at + (first * cols / 2) as u64)
                 .map_err(io(packed_path))?;
@@ -279,13 +279,15 @@ impl Writer<'_> {
                 .write_all_at(&q.scales, scales_at + (first * cols / 16) as u64)
                 .map_err(io(scales_path))?;
             blocks = blocks.merge(q.blocks);
-            errors = errors.merge(fast::error_stats(&matrix, &q.packed, &q.scales, &scale));
+            errors = errors.merge(window_errors);
             if let Some([packed, scales, dequantized]) = &mut hashes {
                 packed.update(&q.packed);
                 scales.update(&q.scales);
-                for value in fast::dequantize(&q.packed, &q.scales, &scale) {
-                    dequantized.update(((round_bf16(value).to_bits() >> 16) as u16).to_le_bytes());
-                }
+                let bf16: Vec<u8> = fast::dequantize(&q.packed, &q.scales, &scale)
+                    .into_iter()
+                    .flat_map(|v| ((round_bf16(v).to_bits() >> 16) as u16).to_le_bytes())
+                    .collect();
+                dequantized.update(&bf16);
             }
             progress.advance(map.len() as u64, (q.packed.len() + q.scales.len()) as u64);
         }

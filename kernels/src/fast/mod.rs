@@ -82,18 +82,20 @@ impl Kernel {
         }
     }
 
-    fn quantize_blocks(
+    fn quantize_blocks<const STATS: bool>(
         self,
         dtype: Dtype,
         src: &[u8],
         scale: &Prepared,
         packed: &mut [u8],
         scales: &mut [u8],
-    ) -> BlockCounts {
+    ) -> (BlockCounts, ErrorStats) {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 if x86::available() => x86::quantize_blocks(dtype, src, scale, packed, scales),
-            _ => portable::quantize_blocks(dtype, src, scale, packed, scales),
+            Kernel::Avx2 if x86::available() => {
+                x86::quantize_blocks::<STATS>(dtype, src, scale, packed, scales)
+            }
+            _ => portable::quantize_blocks::<STATS>(dtype, src, scale, packed, scales),
         }
     }
 
@@ -170,22 +172,51 @@ pub fn quantize(matrix: &Matrix, scale: &TensorScale) -> Quantized {
 
 /// [`quantize`] with a given kernel.
 pub fn quantize_with(kernel: Kernel, matrix: &Matrix, scale: &TensorScale) -> Quantized {
+    run::<false>(kernel, matrix, scale).0
+}
+
+/// [`quantize`], and the error of the dequantized weights against the originals,
+/// measured in the same pass. The sums are taken in a different order than
+/// [`crate::reference::error_stats`], so they agree to rounding, not to the bit; they
+/// are meaningful for finite weights.
+pub fn quantize_with_stats(matrix: &Matrix, scale: &TensorScale) -> (Quantized, ErrorStats) {
+    run::<true>(Kernel::detect(), matrix, scale)
+}
+
+/// [`quantize_with_stats`] with a given kernel.
+pub fn quantize_with_stats_on(
+    kernel: Kernel,
+    matrix: &Matrix,
+    scale: &TensorScale,
+) -> (Quantized, ErrorStats) {
+    run::<true>(kernel, matrix, scale)
+}
+
+fn run<const STATS: bool>(kernel: Kernel, matrix: &Matrix, scale: &TensorScale) -> (Quantized, ErrorStats) {
     let n = matrix.rows() * matrix.cols();
     let mut packed = vec![0u8; n / 2];
     let mut scales = vec![0u8; n / BLOCK];
     let src_chunk = CHUNK_BLOCKS * BLOCK * matrix.dtype().size();
     let scale = &Prepared::new(scale);
-    let blocks = packed
+    let (blocks, errors) = packed
         .par_chunks_mut(CHUNK_BLOCKS * BLOCK / 2)
         .zip(scales.par_chunks_mut(CHUNK_BLOCKS))
         .zip(matrix.data().par_chunks(src_chunk))
-        .map(|((packed, scales), src)| kernel.quantize_blocks(matrix.dtype(), src, scale, packed, scales))
-        .reduce(BlockCounts::default, BlockCounts::merge);
-    Quantized {
-        packed,
-        scales,
-        blocks,
-    }
+        .map(|((packed, scales), src)| {
+            kernel.quantize_blocks::<STATS>(matrix.dtype(), src, scale, packed, scales)
+        })
+        .reduce(
+            || (BlockCounts::default(), ErrorStats::default()),
+            |a, b| (a.0.merge(b.0), a.1.merge(b.1)),
+        );
+    (
+        Quantized {
+            packed,
+            scales,
+            blocks,
+        },
+        errors,
+    )
 }
 
 /// The dequantized values as f32, row-major. Same values as
@@ -197,18 +228,4 @@ pub fn dequantize(packed: &[u8], scales: &[u8], scale: &TensorScale) -> Vec<f32>
         .zip(scales.par_chunks(CHUNK_BLOCKS))
         .for_each(|((out, packed), scales)| portable::dequantize_blocks(packed, scales, scale, out));
     out
-}
-
-/// Dequantizes and compares with the original in one pass, without materialising the
-/// dequantized tensor. Equal to [`crate::reference::error_stats`] up to the order of
-/// the floating-point sums.
-pub fn error_stats(matrix: &Matrix, packed: &[u8], scales: &[u8], scale: &TensorScale) -> ErrorStats {
-    let src_chunk = CHUNK_BLOCKS * BLOCK * matrix.dtype().size();
-    matrix
-        .data()
-        .par_chunks(src_chunk)
-        .zip(packed.par_chunks(CHUNK_BLOCKS * BLOCK / 2))
-        .zip(scales.par_chunks(CHUNK_BLOCKS))
-        .map(|((src, packed), scales)| portable::error_blocks(matrix.dtype(), src, packed, scales, scale))
-        .reduce(ErrorStats::default, ErrorStats::merge)
 }

@@ -1,13 +1,12 @@
 //! The portable block kernels: fixed-size arrays and straight-line loops the compiler
-//! vectorizes for whatever the baseline target offers. Also the dequantization and
-//! error kernels for every CPU (they are not on the hot path of `sous quantize`'s
-//! output).
+//! vectorizes for whatever the baseline target offers. Also the dequantization kernel
+//! for every CPU (it is not on the hot path of `sous quantize`).
 
 use super::Prepared;
 use crate::BLOCK;
 use crate::formats::bf16::{bf16_to_f32, f16_to_f32};
 use crate::formats::fp4;
-use crate::matrix::{Dtype, element};
+use crate::matrix::Dtype;
 use crate::scale::TensorScale;
 use crate::stats::{BlockCounts, ErrorStats};
 
@@ -85,14 +84,15 @@ pub(super) fn max_abs(dtype: Dtype, bytes: &[u8]) -> f32 {
     }
 }
 
-pub(super) fn quantize_blocks(
+pub(super) fn quantize_blocks<const STATS: bool>(
     dtype: Dtype,
     src: &[u8],
     scale: &Prepared,
     packed: &mut [u8],
     scales: &mut [u8],
-) -> BlockCounts {
+) -> (BlockCounts, ErrorStats) {
     let mut counts = BlockCounts::default();
+    let mut stats = ErrorStats::default();
     let width = BLOCK * dtype.size();
     for ((bytes, code), out) in src
         .chunks_exact(width)
@@ -110,8 +110,13 @@ pub(super) fn quantize_blocks(
         for (byte, pair) in out.iter_mut().zip(codes.chunks_exact(2)) {
             *byte = fp4::pack(pair[0], pair[1]);
         }
+        if STATS {
+            for (&c, w) in codes.iter().zip(w) {
+                stats.add(w, fp4::decode(c) * divisor);
+            }
+        }
     }
-    counts
+    (counts, stats)
 }
 
 pub(super) fn dequantize_blocks(packed: &[u8], scales: &[u8], scale: &TensorScale, out: &mut [f32]) {
@@ -127,22 +132,4 @@ pub(super) fn dequantize_blocks(packed: &[u8], scales: &[u8], scale: &TensorScal
             pair[1] = fp4::decode(odd) * factor;
         }
     }
-}
-
-pub(super) fn error_blocks(
-    dtype: Dtype,
-    src: &[u8],
-    packed: &[u8],
-    scales: &[u8],
-    scale: &TensorScale,
-) -> ErrorStats {
-    let mut stats = ErrorStats::default();
-    let mut values = [0.0f32; BLOCK];
-    for (b, (bytes, &code)) in packed.chunks_exact(BLOCK / 2).zip(scales).enumerate() {
-        dequantize_blocks(bytes, std::slice::from_ref(&code), scale, &mut values);
-        for (i, &value) in values.iter().enumerate() {
-            stats.add(element(dtype, src, b * BLOCK + i), value);
-        }
-    }
-    stats
 }

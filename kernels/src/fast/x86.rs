@@ -19,7 +19,7 @@ use super::Prepared;
 use super::portable::{f32_bits_to_f32, half_bits_to_f32};
 use crate::BLOCK;
 use crate::matrix::Dtype;
-use crate::stats::BlockCounts;
+use crate::stats::{BlockCounts, ErrorStats};
 
 /// Whether the CPU has AVX2 and F16C (every AVX2 CPU shipped has both).
 pub(super) fn available() -> bool {
@@ -27,20 +27,20 @@ pub(super) fn available() -> bool {
     *AVAILABLE.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"))
 }
 
-pub(super) fn quantize_blocks(
+pub(super) fn quantize_blocks<const STATS: bool>(
     dtype: Dtype,
     src: &[u8],
     scale: &Prepared,
     packed: &mut [u8],
     scales: &mut [u8],
-) -> BlockCounts {
+) -> (BlockCounts, ErrorStats) {
     assert!(available(), "the AVX2 kernel needs AVX2 and F16C");
     // SAFETY: the CPU supports AVX2 and F16C, checked just above.
     unsafe {
         match dtype {
-            Dtype::Bf16 => quantize_bf16(src, scale, packed, scales),
-            Dtype::F16 => quantize_f16(src, scale, packed, scales),
-            Dtype::F32 => quantize_f32(src, scale, packed, scales),
+            Dtype::Bf16 => quantize_bf16::<STATS>(src, scale, packed, scales),
+            Dtype::F16 => quantize_f16::<STATS>(src, scale, packed, scales),
+            Dtype::F32 => quantize_f32::<STATS>(src, scale, packed, scales),
         }
     }
 }
@@ -57,8 +57,13 @@ pub(super) fn max_abs(dtype: Dtype, src: &[u8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,f16c")]
-fn quantize_bf16(src: &[u8], scale: &Prepared, packed: &mut [u8], scales: &mut [u8]) -> BlockCounts {
-    quantize_with(
+fn quantize_bf16<const STATS: bool>(
+    src: &[u8],
+    scale: &Prepared,
+    packed: &mut [u8],
+    scales: &mut [u8],
+) -> (BlockCounts, ErrorStats) {
+    quantize_with::<STATS>(
         src,
         32,
         scale,
@@ -80,8 +85,13 @@ fn quantize_bf16(src: &[u8], scale: &Prepared, packed: &mut [u8], scales: &mut [
 }
 
 #[target_feature(enable = "avx2,f16c")]
-fn quantize_f16(src: &[u8], scale: &Prepared, packed: &mut [u8], scales: &mut [u8]) -> BlockCounts {
-    quantize_with(
+fn quantize_f16<const STATS: bool>(
+    src: &[u8],
+    scale: &Prepared,
+    packed: &mut [u8],
+    scales: &mut [u8],
+) -> (BlockCounts, ErrorStats) {
+    quantize_with::<STATS>(
         src,
         32,
         scale,
@@ -101,8 +111,13 @@ fn quantize_f16(src: &[u8], scale: &Prepared, packed: &mut [u8], scales: &mut [u
 }
 
 #[target_feature(enable = "avx2,f16c")]
-fn quantize_f32(src: &[u8], scale: &Prepared, packed: &mut [u8], scales: &mut [u8]) -> BlockCounts {
-    quantize_with(
+fn quantize_f32<const STATS: bool>(
+    src: &[u8],
+    scale: &Prepared,
+    packed: &mut [u8],
+    scales: &mut [u8],
+) -> (BlockCounts, ErrorStats) {
+    quantize_with::<STATS>(
         src,
         64,
         scale,
@@ -127,14 +142,16 @@ fn quantize_f32(src: &[u8], scale: &Prepared, packed: &mut [u8], scales: &mut [u
 const GROUP: usize = 64;
 
 /// The loop shared by the three source types. `block_max` gives one block's amax,
-/// `widen` its elements as two f32 vectors.
+/// `widen` its elements as two f32 vectors. With `STATS`, each block is also
+/// dequantized in registers and compared with its source (f32 sums per group of
+/// blocks, f64 across groups).
 ///
 /// A group of blocks goes through three passes: vector maxima, scalar scales, vector
 /// codes. Interleaving them per block costs a third more: the scalar scale code
 /// between vector steps forces the vector registers to be spilled and reloaded.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn quantize_with(
+fn quantize_with<const STATS: bool>(
     src: &[u8],
     width: usize,
     scale: &Prepared,
@@ -142,8 +159,10 @@ fn quantize_with(
     scales: &mut [u8],
     block_max: impl Fn(&[u8]) -> f32,
     widen: impl Fn(&[u8]) -> (__m256, __m256),
-) -> BlockCounts {
+) -> (BlockCounts, ErrorStats) {
     let mut counts = BlockCounts::default();
+    let mut stats = ErrorStats::default();
+    let mut max_error = _mm256_setzero_ps();
     let mut maxima = [0.0f32; GROUP];
     let mut divisors = [0.0f32; GROUP];
     for ((src, scales), packed) in src
@@ -160,6 +179,8 @@ fn quantize_with(
             *divisor = block_divisor;
             counts.add(kind);
         }
+        let mut sum_sq_error = _mm256_setzero_ps();
+        let mut sum_sq_weight = _mm256_setzero_ps();
         for ((bytes, out), &divisor) in src
             .chunks_exact(width)
             .zip(packed.chunks_exact_mut(BLOCK / 2))
@@ -170,9 +191,59 @@ fn quantize_with(
             let c0 = encode(_mm256_div_ps(w0, divisor));
             let c1 = encode(_mm256_div_ps(w1, divisor));
             out.copy_from_slice(&pack(c0, c1).to_le_bytes());
+            if STATS {
+                for (w, c) in [(w0, c0), (w1, c1)] {
+                    let error = _mm256_sub_ps(decode(c, divisor), w);
+                    sum_sq_error = _mm256_add_ps(sum_sq_error, _mm256_mul_ps(error, error));
+                    sum_sq_weight = _mm256_add_ps(sum_sq_weight, _mm256_mul_ps(w, w));
+                    let magnitude = _mm256_and_ps(error, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF)));
+                    // `max(new, old)` returns `old` when `new` is NaN: keep a NaN error.
+                    max_error = _mm256_max_ps(max_error, magnitude);
+                }
+            }
+        }
+        if STATS {
+            stats.count += (src.len() / width * BLOCK) as u64;
+            stats.sum_sq_error += f64::from(hsum(sum_sq_error));
+            stats.sum_sq_weight += f64::from(hsum(sum_sq_weight));
         }
     }
-    counts
+    if STATS {
+        stats.max_abs_error = f64::from(hmax_ps(max_error));
+    }
+    (counts, stats)
+}
+
+/// The values eight FP4 codes stand for in a block scaled by `factor`: the grid
+/// value, its sign, one f32 multiply (the reference's dequantization).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn decode(codes: __m256i, factor: __m256) -> __m256 {
+    let grid = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+    // The permutation uses the low three bits of each index: the magnitude code.
+    let magnitude = _mm256_permutevar8x32_ps(grid, codes);
+    let sign = _mm256_slli_epi32::<28>(_mm256_and_si256(codes, _mm256_set1_epi32(8)));
+    _mm256_mul_ps(_mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign)), factor)
+}
+
+/// The sum of eight lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// The largest of eight non-negative lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hmax_ps(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    _mm_cvtss_f32(m)
 }
 
 /// 32 bytes from a slice of at least that many, unaligned.
