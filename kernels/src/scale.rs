@@ -211,9 +211,18 @@ impl TensorScale {
     /// ModelOpt 0.47 `NVFP4QTensor.get_weights_scaling_factor`:
     /// `bmax / (6 * weight_scale_2)` in f32, a zero scale replaced by 1.0, clamped to
     /// `[2^-9, 448]` (added after Model-Optimizer #1633), cast to E4M3.
+    ///
+    /// One deliberate difference: for an all-zero tensor (`weight_scale_2 = 0`)
+    /// ModelOpt computes `0 / 0` and writes NaN block scales, which make engines
+    /// output NaN; here every block of it is a zero block with scale 1.0, and the
+    /// tensor dequantizes to zeros.
     #[inline(always)]
     fn mo_block(&self, bmax: f32, encode: impl Fn(f32) -> u8) -> (u8, BlockKind) {
-        let per_block = bmax / (fp4::MAX * self.value);
+        let per_block = if self.value == 0.0 {
+            0.0
+        } else {
+            bmax / (fp4::MAX * self.value)
+        };
         if per_block == 0.0 {
             let kind = if bmax == 0.0 {
                 BlockKind::Zero

@@ -7,6 +7,13 @@ SHA-256 of every `weight_packed`, `weight_scale` and `weight_global_scale` tenso
 bytes, the config.json `quantization_config`, the versions used, and the SHA-256 of the
 source weights. tests/e2e/quantize.rs compares `sous quantize` against it.
 
+Part 1b (`modelopt`): the same with NVIDIA ModelOpt 0.47 (`W4A16_NVFP4_CFG`,
+`export_hf_checkpoint`), exported on the CPU: the SHA-256 of every `weight`,
+`weight_scale` and `weight_scale_2` of a quantized layer, `hf_quant_config.json` and
+the config's `quantization_config`. A CPU export computes `weight_scale_2` as
+`amax / 2688`; `sous quantize --format modelopt --modelopt-export cpu` reproduces it
+(the default, `gpu`, reproduces the usual GPU export instead).
+
 Part 2 (`check`): given a `sous quantize --json --digests` output directory and its
 summary, check that compressed-tensors accepts sous's `quantization_config`, that its
 NVFP4 decompressor turns every sous tensor back into exactly the bf16 values sous says
@@ -15,12 +22,16 @@ the fixture's. What it prints is committed beside the fixture.
 
 Needs PyTorch, so CI never runs it. Pinned tools (install into any venv):
 
-    pip install llmcompressor==0.14.0.1 compressed-tensors==0.19.0
+    pip install llmcompressor==0.14.0.1 compressed-tensors==0.19.0 nvidia-modelopt==0.47.0
 
 Usage:
 
     nvfp4_reference.py reference MODEL_DIR FIXTURE.json [--work DIR]
-    nvfp4_reference.py check FIXTURE.json SOUS_OUT_DIR SOUS_SUMMARY.json
+    nvfp4_reference.py modelopt MODEL_DIR FIXTURE.json [--work DIR]
+    nvfp4_reference.py check FIXTURE.json SOUS_OUT_DIR SOUS_SUMMARY.json [--compare-with LLMC_OUT_DIR]
+
+`check --compare-with` also loads both checkpoints with transformers (which
+decompresses them through compressed-tensors) and compares their logits.
 """
 
 import argparse
@@ -125,6 +136,70 @@ def reference(args):
     print(f"llm-compressor output kept in {out_dir}")
 
 
+def modelopt(args):
+    import torch
+    import transformers
+    import modelopt as mo
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    sources = sorted(f for f in os.listdir(args.model) if f.endswith(".safetensors"))
+    work = args.work or tempfile.mkdtemp(prefix="nvfp4-modelopt-")
+    out_dir = os.path.join(work, "modelopt")
+    started = time.time()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
+    loaded = time.time()
+    # Weight-only: the weights' max calibrator needs one forward pass of any input.
+    prompt = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    mtq.quantize(model, mtq.W4A16_NVFP4_CFG, forward_loop=lambda m: m(prompt))
+    quantized = time.time()
+    with torch.inference_mode():
+        export_hf_checkpoint(model, export_dir=out_dir)
+    saved = time.time()
+
+    tensors = safetensors_tensors(out_dir)
+    layers = sorted(n[: -len(".weight_scale_2")] for n in tensors if n.endswith(".weight_scale_2"))
+    digests = {}
+    for layer in layers:
+        for suffix in ("weight", "weight_scale", "weight_scale_2"):
+            dtype, shape, data = tensors[f"{layer}.{suffix}"]
+            digests[f"{layer}.{suffix}"] = {"dtype": dtype, "shape": shape, "sha256": hashlib.sha256(data).hexdigest()}
+    with open(os.path.join(out_dir, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(out_dir, "hf_quant_config.json")) as f:
+        hf_quant_config = json.load(f)
+    fixture = {
+        "what": "ModelOpt W4A16_NVFP4_CFG, export_hf_checkpoint on the CPU, on the bf16 test model: "
+        "SHA-256 of each quantized tensor's safetensors bytes",
+        "generated_by": "scripts/reference/nvfp4_reference.py modelopt",
+        "tools": {
+            "modelopt": mo.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "device": "cpu",
+        },
+        "source": {name: sha256_file(os.path.join(args.model, name)) for name in sources},
+        "seconds": {
+            "load": round(loaded - started, 2),
+            "quantize": round(quantized - loaded, 2),
+            "export": round(saved - quantized, 2),
+        },
+        "quantization_config": config.get("quantization_config"),
+        "hf_quant_config": hf_quant_config,
+        "unquantized_tensors": sorted(n for n in tensors if n not in digests),
+        "tensors": digests,
+    }
+    with open(args.fixture, "w") as f:
+        json.dump(fixture, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"{len(digests)} quantized tensors of {len(layers)} layers digested into {args.fixture}")
+    print(f"ModelOpt output kept in {out_dir}")
+
+
 def bf16_bytes(tensor):
     import torch
 
@@ -193,6 +268,23 @@ def check(args):
             print(f"  FAIL {module}: compressed-tensors dequantizes to {got[:16]}..., sous to {want[:16]}...")
     print(f"compressed-tensors decompression equals sous's dequantization (bf16 bytes): "
           f"{equal} of {len(by_module)} layers")
+
+    # 4. transformers loads the checkpoint (through compressed-tensors) and computes
+    #    exactly what it computes with llm-compressor's.
+    if args.compare_with:
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        from transformers import AutoModelForCausalLM
+
+        prompt = torch.tensor([[1, 504, 3, 9, 77, 1000, 42, 2]])
+        logits = {}
+        for label, directory in (("sous", args.sous_out), ("llm-compressor", args.compare_with)):
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+            with torch.no_grad():
+                logits[label] = model(prompt).logits
+        same = torch.equal(logits["sous"], logits["llm-compressor"])
+        print(f"transformers {__import__('transformers').__version__} loads the sous checkpoint; logits on "
+              f"{prompt.shape[1]} tokens {'identical to' if same else 'DIFFERENT from'} llm-compressor's checkpoint's")
+        failures += 0 if same else 1
     if not by_module:
         print("FAIL: the summary has no dequantized digests (run sous quantize with --json --digests)")
         failures += 1
@@ -207,13 +299,20 @@ def main():
     ref.add_argument("model")
     ref.add_argument("fixture")
     ref.add_argument("--work")
+    mo = sub.add_parser("modelopt")
+    mo.add_argument("model")
+    mo.add_argument("fixture")
+    mo.add_argument("--work")
     chk = sub.add_parser("check")
     chk.add_argument("fixture")
     chk.add_argument("sous_out")
     chk.add_argument("summary")
+    chk.add_argument("--compare-with")
     args = parser.parse_args()
     if args.command == "reference":
         return reference(args) or 0
+    if args.command == "modelopt":
+        return modelopt(args) or 0
     return check(args)
 
 

@@ -86,18 +86,7 @@ fn path(p: &Path) -> &str {
 #[test]
 fn smollm2_is_bit_identical_to_llm_compressor() {
     let Some(model) = smollm2() else { return };
-    let fixture: Value = serde_json::from_slice(
-        &std::fs::read(root().join("tests/fixtures/nvfp4/smollm2-135m-instruct.llmcompressor.json"))
-            .expect("fixture"),
-    )
-    .expect("fixture JSON");
-    let source_sha = crate::util::sha256(&model.join("model.safetensors"));
-    assert_eq!(
-        fixture["source"]["model.safetensors"].as_str(),
-        Some(source_sha.as_str()),
-        "the test model is not the one the fixture was made from: rerun \
-         scripts/reference/nvfp4_reference.py reference (see its docstring)"
-    );
+    let fixture = fixture("smollm2-135m-instruct.llmcompressor.json", &model);
     let out = tempfile::tempdir().expect("tempdir");
     let target = out.path().join("smollm2-nvfp4a16");
     let (code, stdout, stderr) = quantize(
@@ -199,10 +188,74 @@ fn smollm2_is_bit_identical_to_llm_compressor() {
     assert_eq!(scale("mlp.gate_proj"), scale("mlp.up_proj"));
 }
 
+/// The fixture of a real ModelOpt export, checked against the test model.
+fn fixture(name: &str, model: &Path) -> Value {
+    let fixture: Value = serde_json::from_slice(
+        &std::fs::read(root().join("tests/fixtures/nvfp4").join(name)).expect("fixture"),
+    )
+    .expect("fixture JSON");
+    let source_sha = crate::util::sha256(&model.join("model.safetensors"));
+    assert_eq!(
+        fixture["source"]["model.safetensors"].as_str(),
+        Some(source_sha.as_str()),
+        "the test model is not the one {name} was made from: rerun \
+         scripts/reference/nvfp4_reference.py (see its docstring)"
+    );
+    fixture
+}
+
 #[test]
 fn smollm2_modelopt_checkpoint() {
     let Some(model) = smollm2() else { return };
     let out = tempfile::tempdir().expect("tempdir");
+
+    // Bit for bit against ModelOpt 0.47's own CPU export of the same weights.
+    let fixture = fixture("smollm2-135m-instruct.modelopt-cpu.json", &model);
+    let cpu = out.path().join("smollm2-modelopt-cpu");
+    let (code, _, stderr) = quantize(
+        &[
+            path(&model),
+            "--format",
+            "modelopt",
+            "--modelopt-export",
+            "cpu",
+            "--out",
+            path(&cpu),
+            "--quiet",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (tensors, _) = read_tensors(&cpu);
+    let expected = fixture["tensors"].as_object().expect("tensors");
+    assert_eq!(expected.len(), 630);
+    for (name, want) in expected {
+        let got = tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing from the output"));
+        assert_eq!(got.dtype, want["dtype"].as_str().expect("dtype"), "{name}");
+        assert_eq!(json!(got.shape), want["shape"], "{name}");
+        assert_eq!(sha256(&got.data), want["sha256"].as_str().expect("sha"), "{name}");
+    }
+    assert_eq!(
+        tensors.len() - 630,
+        fixture["unquantized_tensors"].as_array().expect("list").len()
+    );
+    let read_json =
+        |p: PathBuf| -> Value { serde_json::from_slice(&std::fs::read(p).expect("read")).expect("JSON") };
+    let hf_quant = read_json(cpu.join("hf_quant_config.json"));
+    assert_eq!(
+        hf_quant["quantization"],
+        fixture["hf_quant_config"]["quantization"]
+    );
+    // Everything but the producer, which is sous and says so.
+    let mut config = read_json(cpu.join("config.json"))["quantization_config"].clone();
+    let mut want = fixture["quantization_config"].clone();
+    assert_eq!(config["producer"]["name"], "sous");
+    config.as_object_mut().expect("object").remove("producer");
+    want.as_object_mut().expect("object").remove("producer");
+    assert_eq!(config, want);
+
     let target = out.path().join("smollm2-modelopt");
     let (code, stdout, stderr) = quantize(
         &[
@@ -219,21 +272,15 @@ fn smollm2_modelopt_checkpoint() {
     assert_eq!(code, 0, "{stderr}");
     let summary = json(&stdout);
     assert_eq!(summary["format"], "modelopt");
-    let hf_quant: Value =
-        serde_json::from_slice(&std::fs::read(target.join("hf_quant_config.json")).expect("hf_quant_config"))
-            .expect("JSON");
+    let hf_quant = read_json(target.join("hf_quant_config.json"));
     assert_eq!(
         hf_quant["quantization"],
         json!({"quant_algo": "W4A16_NVFP4", "kv_cache_quant_algo": null, "group_size": 16,
                "exclude_modules": ["lm_head", "model.embed_tokens"]})
     );
-    let config: Value =
-        serde_json::from_slice(&std::fs::read(target.join("config.json")).expect("config")).expect("JSON");
-    assert_eq!(config["quantization_config"]["quant_method"], "modelopt");
-    assert_eq!(config["quantization_config"]["quant_algo"], "W4A16_NVFP4");
 
-    // ModelOpt's names and shapes, and its arithmetic (GPU export): one weight_scale_2
-    // per fused group, amax * f32(1/2688), recomputed here from the source weights.
+    // The default reproduces ModelOpt's GPU export: one weight_scale_2 per fused
+    // group, amax * f32(1/2688), recomputed here from the source weights.
     let (tensors, _) = read_tensors(&target);
     let (source, _) = read_tensors(&model);
     let amax = |name: &str| {

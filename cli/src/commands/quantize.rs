@@ -11,7 +11,7 @@ use crate::failure::UserError;
 use crate::hub::cache::RepoCache;
 use crate::hub::config::HubConfig;
 use crate::hub::progress::{Style, human};
-use crate::quantize::{DEFAULT_WINDOW, Provenance, Request, Summary, run};
+use crate::quantize::{DEFAULT_WINDOW, ModelOptExport, Provenance, Request, Summary, run};
 use crate::shell::Shell;
 
 #[derive(Debug, Args)]
@@ -34,6 +34,11 @@ pub struct QuantizeArgs {
     /// Checkpoint format: compressed-tensors (llm-compressor's) or modelopt (NVIDIA ModelOpt's).
     #[arg(long, value_enum, default_value_t = FormatArg::CompressedTensors, conflicts_with = "recipe")]
     format: FormatArg,
+    /// With `--format modelopt`: reproduce ModelOpt's export on a `gpu` (the usual case,
+    /// what published checkpoints hold) or on a `cpu`, bit for bit (they round
+    /// `weight_scale_2` differently).
+    #[arg(long, value_enum, default_value_t = ExportArg::Gpu)]
+    modelopt_export: ExportArg,
     /// Keep this module unquantized: an exact name (`model.layers.0.mlp.down_proj`) or
     /// `re:` and a regular expression (repeatable; the recipe's `quantize.ignore`).
     #[arg(long, value_name = "NAME", conflicts_with = "recipe")]
@@ -69,6 +74,12 @@ enum SchemeArg {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+enum ExportArg {
+    Gpu,
+    Cpu,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 enum FormatArg {
     CompressedTensors,
     Modelopt,
@@ -85,6 +96,10 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         Err(_) => DEFAULT_WINDOW,
     };
     let progress = if args.quiet { Style::Quiet } else { Style::detect() };
+    let modelopt_export = match args.modelopt_export {
+        ExportArg::Gpu => ModelOptExport::Gpu,
+        ExportArg::Cpu => ModelOptExport::Cpu,
+    };
     let request = match (&args.model, &args.recipe) {
         (Some(model), _) => Request {
             source: model.clone(),
@@ -97,6 +112,7 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
                 FormatArg::CompressedTensors => QuantFormat::CompressedTensors,
                 FormatArg::Modelopt => QuantFormat::Modelopt,
             },
+            modelopt_export,
             ignore: args.ignore.clone(),
             max_shard_bytes: args.max_shard_size.bytes(),
             force: args.force,
@@ -105,7 +121,7 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             progress,
             window_bytes,
         },
-        (None, Some(file)) => from_recipe(file, &args, progress, window_bytes)?,
+        (None, Some(file)) => from_recipe(file, &args, progress, window_bytes, modelopt_export)?,
         (None, None) => {
             return Err(
                 UserError::new("nothing to quantize", Some("give MODEL_DIR or `--recipe FILE`")).into(),
@@ -128,6 +144,7 @@ fn from_recipe(
     args: &QuantizeArgs,
     progress: Style,
     window_bytes: u64,
+    modelopt_export: ModelOptExport,
 ) -> anyhow::Result<Request> {
     let recipe = load_recipe(file, &args.overrides)?.recipe;
     let quantize = recipe.quantize.ok_or_else(|| {
@@ -171,6 +188,7 @@ fn from_recipe(
             .unwrap_or_else(|| sous_engine::paths::quantized_dir(&recipe.name)),
         scheme: quantize.scheme,
         format: quantize.format,
+        modelopt_export,
         ignore: quantize.ignore,
         max_shard_bytes: args.max_shard_size.bytes(),
         force: args.force,

@@ -50,13 +50,23 @@ pub fn names(format: QuantFormat) -> Names {
     }
 }
 
-/// Whose arithmetic the format's bytes follow. ModelOpt: its GPU export, the normal
-/// case (`weight_scale_2 = amax * f32(1/2688)`), which published ModelOpt checkpoints
-/// carry.
-pub fn flavor(format: QuantFormat) -> Flavor {
-    match format {
-        QuantFormat::CompressedTensors => Flavor::CompressedTensors,
-        QuantFormat::Modelopt => Flavor::ModelOptGpu,
+/// Which ModelOpt export to reproduce: the two differ in one rounding of
+/// `weight_scale_2` (reference §2.2), which can flip block scales and codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelOptExport {
+    /// On a GPU, the normal case, which published ModelOpt checkpoints carry:
+    /// `weight_scale_2 = amax * f32(1/2688)`.
+    Gpu,
+    /// On a CPU: `weight_scale_2 = amax / 2688`.
+    Cpu,
+}
+
+/// Whose arithmetic the format's bytes follow.
+pub fn flavor(format: QuantFormat, export: ModelOptExport) -> Flavor {
+    match (format, export) {
+        (QuantFormat::CompressedTensors, _) => Flavor::CompressedTensors,
+        (QuantFormat::Modelopt, ModelOptExport::Gpu) => Flavor::ModelOptGpu,
+        (QuantFormat::Modelopt, ModelOptExport::Cpu) => Flavor::ModelOptCpu,
     }
 }
 

@@ -34,6 +34,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sous_engine::recipe::{QuantFormat, QuantScheme};
 
+pub use checkpoint::ModelOptExport;
 pub use error::QuantizeError;
 pub use source::Provenance;
 pub use write::TensorReport;
@@ -60,6 +61,8 @@ pub struct Request {
     pub scheme: QuantScheme,
     /// Checkpoint format.
     pub format: QuantFormat,
+    /// Which ModelOpt export the bytes reproduce (ModelOpt format only).
+    pub modelopt_export: ModelOptExport,
     /// Extra modules to keep unquantized (names or `re:` patterns).
     pub ignore: Vec<String>,
     /// Largest output shard, in bytes of tensor data.
@@ -171,7 +174,7 @@ pub fn run(request: &Request) -> Result<Summary, QuantizeError> {
         window_bytes: request.window_bytes,
         digests: request.digests,
     };
-    let flavor = checkpoint::flavor(request.format);
+    let flavor = checkpoint::flavor(request.format, request.modelopt_export);
     let written = write::write(
         &source,
         &layout,
@@ -254,6 +257,7 @@ fn inputs(source: &Source, request: &Request) -> Value {
         "sous": env!("CARGO_PKG_VERSION"),
         "scheme": checkpoint::scheme_name(request.scheme),
         "format": checkpoint::format_name(request.format),
+        "flavor": format!("{:?}", checkpoint::flavor(request.format, request.modelopt_export)),
         "ignore": request.ignore,
         "max_shard_bytes": request.max_shard_bytes,
         "digests": request.digests,
