@@ -11,6 +11,7 @@ use sous_engine::recipe::RecipeError;
 
 use crate::hub::api::HubError;
 use crate::hub::pull::PullError;
+use crate::quantize::QuantizeError;
 use crate::shell::Shell;
 
 /// The user's input or environment is wrong.
@@ -76,6 +77,9 @@ pub fn classify(err: &anyhow::Error) -> (u8, Option<String>) {
         }
         if let Some(e) = cause.downcast_ref::<HubError>() {
             return (USER, e.hint());
+        }
+        if let Some(e) = cause.downcast_ref::<QuantizeError>() {
+            return (if e.is_internal() { INTERNAL } else { USER }, e.hint());
         }
     }
     (

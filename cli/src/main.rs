@@ -9,6 +9,7 @@ mod commands;
 mod failure;
 mod hub;
 mod import;
+mod quantize;
 mod shell;
 
 use std::process::ExitCode;

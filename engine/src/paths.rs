@@ -3,6 +3,9 @@
 //!
 //! `SOUS_STATE_DIR` wins; else `$XDG_STATE_HOME/sous`; else `~/.local/state/sous`, as
 //! the XDG base-directory specification places state that survives restarts.
+//!
+//! Artifacts sous can rebuild (quantized checkpoints) go to the cache instead:
+//! `SOUS_CACHE_DIR`, else `$XDG_CACHE_HOME/sous`, else `~/.cache/sous`.
 
 use std::path::PathBuf;
 
@@ -23,6 +26,30 @@ pub fn state_dir_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathB
         .filter(|v| !v.is_empty())
         .map_or_else(|| PathBuf::from("."), PathBuf::from);
     home.join(".local/state/sous")
+}
+
+/// The root of sous's cache.
+pub fn cache_dir() -> PathBuf {
+    cache_dir_from(|name| std::env::var_os(name))
+}
+
+/// [`cache_dir`] with the environment given, for tests.
+pub fn cache_dir_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathBuf {
+    if let Some(dir) = var("SOUS_CACHE_DIR").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = var("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir).join("sous");
+    }
+    let home = var("HOME")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache/sous")
+}
+
+/// Where `sous quantize --recipe` writes a recipe's checkpoint by default.
+pub fn quantized_dir(name: &str) -> PathBuf {
+    cache_dir().join("quantized").join(name)
 }
 
 /// The state directory of one deployment.
@@ -50,6 +77,18 @@ mod tests {
         assert_eq!(
             state_dir_from(env(&[("HOME", "/h")])),
             PathBuf::from("/h/.local/state/sous")
+        );
+        assert_eq!(
+            cache_dir_from(env(&[("SOUS_CACHE_DIR", "/c"), ("HOME", "/h")])),
+            PathBuf::from("/c")
+        );
+        assert_eq!(
+            cache_dir_from(env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")])),
+            PathBuf::from("/x/sous")
+        );
+        assert_eq!(
+            cache_dir_from(env(&[("HOME", "/h")])),
+            PathBuf::from("/h/.cache/sous")
         );
     }
 }

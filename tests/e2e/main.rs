@@ -7,6 +7,7 @@
 mod broken;
 mod hub_python;
 mod pull;
+mod quantize;
 mod recipe;
 mod serve;
 mod serve_run;

@@ -5,6 +5,7 @@ mod completions;
 mod hub;
 mod import;
 mod pull;
+mod quantize;
 mod recipe;
 mod serve;
 
@@ -41,6 +42,8 @@ enum Command {
     /// Tools for the Hub itself: `sous hub serve` runs a local read-only mirror.
     #[command(subcommand)]
     Hub(hub::HubCommand),
+    /// Quantize a model's weights to NVFP4 (compressed-tensors or ModelOpt checkpoint).
+    Quantize(quantize::QuantizeArgs),
     /// Serve a recipe's model (for now: print the engine's exact command line with --dry-run).
     Serve(serve::ServeArgs),
     /// Print a shell completion script.
@@ -53,6 +56,7 @@ pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
         Command::Recipe(cmd) => recipe::exec(cmd, shell),
         Command::Serve(args) => serve::exec(args, shell),
         Command::Pull(args) => pull::exec(args, shell),
+        Command::Quantize(args) => quantize::exec(args, shell),
         Command::Hub(cmd) => hub::exec(cmd, shell),
         Command::Import(cmd) => import::exec(cmd, shell),
         Command::Completions(args) => completions::exec(args, shell),

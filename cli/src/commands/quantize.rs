@@ -1,0 +1,246 @@
+//! `sous quantize MODEL_DIR --out DIR` and `sous quantize --recipe FILE`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+use sous_engine::recipe::{ByteSize, QuantFormat, QuantScheme};
+
+use super::{OverrideArgs, display, load_recipe};
+use crate::failure::UserError;
+use crate::hub::cache::RepoCache;
+use crate::hub::config::HubConfig;
+use crate::hub::progress::{Style, human};
+use crate::quantize::{DEFAULT_WINDOW, ModelOptExport, Provenance, Request, Summary, run};
+use crate::shell::Shell;
+
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    /// The model to quantize: a directory with config.json and *.safetensors.
+    #[arg(
+        value_name = "MODEL_DIR",
+        required_unless_present = "recipe",
+        conflicts_with = "recipe"
+    )]
+    model: Option<PathBuf>,
+    /// Quantize as a recipe's `[quantize]` says: the model is `model.path`, or
+    /// `model.repo` at `model.revision` from the Hub cache (`sous pull` it first).
+    #[arg(long, short = 'r', value_name = "FILE")]
+    recipe: Option<PathBuf>,
+    /// `nvfp4a16`: FP4 weights, 16-bit activations. `nvfp4` (W4A4) needs calibration,
+    /// which arrives with the native engine.
+    #[arg(long, value_enum, default_value_t = SchemeArg::Nvfp4a16, conflicts_with = "recipe")]
+    scheme: SchemeArg,
+    /// Checkpoint format: compressed-tensors (llm-compressor's) or modelopt (NVIDIA ModelOpt's).
+    #[arg(long, value_enum, default_value_t = FormatArg::CompressedTensors, conflicts_with = "recipe")]
+    format: FormatArg,
+    /// With `--format modelopt`: reproduce ModelOpt's export on a `gpu` (the usual case,
+    /// what published checkpoints hold) or on a `cpu`, bit for bit (they round
+    /// `weight_scale_2` differently).
+    #[arg(long, value_enum, default_value_t = ExportArg::Gpu)]
+    modelopt_export: ExportArg,
+    /// Keep this module unquantized: an exact name (`model.layers.0.mlp.down_proj`) or
+    /// `re:` and a regular expression (repeatable; the recipe's `quantize.ignore`).
+    #[arg(long, value_name = "NAME", conflicts_with = "recipe")]
+    ignore: Vec<String>,
+    /// Output directory. Default with --recipe: `~/.cache/sous/quantized/<recipe name>`
+    /// (`SOUS_CACHE_DIR`, `XDG_CACHE_HOME`).
+    #[arg(long, short = 'o', value_name = "DIR", required_unless_present = "recipe")]
+    out: Option<PathBuf>,
+    /// Largest output shard (`5GB`, `2GiB`, bytes).
+    #[arg(long, value_name = "SIZE", default_value = "5GB")]
+    max_shard_size: ByteSize,
+    /// Replace the output directory if it holds something else.
+    #[arg(long)]
+    force: bool,
+    /// Print a JSON summary on stdout, with per-tensor error statistics.
+    #[arg(long)]
+    json: bool,
+    /// Add to the JSON summary the SHA-256 of every quantized tensor and of its bf16
+    /// dequantization (for comparing with other tools).
+    #[arg(long)]
+    digests: bool,
+    /// No progress on stderr.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    #[command(flatten)]
+    overrides: OverrideArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum SchemeArg {
+    Nvfp4a16,
+    Nvfp4,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ExportArg {
+    Gpu,
+    Cpu,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FormatArg {
+    CompressedTensors,
+    Modelopt,
+}
+
+pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
+    let window_bytes = match std::env::var("SOUS_QUANTIZE_WINDOW") {
+        Ok(v) => v.parse().map_err(|_| {
+            UserError::new(
+                format!("SOUS_QUANTIZE_WINDOW=`{v}` is not a number of bytes"),
+                Some("unset it, or give bytes, e.g. 67108864"),
+            )
+        })?,
+        Err(_) => DEFAULT_WINDOW,
+    };
+    let progress = if args.quiet { Style::Quiet } else { Style::detect() };
+    let modelopt_export = match args.modelopt_export {
+        ExportArg::Gpu => ModelOptExport::Gpu,
+        ExportArg::Cpu => ModelOptExport::Cpu,
+    };
+    let request = match (&args.model, &args.recipe) {
+        (Some(model), _) => Request {
+            source: model.clone(),
+            out: args.out.clone().unwrap_or_default(),
+            scheme: match args.scheme {
+                SchemeArg::Nvfp4a16 => QuantScheme::Nvfp4a16,
+                SchemeArg::Nvfp4 => QuantScheme::Nvfp4,
+            },
+            format: match args.format {
+                FormatArg::CompressedTensors => QuantFormat::CompressedTensors,
+                FormatArg::Modelopt => QuantFormat::Modelopt,
+            },
+            modelopt_export,
+            ignore: args.ignore.clone(),
+            max_shard_bytes: args.max_shard_size.bytes(),
+            force: args.force,
+            digests: args.digests,
+            provenance: None,
+            progress,
+            window_bytes,
+        },
+        (None, Some(file)) => from_recipe(file, &args, progress, window_bytes, modelopt_export)?,
+        (None, None) => {
+            return Err(
+                UserError::new("nothing to quantize", Some("give MODEL_DIR or `--recipe FILE`")).into(),
+            );
+        }
+    };
+    let summary = run(&request)?;
+    if args.json {
+        shell.data(&serde_json::to_string_pretty(&summary)?)?;
+    } else {
+        shell.data(&summary.output.display().to_string())?;
+    }
+    report(shell, &summary);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The request a recipe describes.
+fn from_recipe(
+    file: &Path,
+    args: &QuantizeArgs,
+    progress: Style,
+    window_bytes: u64,
+    modelopt_export: ModelOptExport,
+) -> anyhow::Result<Request> {
+    let recipe = load_recipe(file, &args.overrides)?.recipe;
+    let quantize = recipe.quantize.ok_or_else(|| {
+        UserError::new(
+            format!("recipe {} has no `[quantize]` section", display(file)),
+            Some("add `[quantize]` with `scheme = \"nvfp4a16\"`"),
+        )
+    })?;
+    let model = recipe.model;
+    let (source, provenance) = if let Some(path) = &model.path {
+        (PathBuf::from(path), None)
+    } else if let Some(repo) = &model.repo {
+        let revision = model.revision.as_deref().unwrap_or("main");
+        let cache = RepoCache::new(&HubConfig::from_env().cache_dir, repo);
+        let commit = cache.read_ref(revision).ok_or_else(|| {
+            UserError::new(
+                format!(
+                    "{repo}@{revision} is not in the Hub cache ({})",
+                    cache.dir().display()
+                ),
+                Some(&format!("run `sous pull --recipe {}` first", display(file))),
+            )
+        })?;
+        let provenance = Provenance {
+            repo: Some(repo.clone()),
+            commit: Some(commit.clone()),
+        };
+        (cache.snapshot(&commit), Some(provenance))
+    } else {
+        return Err(UserError::new(
+            format!("recipe {} names no model", display(file)),
+            Some("set `model.repo` or `model.path`"),
+        )
+        .into());
+    };
+    Ok(Request {
+        source,
+        out: args
+            .out
+            .clone()
+            .unwrap_or_else(|| sous_engine::paths::quantized_dir(&recipe.name)),
+        scheme: quantize.scheme,
+        format: quantize.format,
+        modelopt_export,
+        ignore: quantize.ignore,
+        max_shard_bytes: args.max_shard_size.bytes(),
+        force: args.force,
+        digests: args.digests,
+        provenance,
+        progress,
+        window_bytes,
+    })
+}
+
+/// One status line on stderr.
+fn report(shell: &Shell, summary: &Summary) {
+    let what = summary
+        .repo
+        .clone()
+        .unwrap_or_else(|| summary.source.display().to_string());
+    if summary.up_to_date {
+        shell.status(
+            "up to date",
+            &format!(
+                "{what}: {} weights already in {} ({})",
+                summary.quantized,
+                summary.output.display(),
+                summary.format
+            ),
+        );
+        return;
+    }
+    let worst = summary
+        .tensors
+        .iter()
+        .max_by(|a, b| a.relative_rms_error.total_cmp(&b.relative_rms_error))
+        .map(|t| {
+            format!(
+                "; largest relative RMS error {:.3} ({})",
+                t.relative_rms_error, t.name
+            )
+        })
+        .unwrap_or_default();
+    shell.status(
+        "quantized",
+        &format!(
+            "{what}: {} weights to NVFP4 ({}, {}), {} kept, {} -> {} in {} shard(s), {:.1} s ({:.2} GB/s){worst}",
+            summary.quantized,
+            summary.scheme,
+            summary.format,
+            summary.kept.len(),
+            human(summary.bytes_in),
+            human(summary.bytes_out),
+            summary.shards,
+            summary.seconds,
+            summary.gb_per_s,
+        ),
+    );
+}

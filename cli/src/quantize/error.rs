@@ -1,0 +1,143 @@
+//! Why a quantization cannot go ahead, naming the file or tensor and what to do.
+
+use std::io;
+use std::path::PathBuf;
+
+/// A quantization that cannot run or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum QuantizeError {
+    /// W4A4 needs activation scales, which need calibration data run through the model.
+    #[error(
+        "scheme `nvfp4` (W4A4) needs an `input_global_scale` for every layer, measured by running \
+         calibration data through the model; sous cannot run models yet"
+    )]
+    NeedsCalibration,
+    /// The directory holds no safetensors model.
+    #[error("{dir}: {reason}")]
+    NoModel {
+        /// The directory.
+        dir: PathBuf,
+        /// What is missing.
+        reason: String,
+    },
+    /// A source file is unreadable or malformed.
+    #[error("{file}: {message}")]
+    BadSource {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The model already carries a quantization.
+    #[error("{dir} is already quantized (`quantization_config.quant_method` is `{method}`)")]
+    AlreadyQuantized {
+        /// The model directory.
+        dir: PathBuf,
+        /// Its quantization method.
+        method: String,
+    },
+    /// A weight to quantize has an input dimension that is not a multiple of 16.
+    #[error("{tensor} has {cols} input features, not a multiple of 16 (NVFP4 blocks are 16 wide)")]
+    NotBlockAligned {
+        /// The tensor.
+        tensor: String,
+        /// Its input dimension.
+        cols: usize,
+    },
+    /// A weight to quantize is not bf16, fp16 or fp32.
+    #[error("{tensor} is {dtype}; only BF16, F16 and F32 weights can be quantized")]
+    UnsupportedDtype {
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: String,
+    },
+    /// A weight holds NaN or infinity: its scales would be meaningless.
+    #[error("{tensor} holds NaN or infinite values")]
+    NonFinite {
+        /// The tensor.
+        tensor: String,
+    },
+    /// Some members of a layer that engines fuse are ignored and others are not.
+    #[error("{ignored} is kept unquantized but {quantized} is quantized; engines fuse them into one layer")]
+    SplitFusedGroup {
+        /// A member that would be quantized.
+        quantized: String,
+        /// A member that is ignored.
+        ignored: String,
+    },
+    /// An `ignore` entry is not a valid regular expression.
+    #[error("ignore pattern `{pattern}` is not a valid regular expression: {message}")]
+    BadPattern {
+        /// The entry.
+        pattern: String,
+        /// The regex error.
+        message: String,
+    },
+    /// The output directory holds something else.
+    #[error("{out} already exists and is not this quantization of this model")]
+    OutputExists {
+        /// The directory.
+        out: PathBuf,
+    },
+    /// sous got something wrong (a bug).
+    #[error("internal error: {0}")]
+    Bug(String),
+    /// Reading or writing failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+impl QuantizeError {
+    /// Whether this is sous's fault rather than the input's or the environment's.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, QuantizeError::Bug(_))
+    }
+
+    /// The next step for the user.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            QuantizeError::NeedsCalibration => Some(
+                "use `--scheme nvfp4a16` (FP4 weights, 16-bit activations: no calibration); \
+                 W4A4 arrives with the native engine"
+                    .into(),
+            ),
+            QuantizeError::NoModel { .. } => {
+                Some("give a directory with config.json and *.safetensors (Hub layout)".into())
+            }
+            QuantizeError::AlreadyQuantized { .. } => Some("quantize the original bf16/fp16 model".into()),
+            QuantizeError::NotBlockAligned { tensor, .. } | QuantizeError::UnsupportedDtype { tensor, .. } => Some(
+                format!(
+                    "keep it unquantized: add `{}` to `quantize.ignore` (or `--ignore`)",
+                    tensor.strip_suffix(".weight").unwrap_or(tensor)
+                ),
+            ),
+            QuantizeError::NonFinite { .. } => Some("the source checkpoint is damaged; check its download".into()),
+            QuantizeError::SplitFusedGroup { .. } => Some(
+                "ignore all of q/k/v (or gate/up, w1/w3) or none of them: vLLM requires one scheme per fused layer"
+                    .into(),
+            ),
+            QuantizeError::BadPattern { .. } => {
+                Some("write an exact module name, or `re:` followed by a Rust regular expression".into())
+            }
+            QuantizeError::OutputExists { .. } => {
+                Some("choose another `--out`, or pass `--force` to replace it".into())
+            }
+            QuantizeError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => {
+                Some("free disk space: the output needs about 30 % of the bf16 model's size".into())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// An I/O error with its path.
+pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> QuantizeError {
+    let path = path.into();
+    move |source| QuantizeError::Io { path, source }
+}

@@ -1,0 +1,409 @@
+//! `sous quantize`: a bf16/fp16/fp32 safetensors model in, an NVFP4 checkpoint out
+//! that vLLM, SGLang and TensorRT-LLM load, with bytes identical to what
+//! llm-compressor (compressed-tensors format) or ModelOpt would write.
+//!
+//! - `source`: the input directory, its shard headers and provenance; windows of
+//!   tensor data through memory maps.
+//! - `select`: which tensors are quantized, as the reference tools choose.
+//! - `fused`: groups that share one global scale.
+//! - `checkpoint`: each format's names and configuration files.
+//! - `layout`: output shards, offsets and headers, planned up front.
+//! - `write`: the work, window by window, through `sous-kernels`.
+//! - `staging`: the temporary directory, completion marker and final rename.
+//! - `progress`: bars or lines on stderr.
+//!
+//! Not here: the command line (`commands/quantize.rs`) or the numerics
+//! (`sous-kernels`).
+
+mod checkpoint;
+mod error;
+mod fused;
+mod layout;
+mod progress;
+mod select;
+mod source;
+mod staging;
+mod write;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use sous_engine::recipe::{QuantFormat, QuantScheme};
+
+pub use checkpoint::ModelOptExport;
+pub use error::QuantizeError;
+pub use source::Provenance;
+pub use write::TensorReport;
+
+use crate::hub::progress::Style;
+use error::io;
+use layout::Layout;
+use select::{Decision, Selector};
+use source::Source;
+use staging::{Marker, Staging};
+
+/// Default largest slice of a tensor mapped at once. `SOUS_QUANTIZE_WINDOW` (bytes)
+/// overrides it, for tests and machines with very little memory.
+pub const DEFAULT_WINDOW: u64 = 64 << 20;
+
+/// A quantization to run.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The source model directory.
+    pub source: PathBuf,
+    /// The output directory.
+    pub out: PathBuf,
+    /// Scheme.
+    pub scheme: QuantScheme,
+    /// Checkpoint format.
+    pub format: QuantFormat,
+    /// Which ModelOpt export the bytes reproduce (ModelOpt format only).
+    pub modelopt_export: ModelOptExport,
+    /// Extra modules to keep unquantized (names or `re:` patterns).
+    pub ignore: Vec<String>,
+    /// Largest output shard, in bytes of tensor data.
+    pub max_shard_bytes: u64,
+    /// Replace an existing output that is not this quantization.
+    pub force: bool,
+    /// Hash every quantized tensor and its dequantization into the summary.
+    pub digests: bool,
+    /// Where the weights came from, when the caller knows better than the directory.
+    pub provenance: Option<Provenance>,
+    /// Progress on stderr.
+    pub progress: Style,
+    /// Largest slice of a tensor mapped at once.
+    pub window_bytes: u64,
+}
+
+/// What a quantization did; the `--json` output, also kept in the completion marker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    /// The output directory.
+    pub output: PathBuf,
+    /// The source directory.
+    pub source: PathBuf,
+    /// Source repository, if known.
+    pub repo: Option<String>,
+    /// Source commit, if known.
+    pub commit: Option<String>,
+    /// `nvfp4a16`.
+    pub scheme: String,
+    /// `compressed-tensors` or `modelopt`.
+    pub format: String,
+    /// The sous that wrote it.
+    pub sous_version: String,
+    /// Nothing was done: the output was already this quantization.
+    pub up_to_date: bool,
+    /// Wall time of the quantization.
+    pub seconds: f64,
+    /// Source tensor bytes read.
+    pub bytes_in: u64,
+    /// Tensor bytes written.
+    pub bytes_out: u64,
+    /// Source bytes per second, in GB/s.
+    pub gb_per_s: f64,
+    /// Output shards.
+    pub shards: usize,
+    /// Weights quantized.
+    pub quantized: usize,
+    /// The NVFP4 kernel used (`avx2`, `portable`).
+    pub kernel: String,
+    /// Threads the kernel ran on.
+    pub threads: usize,
+    /// Per quantized weight.
+    pub tensors: Vec<TensorReport>,
+    /// Tensors written unchanged, with the reason.
+    pub kept: Vec<KeptTensor>,
+}
+
+/// A tensor written unchanged.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeptTensor {
+    /// Name.
+    pub name: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Runs a quantization, or finds it already done.
+pub fn run(request: &Request) -> Result<Summary, QuantizeError> {
+    if request.scheme == QuantScheme::Nvfp4 {
+        return Err(QuantizeError::NeedsCalibration);
+    }
+    let started = Instant::now();
+    let source = Source::open(&request.source)?;
+    let mtp_from = source
+        .config
+        .get("num_nextn_predict_layers")
+        .and_then(Value::as_u64)
+        .filter(|&n| n > 0)
+        .and(source.hidden_layers());
+    let selector = Selector::new(&request.ignore, mtp_from)?;
+    let decisions: Vec<Decision> = source.tensors.iter().map(|t| selector.decide(t)).collect();
+    validate(&source, &decisions)?;
+    let groups = fused::groups(&source.tensors, &decisions)?;
+    let fingerprint = staging::fingerprint(&inputs(&source, request));
+    if let Some(mut summary) = staging::completed::<Summary>(&request.out, &fingerprint) {
+        summary.up_to_date = true;
+        summary.output = request.out.clone();
+        return Ok(summary);
+    }
+    if request.out.exists() && !request.force {
+        return Err(QuantizeError::OutputExists {
+            out: request.out.clone(),
+        });
+    }
+    let provenance = request
+        .provenance
+        .clone()
+        .unwrap_or_else(|| source.provenance.clone());
+    let layout = Layout::plan(
+        &source,
+        &decisions,
+        request.format,
+        request.max_shard_bytes,
+        &metadata(request, &provenance),
+    )?;
+    let staging = Staging::create(&request.out)?;
+    let mut progress = progress::Progress::new(request.progress, source.tensors.iter().map(|t| t.len).sum());
+    let options = write::Options {
+        window_bytes: request.window_bytes,
+        digests: request.digests,
+    };
+    let flavor = checkpoint::flavor(request.format, request.modelopt_export);
+    let written = write::write(
+        &source,
+        &layout,
+        &groups,
+        flavor,
+        staging.dir(),
+        options,
+        &mut progress,
+    );
+    progress.finish();
+    let mut tensors = written?;
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    write_configs(&source, &decisions, request.format, &layout, staging.dir())?;
+    copy_other_files(&source.dir, staging.dir())?;
+    let seconds = started.elapsed().as_secs_f64();
+    let bytes_in: u64 = source.tensors.iter().map(|t| t.len).sum();
+    let summary = Summary {
+        output: request.out.clone(),
+        source: request.source.clone(),
+        repo: provenance.repo,
+        commit: provenance.commit,
+        scheme: checkpoint::scheme_name(request.scheme).into(),
+        format: checkpoint::format_name(request.format).into(),
+        sous_version: env!("CARGO_PKG_VERSION").into(),
+        up_to_date: false,
+        seconds,
+        bytes_in,
+        bytes_out: layout.data_bytes(),
+        gb_per_s: bytes_in as f64 / seconds.max(1e-9) / 1e9,
+        shards: layout.shards.len(),
+        quantized: tensors.len(),
+        kernel: sous_kernels::fast::Kernel::detect().name().into(),
+        threads: rayon::current_num_threads(),
+        tensors,
+        kept: source
+            .tensors
+            .iter()
+            .zip(&decisions)
+            .filter_map(|(t, d)| match d {
+                Decision::Keep(kept) => Some(KeptTensor {
+                    name: t.name.clone(),
+                    reason: kept.reason(),
+                }),
+                Decision::Quantize => None,
+            })
+            .collect(),
+    };
+    staging.commit(&Marker {
+        fingerprint,
+        summary: &summary,
+    })?;
+    Ok(summary)
+}
+
+/// Every quantized weight must be a float type the kernels read, with whole blocks.
+fn validate(source: &Source, decisions: &[Decision]) -> Result<(), QuantizeError> {
+    for (t, d) in source.tensors.iter().zip(decisions) {
+        if *d != Decision::Quantize {
+            continue;
+        }
+        if write::kernel_dtype(t.dtype).is_none() {
+            return Err(QuantizeError::UnsupportedDtype {
+                tensor: t.name.clone(),
+                dtype: format!("{:?}", t.dtype),
+            });
+        }
+        if !t.shape[1].is_multiple_of(sous_kernels::BLOCK) {
+            return Err(QuantizeError::NotBlockAligned {
+                tensor: t.name.clone(),
+                cols: t.shape[1],
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What the output depends on, for the rerun check.
+fn inputs(source: &Source, request: &Request) -> Value {
+    json!({
+        "sous": env!("CARGO_PKG_VERSION"),
+        "scheme": checkpoint::scheme_name(request.scheme),
+        "format": checkpoint::format_name(request.format),
+        "flavor": format!("{:?}", checkpoint::flavor(request.format, request.modelopt_export)),
+        "ignore": request.ignore,
+        "max_shard_bytes": request.max_shard_bytes,
+        "digests": request.digests,
+        "provenance": request.provenance.as_ref().map(|p| (&p.repo, &p.commit)),
+        "config_sha256": hex::encode(Sha256::digest(&source.config_bytes)),
+        "shards": source.shards.iter().map(|s| json!([s.name, s.size, s.mtime_ns.to_string()])).collect::<Vec<_>>(),
+        "files": other_files(&source.dir).iter().map(|p| {
+            let meta = std::fs::metadata(p).ok();
+            json!([p.file_name().map(|n| n.to_string_lossy().into_owned()), meta.map(|m| m.len())])
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// Provenance for every shard header. safetensors metadata values are strings.
+fn metadata(request: &Request, provenance: &Provenance) -> HashMap<String, String> {
+    let mut meta = HashMap::new();
+    // What transformers and vLLM expect to find.
+    meta.insert("format".into(), "pt".into());
+    meta.insert("sous.version".into(), env!("CARGO_PKG_VERSION").into());
+    meta.insert(
+        "sous.scheme".into(),
+        checkpoint::scheme_name(request.scheme).into(),
+    );
+    meta.insert(
+        "sous.format".into(),
+        checkpoint::format_name(request.format).into(),
+    );
+    if let Some(repo) = &provenance.repo {
+        meta.insert("sous.source_repo".into(), repo.clone());
+    }
+    if let Some(commit) = &provenance.commit {
+        meta.insert("sous.source_commit".into(), commit.clone());
+    }
+    meta
+}
+
+/// config.json with `quantization_config`, the index, and for ModelOpt
+/// `hf_quant_config.json`. JSON is written as transformers and compressed-tensors
+/// write it: two-space indent, sorted keys.
+fn write_configs(
+    source: &Source,
+    decisions: &[Decision],
+    format: QuantFormat,
+    layout: &Layout,
+    dir: &Path,
+) -> Result<(), QuantizeError> {
+    let kept = |include: &dyn Fn(&select::Kept) -> bool| -> Vec<String> {
+        let mut names: BTreeSet<String> = source
+            .tensors
+            .iter()
+            .zip(decisions)
+            .filter_map(|(t, d)| match d {
+                Decision::Keep(k) if include(k) => t.name.strip_suffix(".weight").map(str::to_owned),
+                _ => None,
+            })
+            .collect();
+        // A tied lm_head has no tensor of its own but is still a Linear module the
+        // tools list (llm-compressor writes `"ignore": ["lm_head"]` for SmolLM2).
+        if !names.iter().any(|n| n == "lm_head" || n.ends_with(".lm_head")) && tied(&source.config) {
+            names.insert("lm_head".into());
+        }
+        names.into_iter().collect()
+    };
+    let ignore = match format {
+        QuantFormat::CompressedTensors => kept(&|k| k.is_linear()),
+        QuantFormat::Modelopt => kept(&|k| !matches!(k, select::Kept::NotLinear)),
+    };
+    let mut config = source.config.clone();
+    config.insert(
+        "quantization_config".into(),
+        checkpoint::quantization_config(format, &ignore),
+    );
+    write_json(&dir.join("config.json"), &Value::Object(config))?;
+    if format == QuantFormat::Modelopt {
+        write_json(
+            &dir.join("hf_quant_config.json"),
+            &checkpoint::hf_quant_config(&ignore),
+        )?;
+    }
+    if let Some(index) = &layout.index {
+        write_json(&dir.join("model.safetensors.index.json"), index)?;
+    }
+    Ok(())
+}
+
+/// Whether the output embedding is tied to the input one (transformers' default).
+fn tied(config: &serde_json::Map<String, Value>) -> bool {
+    let text = config.get("text_config").and_then(Value::as_object);
+    [text, Some(config)]
+        .into_iter()
+        .flatten()
+        .find_map(|c| c.get("tie_word_embeddings").and_then(Value::as_bool))
+        .unwrap_or(true)
+}
+
+fn write_json(path: &Path, value: &Value) -> Result<(), QuantizeError> {
+    let mut text = serde_json::to_string_pretty(value).map_err(|e| QuantizeError::Bug(e.to_string()))?;
+    text.push('\n');
+    std::fs::write(path, text).map_err(io(path))
+}
+
+/// Files weights do not live in: tokenizer, chat template, generation config,
+/// processor configs, README and licence. Weights in other formats, the old index and
+/// config, hidden files and subdirectories are left behind.
+fn other_files(dir: &Path) -> Vec<PathBuf> {
+    const WEIGHTS: &[&str] = &[
+        ".safetensors",
+        ".bin",
+        ".pt",
+        ".pth",
+        ".ckpt",
+        ".gguf",
+        ".h5",
+        ".msgpack",
+        ".onnx",
+    ];
+    const REPLACED: &[&str] = &[
+        "config.json",
+        "model.safetensors.index.json",
+        "pytorch_model.bin.index.json",
+        "hf_quant_config.json",
+    ];
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            !name.starts_with('.')
+                && !WEIGHTS.iter().any(|w| name.ends_with(w))
+                && !REPLACED.contains(&name.as_str())
+                && e.path().is_file()
+        })
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    files
+}
+
+fn copy_other_files(from: &Path, to: &Path) -> Result<(), QuantizeError> {
+    for path in other_files(from) {
+        if let Some(name) = path.file_name() {
+            let target = to.join(name);
+            std::fs::copy(&path, &target).map_err(io(&path))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,325 @@
+//! The model being quantized: a Hub-layout directory (`config.json`, one or more
+//! `*.safetensors` shards, optionally `model.safetensors.index.json`), its tensor
+//! table read from the shard headers, and where it came from.
+//!
+//! Tensor data is never read whole: callers map a window of a tensor at a time
+//! ([`Source::map`]), so memory stays bounded by the window, not the model or even the
+//! largest tensor. Not here: deciding what to quantize (`select.rs`) or writing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use memmap2::{Mmap, MmapOptions};
+use safetensors::tensor::Metadata;
+use serde_json::Value;
+
+use super::error::{QuantizeError, io};
+
+/// One tensor of the source checkpoint.
+#[derive(Debug, Clone)]
+pub struct SourceTensor {
+    /// Its name, e.g. `model.layers.0.self_attn.q_proj.weight`.
+    pub name: String,
+    /// Index into [`Source::shards`].
+    pub shard: usize,
+    /// Element type.
+    pub dtype: safetensors::Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Offset of its first byte in the shard file.
+    pub offset: u64,
+    /// Its size in bytes.
+    pub len: u64,
+}
+
+/// One safetensors file.
+#[derive(Debug)]
+pub struct Shard {
+    /// Path.
+    pub path: PathBuf,
+    /// File name.
+    pub name: String,
+    /// Open for reading.
+    file: File,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch (for the rerun check).
+    pub mtime_ns: u128,
+}
+
+/// Where the weights came from, for the output's metadata.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Provenance {
+    /// Hub repository id.
+    pub repo: Option<String>,
+    /// Commit.
+    pub commit: Option<String>,
+}
+
+/// A source model directory.
+#[derive(Debug)]
+pub struct Source {
+    /// The directory.
+    pub dir: PathBuf,
+    /// `config.json`, parsed.
+    pub config: serde_json::Map<String, Value>,
+    /// The raw bytes of `config.json` (fingerprinted).
+    pub config_bytes: Vec<u8>,
+    /// Shards, in name order.
+    pub shards: Vec<Shard>,
+    /// Every tensor, in file order (shard, then offset).
+    pub tensors: Vec<SourceTensor>,
+    /// Where it came from.
+    pub provenance: Provenance,
+}
+
+const INDEX: &str = "model.safetensors.index.json";
+
+impl Source {
+    /// Reads the directory's config and every shard header.
+    pub fn open(dir: &Path) -> Result<Source, QuantizeError> {
+        let no_model = |reason: &str| QuantizeError::NoModel {
+            dir: dir.to_path_buf(),
+            reason: reason.to_owned(),
+        };
+        if !dir.is_dir() {
+            return Err(no_model("not a directory"));
+        }
+        let config_path = dir.join("config.json");
+        let config_bytes = std::fs::read(&config_path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                no_model("no config.json")
+            } else {
+                io(&config_path)(e)
+            }
+        })?;
+        let config = match serde_json::from_slice::<Value>(&config_bytes) {
+            Ok(Value::Object(map)) => map,
+            Ok(_) => return Err(bad(&config_path, "not a JSON object")),
+            Err(e) => return Err(bad(&config_path, &e.to_string())),
+        };
+        if let Some(q) = config.get("quantization_config") {
+            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
+            return Err(QuantizeError::AlreadyQuantized {
+                dir: dir.to_path_buf(),
+                method: method.to_owned(),
+            });
+        }
+        let names = shard_names(dir)?;
+        if names.is_empty() {
+            return Err(no_model("no *.safetensors files (sous reads safetensors only)"));
+        }
+        let mut shards = Vec::with_capacity(names.len());
+        let mut tensors = Vec::new();
+        for (index, name) in names.iter().enumerate() {
+            let (shard, mut found) = read_shard(dir, name, index)?;
+            shards.push(shard);
+            tensors.append(&mut found);
+        }
+        let mut seen = BTreeSet::new();
+        for t in &tensors {
+            if !seen.insert(t.name.as_str()) {
+                return Err(bad(
+                    &dir.join(INDEX),
+                    &format!("tensor {} appears in two shards", t.name),
+                ));
+            }
+        }
+        check_index(dir, &tensors, &shards)?;
+        Ok(Source {
+            dir: dir.to_path_buf(),
+            config,
+            config_bytes,
+            shards,
+            tensors,
+            provenance: provenance(dir),
+        })
+    }
+
+    /// Maps `len` bytes of `tensor` starting `start` bytes into it, read-only.
+    ///
+    /// Windows rather than whole files: a process under an address-space limit smaller
+    /// than a shard can still quantize it.
+    pub fn map(&self, tensor: &SourceTensor, start: u64, len: u64) -> Result<Mmap, QuantizeError> {
+        let shard = &self.shards[tensor.shard];
+        if start + len > tensor.len {
+            return Err(bad(&shard.path, &format!("read past the end of {}", tensor.name)));
+        }
+        map_window(&shard.file, tensor.offset + start, len).map_err(io(&shard.path))
+    }
+
+    /// The `num_hidden_layers` of the config (or its `text_config`), if any.
+    pub fn hidden_layers(&self) -> Option<usize> {
+        let text = self.config.get("text_config").and_then(Value::as_object);
+        [Some(&self.config), text]
+            .into_iter()
+            .flatten()
+            .find_map(|c| c.get("num_hidden_layers").and_then(Value::as_u64))
+            .map(|n| n as usize)
+    }
+}
+
+/// A read-only map of `len` bytes of `file` from `offset` (any alignment: memmap2
+/// maps from the page boundary below and hides the difference).
+#[allow(unsafe_code)]
+fn map_window(file: &File, offset: u64, len: u64) -> std::io::Result<Mmap> {
+    let len = usize::try_from(len).map_err(std::io::Error::other)?;
+    // SAFETY: the map is read-only and private to this process. Its one hazard is
+    // another process truncating or rewriting the source file while it is mapped,
+    // which would make the bytes change under us (or SIGBUS); sous never writes its
+    // sources, and a model directory being rewritten during a quantization is a
+    // corrupt input however it is read.
+    unsafe { MmapOptions::new().offset(offset).len(len).map(file) }
+}
+
+fn bad(path: &Path, message: &str) -> QuantizeError {
+    QuantizeError::BadSource {
+        file: path.to_path_buf(),
+        message: message.to_owned(),
+    }
+}
+
+/// The shard file names: from the index if there is one, else `model.safetensors`,
+/// else every `*.safetensors` in the directory.
+fn shard_names(dir: &Path) -> Result<Vec<String>, QuantizeError> {
+    let index_path = dir.join(INDEX);
+    if index_path.exists() {
+        let index: Value = std::fs::read(&index_path)
+            .map_err(io(&index_path))
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| bad(&index_path, &e.to_string())))?;
+        let map = index
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| bad(&index_path, "no `weight_map` object"))?;
+        let mut names = BTreeSet::new();
+        for file in map.values() {
+            let file = file
+                .as_str()
+                .ok_or_else(|| bad(&index_path, "a `weight_map` value is not a file name"))?;
+            names.insert(file.to_owned());
+        }
+        return Ok(names.into_iter().collect());
+    }
+    if dir.join("model.safetensors").exists() {
+        return Ok(vec!["model.safetensors".into()]);
+    }
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Parses one shard's header (validated by the safetensors crate: contiguous, in-bounds
+/// offsets that match every shape and dtype).
+fn read_shard(dir: &Path, name: &str, index: usize) -> Result<(Shard, Vec<SourceTensor>), QuantizeError> {
+    let path = dir.join(name);
+    let mut file = File::open(&path).map_err(io(&path))?;
+    let meta = file.metadata().map_err(io(&path))?;
+    let size = meta.len();
+    let mtime_ns = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let mut len_bytes = [0u8; 8];
+    file.read_exact(&mut len_bytes)
+        .map_err(|_| bad(&path, "too short for a safetensors file"))?;
+    let header_len = u64::from_le_bytes(len_bytes);
+    // The safetensors crate's own limit.
+    if header_len > 100_000_000 || 8 + header_len > size {
+        return Err(bad(&path, "not a safetensors file (bad header length)"));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact(&mut header).map_err(io(&path))?;
+    let metadata: Metadata =
+        serde_json::from_slice(&header).map_err(|e| bad(&path, &format!("bad safetensors header: {e}")))?;
+    let data_start = 8 + header_len;
+    if data_start + metadata.data_len() as u64 != size {
+        return Err(bad(
+            &path,
+            "the header's tensors do not cover the file (truncated or damaged download?)",
+        ));
+    }
+    let mut tensors: Vec<SourceTensor> = metadata
+        .tensors()
+        .into_iter()
+        .map(|(tensor, info)| SourceTensor {
+            name: tensor,
+            shard: index,
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            offset: data_start + info.data_offsets.0 as u64,
+            len: (info.data_offsets.1 - info.data_offsets.0) as u64,
+        })
+        .collect();
+    tensors.sort_by_key(|t| t.offset);
+    Ok((
+        Shard {
+            path,
+            name: name.to_owned(),
+            file,
+            size,
+            mtime_ns,
+        },
+        tensors,
+    ))
+}
+
+/// With an index, every tensor it lists must be in the shard it names, and the reverse.
+fn check_index(dir: &Path, tensors: &[SourceTensor], shards: &[Shard]) -> Result<(), QuantizeError> {
+    let index_path = dir.join(INDEX);
+    let Ok(bytes) = std::fs::read(&index_path) else {
+        return Ok(());
+    };
+    let index: Value = serde_json::from_slice(&bytes).map_err(|e| bad(&index_path, &e.to_string()))?;
+    let map: BTreeMap<String, String> = index
+        .get("weight_map")
+        .and_then(|m| serde_json::from_value(m.clone()).ok())
+        .ok_or_else(|| bad(&index_path, "`weight_map` is not a map of names to files"))?;
+    for t in tensors {
+        let file = &shards[t.shard].name;
+        if map.get(&t.name) != Some(file) {
+            return Err(bad(
+                &index_path,
+                &format!("{} is in {file} but the index does not say so", t.name),
+            ));
+        }
+    }
+    if map.len() != tensors.len() {
+        return Err(bad(&index_path, "the index lists tensors that no shard holds"));
+    }
+    Ok(())
+}
+
+/// The repository and commit: from `sous pull --local-dir`'s `.download-complete`
+/// marker, or from the Hub cache path `models--org--name/snapshots/<commit>`.
+fn provenance(dir: &Path) -> Provenance {
+    if let Some(marker) = crate::hub::cache::Marker::read(&dir.join(".download-complete")) {
+        return Provenance {
+            repo: Some(marker.repo),
+            commit: Some(marker.commit),
+        };
+    }
+    let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let parts: Vec<String> = canonical
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if let [.., folder, snapshots, commit] = parts.as_slice()
+        && snapshots == "snapshots"
+        && crate::hub::cache::is_commit(commit)
+        && let Some(repo) = folder.strip_prefix("models--")
+    {
+        return Provenance {
+            repo: Some(repo.replacen("--", "/", 1)),
+            commit: Some(commit.clone()),
+        };
+    }
+    Provenance::default()
+}

@@ -1,0 +1,351 @@
+//! The work: every planned tensor computed and written at its place in the shard
+//! files, in source order, a bounded window at a time.
+//!
+//! A fused group is read twice: once for its amax (the group's global scale needs all
+//! of it), once to quantize. Each pass maps at most `window_bytes` of one tensor at a
+//! time (whole rows: blocks never cross rows, so a window's bytes are the same as the
+//! whole tensor's), and the outputs of a window (0.28 of its size) are written before
+//! the next is mapped. Peak memory is therefore about 1.3 windows plus the fixed
+//! working set, whatever the model or tensor size. Kept tensors are copied window by
+//! window. Not here: what to write (`layout.rs`) or where the directory goes
+//! (`staging.rs`).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sous_kernels::formats::bf16::round_bf16;
+use sous_kernels::{BlockCounts, Dtype, ErrorStats, Flavor, Matrix, TensorScale, fast};
+
+use super::error::{QuantizeError, io};
+use super::layout::{Content, Layout};
+use super::progress::Progress;
+use super::source::{Source, SourceTensor};
+
+/// How the work is done.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Largest slice of a source tensor mapped at once.
+    pub window_bytes: u64,
+    /// Also hash every quantized tensor and its bf16 dequantization.
+    pub digests: bool,
+}
+
+/// What quantization did to one weight.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorReport {
+    /// The source tensor, e.g. `model.layers.0.mlp.down_proj.weight`.
+    pub name: String,
+    /// `[out, in]`.
+    pub shape: Vec<usize>,
+    /// Source dtype.
+    pub dtype: String,
+    /// The other members of its fused group (they share the global scale).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fused_with: Vec<String>,
+    /// Largest magnitude over the fused group.
+    pub amax: f32,
+    /// The stored per-tensor scale (`weight_global_scale` or `weight_scale_2`).
+    pub global_scale: f32,
+    /// `||dequantized - original|| / ||original||`.
+    pub relative_rms_error: f64,
+    /// Largest `|dequantized - original|`.
+    pub max_abs_error: f64,
+    /// Share of blocks whose FP8 scale was clamped at 448 (their largest weights clip).
+    pub saturated_block_share: f64,
+    /// Share of non-zero blocks whose scale fell below FP8's range.
+    pub underflow_block_share: f64,
+    /// Share of all-zero blocks.
+    pub zero_block_share: f64,
+    /// SHA-256 of each output tensor's bytes, by output name (with `--digests`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<BTreeMap<String, String>>,
+    /// SHA-256 of the dequantized weights as little-endian bf16, the way
+    /// compressed-tensors decompresses them (with `--digests`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dequantized_bf16_sha256: Option<String>,
+}
+
+/// The kernels' name for a safetensors dtype, if it can be quantized.
+pub fn kernel_dtype(dtype: safetensors::Dtype) -> Option<Dtype> {
+    match dtype {
+        safetensors::Dtype::BF16 => Some(Dtype::Bf16),
+        safetensors::Dtype::F16 => Some(Dtype::F16),
+        safetensors::Dtype::F32 => Some(Dtype::F32),
+        _ => None,
+    }
+}
+
+/// One unit of work, in source order.
+enum Item<'a> {
+    Copy(usize),
+    Group(&'a [usize]),
+}
+
+/// Creates the shard files in `dir` and fills them.
+pub fn write(
+    source: &Source,
+    layout: &Layout,
+    groups: &[Vec<usize>],
+    flavor: Flavor,
+    dir: &Path,
+    options: Options,
+    progress: &mut Progress,
+) -> Result<Vec<TensorReport>, QuantizeError> {
+    let mut files = Vec::with_capacity(layout.shards.len());
+    for shard in &layout.shards {
+        let path = dir.join(&shard.name);
+        let file = File::create(&path).map_err(io(&path))?;
+        file.set_len(shard.size).map_err(io(&path))?;
+        file.write_all_at(&shard.header, 0).map_err(io(&path))?;
+        files.push((path, file));
+    }
+    let mut items: Vec<(usize, Item)> = groups.iter().map(|g| (g[0], Item::Group(g))).collect();
+    for shard in &layout.shards {
+        for t in &shard.tensors {
+            if let Content::Copy(i) = t.content {
+                items.push((i, Item::Copy(i)));
+            }
+        }
+    }
+    items.sort_by_key(|(first, _)| *first);
+    let writer = Writer {
+        source,
+        layout,
+        files: &files,
+        flavor,
+        options,
+    };
+    let mut reports = Vec::new();
+    for (_, item) in items {
+        match item {
+            Item::Copy(i) => writer.copy(i, progress)?,
+            Item::Group(members) => reports.extend(writer.group(members, progress)?),
+        }
+    }
+    for (path, file) in &files {
+        file.sync_all().map_err(io(path))?;
+    }
+    Ok(reports)
+}
+
+struct Writer<'a> {
+    source: &'a Source,
+    layout: &'a Layout,
+    files: &'a [(std::path::PathBuf, File)],
+    flavor: Flavor,
+    options: Options,
+}
+
+impl Writer<'_> {
+    fn place(&self, content: Content) -> Result<(&File, &Path, u64), QuantizeError> {
+        let (shard, offset) = self
+            .layout
+            .place(content)
+            .ok_or_else(|| QuantizeError::Bug(format!("{content:?} has no place in the output")))?;
+        let (path, file) = &self.files[shard];
+        Ok((file, path, offset))
+    }
+
+    fn copy(&self, index: usize, progress: &mut Progress) -> Result<(), QuantizeError> {
+        let tensor = &self.source.tensors[index];
+        let (file, path, offset) = self.place(Content::Copy(index))?;
+        progress.tensor(&tensor.name, tensor.len);
+        let window = self.options.window_bytes.max(1);
+        let mut at = 0;
+        while at < tensor.len {
+            let len = window.min(tensor.len - at);
+            let map = self.source.map(tensor, at, len)?;
+            file.write_all_at(&map, offset + at).map_err(io(path))?;
+            progress.advance(len, len);
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// Windows of whole rows of a 2-D tensor: (first row, rows).
+    fn windows(&self, tensor: &SourceTensor) -> Vec<(usize, usize)> {
+        let (rows, cols) = (tensor.shape[0], tensor.shape[1]);
+        let row_bytes = (cols * tensor.dtype.bitsize() / 8).max(1) as u64;
+        let per = (self.options.window_bytes / row_bytes).max(1) as usize;
+        (0..rows).step_by(per).map(|r| (r, per.min(rows - r))).collect()
+    }
+
+    fn matrix<'m>(
+        &self,
+        tensor: &SourceTensor,
+        map: &'m [u8],
+        rows: usize,
+    ) -> Result<Matrix<'m>, QuantizeError> {
+        let dtype = kernel_dtype(tensor.dtype).ok_or_else(|| QuantizeError::UnsupportedDtype {
+            tensor: tensor.name.clone(),
+            dtype: format!("{:?}", tensor.dtype),
+        })?;
+        Matrix::new(dtype, rows, tensor.shape[1], map).map_err(|e| QuantizeError::BadSource {
+            file: self.source.shards[tensor.shard].path.clone(),
+            message: format!("{}: {e}", tensor.name),
+        })
+    }
+
+    fn map_rows(
+        &self,
+        tensor: &SourceTensor,
+        first: usize,
+        rows: usize,
+    ) -> Result<memmap2::Mmap, QuantizeError> {
+        let row_bytes = (tensor.shape[1] * tensor.dtype.bitsize() / 8) as u64;
+        self.source
+            .map(tensor, first as u64 * row_bytes, rows as u64 * row_bytes)
+    }
+
+    /// The largest magnitude of one tensor, a window at a time.
+    fn amax(&self, tensor: &SourceTensor) -> Result<f32, QuantizeError> {
+        let mut amax = 0.0f32;
+        for (first, rows) in self.windows(tensor) {
+            let map = self.map_rows(tensor, first, rows)?;
+            let window = fast::amax(&self.matrix(tensor, &map, rows)?);
+            amax = if window.is_nan() || amax.is_nan() {
+                f32::NAN
+            } else {
+                amax.max(window)
+            };
+        }
+        Ok(amax)
+    }
+
+    fn group(&self, members: &[usize], progress: &mut Progress) -> Result<Vec<TensorReport>, QuantizeError> {
+        let mut amax = 0.0f32;
+        for &i in members {
+            let tensor = &self.source.tensors[i];
+            let member = self.amax(tensor)?;
+            if !member.is_finite() {
+                return Err(QuantizeError::NonFinite {
+                    tensor: tensor.name.clone(),
+                });
+            }
+            amax = amax.max(member);
+        }
+        let names: Vec<&str> = members
+            .iter()
+            .map(|&i| self.source.tensors[i].name.as_str())
+            .collect();
+        let mut reports = Vec::with_capacity(members.len());
+        for &i in members {
+            let mut report = self.quantize(i, amax, progress)?;
+            report.fused_with = names
+                .iter()
+                .filter(|n| **n != report.name)
+                .map(|n| (*n).to_owned())
+                .collect();
+            reports.push(report);
+        }
+        Ok(reports)
+    }
+
+    fn quantize(
+        &self,
+        index: usize,
+        amax: f32,
+        progress: &mut Progress,
+    ) -> Result<TensorReport, QuantizeError> {
+        let tensor = &self.source.tensors[index];
+        let cols = tensor.shape[1];
+        let dtype = kernel_dtype(tensor.dtype).ok_or_else(|| QuantizeError::UnsupportedDtype {
+            tensor: tensor.name.clone(),
+            dtype: format!("{:?}", tensor.dtype),
+        })?;
+        let scale = TensorScale::from_amax(self.flavor, dtype, amax);
+        let (packed_file, packed_path, packed_at) = self.place(Content::Packed(index))?;
+        let (scales_file, scales_path, scales_at) = self.place(Content::Scales(index))?;
+        let (global_file, global_path, global_at) = self.place(Content::Global(index))?;
+        progress.tensor(&tensor.name, tensor.len);
+        let mut blocks = BlockCounts::default();
+        let mut errors = ErrorStats::default();
+        let mut hashes = self
+            .options
+            .digests
+            .then(|| [Sha256::new(), Sha256::new(), Sha256::new()]);
+        for (first, rows) in self.windows(tensor) {
+            let map = self.map_rows(tensor, first, rows)?;
+            let matrix = self.matrix(tensor, &map, rows)?;
+            let (q, window_errors) = fast::quantize_with_stats(&matrix, &scale);
+            packed_file
+                .write_all_at(&q.packed, packed_at + (first * cols / 2) as u64)
+                .map_err(io(packed_path))?;
+            scales_file
+                .write_all_at(&q.scales, scales_at + (first * cols / 16) as u64)
+                .map_err(io(scales_path))?;
+            blocks = blocks.merge(q.blocks);
+            errors = errors.merge(window_errors);
+            if let Some([packed, scales, dequantized]) = &mut hashes {
+                packed.update(&q.packed);
+                scales.update(&q.scales);
+                let bf16: Vec<u8> = fast::dequantize(&q.packed, &q.scales, &scale)
+                    .into_iter()
+                    .flat_map(|v| ((round_bf16(v).to_bits() >> 16) as u16).to_le_bytes())
+                    .collect();
+                dequantized.update(&bf16);
+            }
+            progress.advance(map.len() as u64, (q.packed.len() + q.scales.len()) as u64);
+        }
+        let global = scale.value().to_le_bytes();
+        global_file
+            .write_all_at(&global, global_at)
+            .map_err(io(global_path))?;
+        progress.advance(0, 4);
+        let share = |n: u64| {
+            if blocks.total == 0 {
+                0.0
+            } else {
+                n as f64 / blocks.total as f64
+            }
+        };
+        let (sha256, dequantized_bf16_sha256) = match hashes {
+            Some([packed, scales, dequantized]) => {
+                let names = self.output_names(index)?;
+                let mut map = BTreeMap::new();
+                map.insert(names[0].clone(), hex::encode(packed.finalize()));
+                map.insert(names[1].clone(), hex::encode(scales.finalize()));
+                map.insert(names[2].clone(), hex::encode(Sha256::digest(global)));
+                (Some(map), Some(hex::encode(dequantized.finalize())))
+            }
+            None => (None, None),
+        };
+        Ok(TensorReport {
+            name: tensor.name.clone(),
+            shape: tensor.shape.clone(),
+            dtype: format!("{:?}", tensor.dtype),
+            fused_with: Vec::new(),
+            amax,
+            global_scale: scale.value(),
+            relative_rms_error: errors.relative_rms_error(),
+            max_abs_error: errors.max_abs_error,
+            saturated_block_share: share(blocks.saturated),
+            underflow_block_share: share(blocks.underflow),
+            zero_block_share: share(blocks.zero),
+            sha256,
+            dequantized_bf16_sha256,
+        })
+    }
+
+    /// The output names of a quantized tensor: packed, scales, global scale.
+    fn output_names(&self, index: usize) -> Result<[String; 3], QuantizeError> {
+        let name = |content: Content| {
+            self.layout
+                .shards
+                .iter()
+                .flat_map(|s| &s.tensors)
+                .find(|t| t.content == content)
+                .map(|t| t.name.clone())
+                .ok_or_else(|| QuantizeError::Bug(format!("{content:?} has no output tensor")))
+        };
+        Ok([
+            name(Content::Packed(index))?,
+            name(Content::Scales(index))?,
+            name(Content::Global(index))?,
+        ])
+    }
+}

@@ -1,0 +1,8 @@
+//! The number formats NVFP4 is built from, each as plain scalar functions: bf16
+//! rounding, FP8 E4M3 scales, FP4 E2M1 codes and their packing. The reference
+//! implementation and the fast path both call these for anything per block; only the
+//! per-element work is re-written for speed.
+
+pub mod bf16;
+pub mod fp4;
+pub mod fp8;
