@@ -369,7 +369,7 @@ fn write_model(dir: &Path, specs: &[(String, Vec<usize>)], shards: usize, seed: 
         }
         total += at;
         let mut text = Value::Object(header).to_string();
-        while text.len() % 8 != 0 {
+        while !text.len().is_multiple_of(8) {
             text.push(' ');
         }
         let mut out = std::io::BufWriter::with_capacity(
