@@ -350,8 +350,16 @@ impl Work<'_> {
                 dequantized.update(&bf16);
             }
             let out = (q.packed.len() + q.scales.len()) as u64;
-            self.send(packed_shard, packed_at + (first * cols / 2) as u64, Data::Owned(q.packed))?;
-            self.send(scales_shard, scales_at + (first * cols / 16) as u64, Data::Owned(q.scales))?;
+            self.send(
+                packed_shard,
+                packed_at + (first * cols / 2) as u64,
+                Data::Owned(q.packed),
+            )?;
+            self.send(
+                scales_shard,
+                scales_at + (first * cols / 16) as u64,
+                Data::Owned(q.scales),
+            )?;
             progress.advance((rows * cols * tensor.dtype.bitsize() / 8) as u64, out);
         }
         let global = scale.value().to_le_bytes();
