@@ -460,6 +460,28 @@ fn rerun_is_a_noop_and_force_replaces() {
     assert_eq!(code, 0, "{stderr}");
     assert!(out.join("hf_quant_config.json").exists());
     assert_ne!(crate::util::sha256(&out.join("model.safetensors")), before);
+    // Directories sous did not write are never replaced, --force or not; nor is the source.
+    let foreign = work.path().join("foreign");
+    std::fs::create_dir(&foreign).expect("dir");
+    std::fs::write(foreign.join("notes.txt"), b"mine").expect("file");
+    let (code, _, stderr) = quantize(
+        &[path(&model), "--out", path(&foreign), "--force", "--quiet"],
+        &[],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("holds files sous did not write"), "{stderr}");
+    assert!(foreign.join("notes.txt").exists());
+    let (code, _, stderr) = quantize(&[path(&model), "--out", path(&model), "--force", "--quiet"], &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("source model"), "{stderr}");
+    assert!(model.join("config.json").exists());
+    std::fs::remove_dir_all(&foreign).expect("cleanup");
+    // An empty directory is fine.
+    let empty = work.path().join("empty");
+    std::fs::create_dir(&empty).expect("dir");
+    let (code, _, stderr) = quantize(&[path(&model), "--out", path(&empty), "--quiet"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    std::fs::remove_dir_all(&empty).expect("cleanup");
     // No temporary directories are left beside the output.
     let leftovers: Vec<String> = std::fs::read_dir(work.path())
         .expect("dir")
