@@ -282,10 +282,25 @@ impl Work<'_> {
     }
 
     fn group(&self, members: &[usize], progress: &mut Progress) -> Result<Vec<TensorReport>, QuantizeError> {
+        // A group that fits in one window is mapped once for both passes.
+        let tensors: Vec<&SourceTensor> = members.iter().map(|&i| &self.source.tensors[i]).collect();
+        let total: u64 = tensors.iter().map(|t| t.len).sum();
+        let whole = if total <= self.options.window_bytes && tensors.iter().all(|t| t.len > 0) {
+            Some(
+                tensors
+                    .iter()
+                    .map(|t| self.source.map(t, 0, t.len))
+                    .collect::<Result<Vec<_>, _>>()?,
+            )
+        } else {
+            None
+        };
         let mut amax = 0.0f32;
-        for &i in members {
-            let tensor = &self.source.tensors[i];
-            let member = self.amax(tensor)?;
+        for (k, tensor) in tensors.iter().enumerate() {
+            let member = match &whole {
+                Some(maps) => fast::amax(&self.matrix(tensor, &maps[k], tensor.shape[0])?),
+                None => self.amax(tensor)?,
+            };
             if !member.is_finite() {
                 return Err(QuantizeError::NonFinite {
                     tensor: tensor.name.clone(),
@@ -298,8 +313,8 @@ impl Work<'_> {
             .map(|&i| self.source.tensors[i].name.as_str())
             .collect();
         let mut reports = Vec::with_capacity(members.len());
-        for &i in members {
-            let mut report = self.quantize(i, amax, progress)?;
+        for (k, &i) in members.iter().enumerate() {
+            let mut report = self.quantize(i, amax, whole.as_ref().map(|maps| &maps[k][..]), progress)?;
             report.fused_with = names
                 .iter()
                 .filter(|n| **n != report.name)
@@ -310,10 +325,13 @@ impl Work<'_> {
         Ok(reports)
     }
 
+    /// Quantizes one member with the group's `amax`, from `whole` (the tensor, mapped
+    /// already) or window by window.
     fn quantize(
         &self,
         index: usize,
         amax: f32,
+        whole: Option<&[u8]>,
         progress: &mut Progress,
     ) -> Result<TensorReport, QuantizeError> {
         let tensor = &self.source.tensors[index];
@@ -333,11 +351,18 @@ impl Work<'_> {
             .options
             .digests
             .then(|| [Sha256::new(), Sha256::new(), Sha256::new()]);
+        let row_bytes = cols * tensor.dtype.bitsize() / 8;
         for (first, rows) in self.windows(tensor) {
-            let map = self.map_rows(tensor, first, rows)?;
-            let matrix = self.matrix(tensor, &map, rows)?;
+            let mapped;
+            let bytes = match whole {
+                Some(all) => &all[first * row_bytes..(first + rows) * row_bytes],
+                None => {
+                    mapped = self.map_rows(tensor, first, rows)?;
+                    &mapped[..]
+                }
+            };
+            let matrix = self.matrix(tensor, bytes, rows)?;
             let (q, window_errors) = fast::quantize_with_stats(&matrix, &scale);
-            drop(map);
             blocks = blocks.merge(q.blocks);
             errors = errors.merge(window_errors);
             if let Some([packed, scales, dequantized]) = &mut hashes {
