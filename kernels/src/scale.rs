@@ -150,6 +150,11 @@ impl TensorScale {
         self.flavor
     }
 
+    /// Whether compressed-tensors' intermediates round to bf16 (bf16 weights).
+    pub(crate) fn rounds_to_bf16(&self) -> bool {
+        self.arith == Arith::Bf16
+    }
+
     /// The scale of a block whose largest magnitude is `bmax`.
     pub fn block(&self, bmax: f32) -> Block {
         let (code, kind) = self.block_code(bmax, fp8::encode);

@@ -460,6 +460,28 @@ fn rerun_is_a_noop_and_force_replaces() {
     assert_eq!(code, 0, "{stderr}");
     assert!(out.join("hf_quant_config.json").exists());
     assert_ne!(crate::util::sha256(&out.join("model.safetensors")), before);
+    // Directories sous did not write are never replaced, --force or not; nor is the source.
+    let foreign = work.path().join("foreign");
+    std::fs::create_dir(&foreign).expect("dir");
+    std::fs::write(foreign.join("notes.txt"), b"mine").expect("file");
+    let (code, _, stderr) = quantize(
+        &[path(&model), "--out", path(&foreign), "--force", "--quiet"],
+        &[],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("holds files sous did not write"), "{stderr}");
+    assert!(foreign.join("notes.txt").exists());
+    let (code, _, stderr) = quantize(&[path(&model), "--out", path(&model), "--force", "--quiet"], &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("source model"), "{stderr}");
+    assert!(model.join("config.json").exists());
+    std::fs::remove_dir_all(&foreign).expect("cleanup");
+    // An empty directory is fine.
+    let empty = work.path().join("empty");
+    std::fs::create_dir(&empty).expect("dir");
+    let (code, _, stderr) = quantize(&[path(&model), "--out", path(&empty), "--quiet"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    std::fs::remove_dir_all(&empty).expect("cleanup");
     // No temporary directories are left beside the output.
     let leftovers: Vec<String> = std::fs::read_dir(work.path())
         .expect("dir")
@@ -652,13 +674,13 @@ fn tensor_bytes(dir: &Path, name: &str) -> (Vec<usize>, Vec<u8>) {
 }
 
 /// The bound is real: a 1.8 GB model whose largest tensors (470 MB) are each larger
-/// than the whole address space the process may use (384 MiB: binary, libraries,
+/// than the whole address space the process may use (256 MiB: binary, libraries,
 /// thread stacks and heap included) quantizes, into several shards, to the same
 /// bytes as quantizing every tensor whole. Mapping a whole tensor under the same limit
 /// fails, which shows the limit bites.
 #[test]
 fn quantizes_a_model_larger_than_its_address_space() {
-    let limit_kib = 384 * 1024;
+    let limit_kib = 256 * 1024;
     let model = big_model();
     let work = tempfile::tempdir_in(root().join("target")).expect("tempdir");
     let out = work.path().join("out");
@@ -683,7 +705,7 @@ fn quantizes_a_model_larger_than_its_address_space() {
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
     };
-    // Whole tensors at once: 470 MB maps cannot fit in 384 MiB.
+    // Whole tensors at once: 470 MB maps cannot fit in 256 MiB.
     let (code, _, stderr) = limited(Some("1000000000"));
     assert_ne!(code, 0, "the limit does not bite: {stderr}");
     assert!(!out.exists());

@@ -74,10 +74,22 @@ pub enum QuantizeError {
         /// The regex error.
         message: String,
     },
-    /// The output directory holds something else.
+    /// The output directory holds another sous quantization.
     #[error("{out} already exists and is not this quantization of this model")]
     OutputExists {
         /// The directory.
+        out: PathBuf,
+    },
+    /// The output path holds files sous did not write; they are never replaced.
+    #[error("{out} exists and holds files sous did not write")]
+    OutputForeign {
+        /// The path.
+        out: PathBuf,
+    },
+    /// The output would overwrite the source.
+    #[error("the output {out} is the source model's directory, or inside or around it")]
+    OutputIsSource {
+        /// The path.
         out: PathBuf,
     },
     /// sous got something wrong (a bug).
@@ -128,6 +140,10 @@ impl QuantizeError {
             QuantizeError::OutputExists { .. } => {
                 Some("choose another `--out`, or pass `--force` to replace it".into())
             }
+            QuantizeError::OutputForeign { .. } => {
+                Some("choose another `--out`, or remove it first (sous replaces only its own output)".into())
+            }
+            QuantizeError::OutputIsSource { .. } => Some("write the checkpoint somewhere else".into()),
             QuantizeError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => {
                 Some("free disk space: the output needs about 30 % of the bf16 model's size".into())
             }

@@ -235,7 +235,7 @@ fn encode_header(
         .collect();
     object.insert("__metadata__".into(), Value::Object(metadata));
     let mut json = serde_json::to_vec(&object).map_err(|e| QuantizeError::Bug(e.to_string()))?;
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut header = Vec::with_capacity(8 + json.len());

@@ -152,11 +152,7 @@ pub fn run(request: &Request) -> Result<Summary, QuantizeError> {
         summary.output = request.out.clone();
         return Ok(summary);
     }
-    if request.out.exists() && !request.force {
-        return Err(QuantizeError::OutputExists {
-            out: request.out.clone(),
-        });
-    }
+    check_output(request)?;
     let provenance = request
         .provenance
         .clone()
@@ -227,6 +223,45 @@ pub fn run(request: &Request) -> Result<Summary, QuantizeError> {
         summary: &summary,
     })?;
     Ok(summary)
+}
+
+/// The output may be replaced only if it is absent, an empty directory, or (with
+/// `--force`) an earlier sous quantization; never the source, nor anything around it.
+fn check_output(request: &Request) -> Result<(), QuantizeError> {
+    let absolute = |p: &Path| {
+        std::path::absolute(p)
+            .map(|a| a.components().collect::<PathBuf>())
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
+    let real = |p: &Path| p.canonicalize().unwrap_or_else(|_| absolute(p));
+    let (out, source) = (real(&request.out), real(&request.source));
+    if out.starts_with(&source) || source.starts_with(&out) {
+        return Err(QuantizeError::OutputIsSource {
+            out: request.out.clone(),
+        });
+    }
+    let Ok(meta) = std::fs::symlink_metadata(&request.out) else {
+        return Ok(());
+    };
+    let foreign = || QuantizeError::OutputForeign {
+        out: request.out.clone(),
+    };
+    if !meta.is_dir() {
+        return Err(foreign());
+    }
+    let mut entries = std::fs::read_dir(&request.out).map_err(io(&request.out))?;
+    if entries.next().is_none() {
+        return Ok(());
+    }
+    if !request.out.join(staging::MARKER).is_file() {
+        return Err(foreign());
+    }
+    if !request.force {
+        return Err(QuantizeError::OutputExists {
+            out: request.out.clone(),
+        });
+    }
+    Ok(())
 }
 
 /// Every quantized weight must be a float type the kernels read, with whole blocks.

@@ -171,7 +171,7 @@ fn map_window(file: &File, offset: u64, len: u64) -> std::io::Result<Mmap> {
     // which would make the bytes change under us (or SIGBUS); sous never writes its
     // sources, and a model directory being rewritten during a quantization is a
     // corrupt input however it is read.
-    unsafe { MmapOptions::new().offset(offset).len(len).map(file) }
+    unsafe { MmapOptions::new().offset(offset).len(len).populate().map(file) }
 }
 
 fn bad(path: &Path, message: &str) -> QuantizeError {

@@ -4,16 +4,21 @@
 //! A fused group is read twice: once for its amax (the group's global scale needs all
 //! of it), once to quantize. Each pass maps at most `window_bytes` of one tensor at a
 //! time (whole rows: blocks never cross rows, so a window's bytes are the same as the
-//! whole tensor's), and the outputs of a window (0.28 of its size) are written before
-//! the next is mapped. Peak memory is therefore about 1.3 windows plus the fixed
-//! working set, whatever the model or tensor size. Kept tensors are copied window by
-//! window. Not here: what to write (`layout.rs`) or where the directory goes
-//! (`staging.rs`).
+//! whole tensor's). Kept tensors are copied window by window.
+//!
+//! Writing runs on its own thread, fed through a channel of [`QUEUE`] windows, so the
+//! disk works while the kernels compute; it also flushes each file every
+//! [`FLUSH_EVERY`] bytes, so the device writes while the work goes on rather than all
+//! at the final fsync. The full channel holds the computation back to the disk's
+//! pace. Peak memory is therefore a few windows plus the fixed working set, whatever
+//! the model or tensor size. Not here: what to write (`layout.rs`) or where the
+//! directory goes (`staging.rs`).
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -79,6 +84,48 @@ pub fn kernel_dtype(dtype: safetensors::Dtype) -> Option<Dtype> {
     }
 }
 
+/// Windows in flight between the kernels and the writer thread.
+pub const QUEUE: usize = 2;
+
+/// The writer flushes a file after this many bytes written to it.
+pub const FLUSH_EVERY: u64 = 64 << 20;
+
+/// Bytes for the writer: computed output, or a mapped window of a kept tensor.
+enum Data {
+    Owned(Vec<u8>),
+    Mapped(memmap2::Mmap),
+}
+
+impl Data {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Data::Owned(v) => v,
+            Data::Mapped(m) => m,
+        }
+    }
+}
+
+/// One write: shard index, file offset, bytes.
+struct Write(usize, u64, Data);
+
+/// Writes what arrives, flushing each file as it goes; returns the first error.
+fn writer(files: &[(PathBuf, File)], jobs: Receiver<Write>) -> Result<(), QuantizeError> {
+    let mut unflushed = vec![0u64; files.len()];
+    for Write(shard, offset, data) in jobs {
+        let (path, file) = &files[shard];
+        file.write_all_at(data.bytes(), offset).map_err(io(path))?;
+        unflushed[shard] += data.bytes().len() as u64;
+        if unflushed[shard] >= FLUSH_EVERY {
+            file.sync_data().map_err(io(path))?;
+            unflushed[shard] = 0;
+        }
+    }
+    for (path, file) in files {
+        file.sync_all().map_err(io(path))?;
+    }
+    Ok(())
+}
+
 /// One unit of work, in source order.
 enum Item<'a> {
     Copy(usize),
@@ -112,54 +159,72 @@ pub fn write(
         }
     }
     items.sort_by_key(|(first, _)| *first);
-    let writer = Writer {
-        source,
-        layout,
-        files: &files,
-        flavor,
-        options,
-    };
-    let mut reports = Vec::new();
-    for (_, item) in items {
-        match item {
-            Item::Copy(i) => writer.copy(i, progress)?,
-            Item::Group(members) => reports.extend(writer.group(members, progress)?),
+    std::thread::scope(|scope| {
+        let (jobs, queue) = sync_channel(QUEUE);
+        let writing = scope.spawn(|| writer(&files, queue));
+        let work = Work {
+            source,
+            layout,
+            jobs,
+            flavor,
+            options,
+        };
+        let mut reports = Vec::new();
+        let mut outcome = Ok(());
+        for (_, item) in items {
+            let done = match item {
+                Item::Copy(i) => work.copy(i, progress),
+                Item::Group(members) => work.group(members, progress).map(|r| reports.extend(r)),
+            };
+            if let Err(e) = done {
+                outcome = Err(e);
+                break;
+            }
         }
-    }
-    for (path, file) in &files {
-        file.sync_all().map_err(io(path))?;
-    }
-    Ok(reports)
+        // Closing the channel ends the writer; its error, if any, explains ours (a
+        // send fails only because the writer stopped).
+        drop(work);
+        let written = writing
+            .join()
+            .unwrap_or_else(|_| Err(QuantizeError::Bug("the writer thread panicked".into())));
+        written?;
+        outcome.map(|()| reports)
+    })
 }
 
-struct Writer<'a> {
+/// The computing side: reads windows, runs the kernels, hands bytes to the writer.
+struct Work<'a> {
     source: &'a Source,
     layout: &'a Layout,
-    files: &'a [(std::path::PathBuf, File)],
+    jobs: SyncSender<Write>,
     flavor: Flavor,
     options: Options,
 }
 
-impl Writer<'_> {
-    fn place(&self, content: Content) -> Result<(&File, &Path, u64), QuantizeError> {
-        let (shard, offset) = self
-            .layout
+impl Work<'_> {
+    fn place(&self, content: Content) -> Result<(usize, u64), QuantizeError> {
+        self.layout
             .place(content)
-            .ok_or_else(|| QuantizeError::Bug(format!("{content:?} has no place in the output")))?;
-        let (path, file) = &self.files[shard];
-        Ok((file, path, offset))
+            .ok_or_else(|| QuantizeError::Bug(format!("{content:?} has no place in the output")))
+    }
+
+    /// Queues a write; fails only if the writer has stopped (on an error it reports).
+    fn send(&self, shard: usize, offset: u64, data: Data) -> Result<(), QuantizeError> {
+        self.jobs
+            .send(Write(shard, offset, data))
+            .map_err(|_| QuantizeError::Bug("the writer stopped".into()))
     }
 
     fn copy(&self, index: usize, progress: &mut Progress) -> Result<(), QuantizeError> {
         let tensor = &self.source.tensors[index];
-        let (file, path, offset) = self.place(Content::Copy(index))?;
+        let (shard, offset) = self.place(Content::Copy(index))?;
         progress.tensor(&tensor.name, tensor.len);
         let window = self.options.window_bytes.max(1);
         let mut at = 0;
         while at < tensor.len {
             let len = window.min(tensor.len - at);
             let map = self.source.map(tensor, at, len)?;
-            file.write_all_at(&map, offset + at).map_err(io(path))?;
+            self.send(shard, offset + at, Data::Mapped(map))?;
             progress.advance(len, len);
             at += len;
         }
@@ -217,10 +282,25 @@ impl Writer<'_> {
     }
 
     fn group(&self, members: &[usize], progress: &mut Progress) -> Result<Vec<TensorReport>, QuantizeError> {
+        // A group that fits in one window is mapped once for both passes.
+        let tensors: Vec<&SourceTensor> = members.iter().map(|&i| &self.source.tensors[i]).collect();
+        let total: u64 = tensors.iter().map(|t| t.len).sum();
+        let whole = if total <= self.options.window_bytes && tensors.iter().all(|t| t.len > 0) {
+            Some(
+                tensors
+                    .iter()
+                    .map(|t| self.source.map(t, 0, t.len))
+                    .collect::<Result<Vec<_>, _>>()?,
+            )
+        } else {
+            None
+        };
         let mut amax = 0.0f32;
-        for &i in members {
-            let tensor = &self.source.tensors[i];
-            let member = self.amax(tensor)?;
+        for (k, tensor) in tensors.iter().enumerate() {
+            let member = match &whole {
+                Some(maps) => fast::amax(&self.matrix(tensor, &maps[k], tensor.shape[0])?),
+                None => self.amax(tensor)?,
+            };
             if !member.is_finite() {
                 return Err(QuantizeError::NonFinite {
                     tensor: tensor.name.clone(),
@@ -233,8 +313,8 @@ impl Writer<'_> {
             .map(|&i| self.source.tensors[i].name.as_str())
             .collect();
         let mut reports = Vec::with_capacity(members.len());
-        for &i in members {
-            let mut report = self.quantize(i, amax, progress)?;
+        for (k, &i) in members.iter().enumerate() {
+            let mut report = self.quantize(i, amax, whole.as_ref().map(|maps| &maps[k][..]), progress)?;
             report.fused_with = names
                 .iter()
                 .filter(|n| **n != report.name)
@@ -245,10 +325,13 @@ impl Writer<'_> {
         Ok(reports)
     }
 
+    /// Quantizes one member with the group's `amax`, from `whole` (the tensor, mapped
+    /// already) or window by window.
     fn quantize(
         &self,
         index: usize,
         amax: f32,
+        whole: Option<&[u8]>,
         progress: &mut Progress,
     ) -> Result<TensorReport, QuantizeError> {
         let tensor = &self.source.tensors[index];
@@ -258,9 +341,9 @@ impl Writer<'_> {
             dtype: format!("{:?}", tensor.dtype),
         })?;
         let scale = TensorScale::from_amax(self.flavor, dtype, amax);
-        let (packed_file, packed_path, packed_at) = self.place(Content::Packed(index))?;
-        let (scales_file, scales_path, scales_at) = self.place(Content::Scales(index))?;
-        let (global_file, global_path, global_at) = self.place(Content::Global(index))?;
+        let (packed_shard, packed_at) = self.place(Content::Packed(index))?;
+        let (scales_shard, scales_at) = self.place(Content::Scales(index))?;
+        let (global_shard, global_at) = self.place(Content::Global(index))?;
         progress.tensor(&tensor.name, tensor.len);
         let mut blocks = BlockCounts::default();
         let mut errors = ErrorStats::default();
@@ -268,16 +351,18 @@ impl Writer<'_> {
             .options
             .digests
             .then(|| [Sha256::new(), Sha256::new(), Sha256::new()]);
+        let row_bytes = cols * tensor.dtype.bitsize() / 8;
         for (first, rows) in self.windows(tensor) {
-            let map = self.map_rows(tensor, first, rows)?;
-            let matrix = self.matrix(tensor, &map, rows)?;
+            let mapped;
+            let bytes = match whole {
+                Some(all) => &all[first * row_bytes..(first + rows) * row_bytes],
+                None => {
+                    mapped = self.map_rows(tensor, first, rows)?;
+                    &mapped[..]
+                }
+            };
+            let matrix = self.matrix(tensor, bytes, rows)?;
             let (q, window_errors) = fast::quantize_with_stats(&matrix, &scale);
-            packed_file
-                .write_all_at(&q.packed, packed_at + (first * cols / 2) as u64)
-                .map_err(io(packed_path))?;
-            scales_file
-                .write_all_at(&q.scales, scales_at + (first * cols / 16) as u64)
-                .map_err(io(scales_path))?;
             blocks = blocks.merge(q.blocks);
             errors = errors.merge(window_errors);
             if let Some([packed, scales, dequantized]) = &mut hashes {
@@ -289,12 +374,21 @@ impl Writer<'_> {
                     .collect();
                 dequantized.update(&bf16);
             }
-            progress.advance(map.len() as u64, (q.packed.len() + q.scales.len()) as u64);
+            let out = (q.packed.len() + q.scales.len()) as u64;
+            self.send(
+                packed_shard,
+                packed_at + (first * cols / 2) as u64,
+                Data::Owned(q.packed),
+            )?;
+            self.send(
+                scales_shard,
+                scales_at + (first * cols / 16) as u64,
+                Data::Owned(q.scales),
+            )?;
+            progress.advance((rows * cols * tensor.dtype.bitsize() / 8) as u64, out);
         }
         let global = scale.value().to_le_bytes();
-        global_file
-            .write_all_at(&global, global_at)
-            .map_err(io(global_path))?;
+        self.send(global_shard, global_at, Data::Owned(global.to_vec()))?;
         progress.advance(0, 4);
         let share = |n: u64| {
             if blocks.total == 0 {

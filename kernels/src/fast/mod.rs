@@ -110,8 +110,8 @@ impl Kernel {
 
 /// A tensor scale with its divisor table.
 pub(crate) struct Prepared {
-    scale: TensorScale,
-    divisors: [f32; 256],
+    pub(crate) scale: TensorScale,
+    pub(crate) divisors: [f32; 256],
 }
 
 impl Prepared {

@@ -1,16 +1,20 @@
-//! The AVX2 block kernel for x86-64: sixteen elements as two 8-lane vectors, two
-//! `vdivps`, seven ordered compares for the grid, and a shuffle that packs the
-//! sixteen codes into eight bytes.
+//! The AVX2 kernels for x86-64. A group of 64 blocks goes through three passes:
+//! each block's amax (vector max of the magnitude bits), the scales of eight blocks
+//! at a time (`scales.rs`), then the elements, two blocks at a time: sixteen elements
+//! as two 8-lane vectors, two `vdivps`, seven ordered compares for the grid
+//! (`codes.rs`), one 16-byte store of packed codes.
 //!
 //! Same arithmetic as the reference, step for step: the weight is widened exactly
 //! (bf16 by a shift, fp16 by F16C), divided once by the block's divisor with IEEE
-//! single precision, and compared with the same thresholds. The clamp to ±6 the
-//! reference applies first is left out: it changes neither the sign nor any of the
-//! comparisons (everything above 5 is code 7 either way, and a NaN stays a NaN).
+//! single precision, and compared with the same thresholds.
 
-// The one place in the workspace that needs `unsafe`: loads through raw pointers, and
-// calling `#[target_feature]` functions once the CPU has been checked for the feature.
+// The one place in the workspace that needs `unsafe` (this module and its two
+// submodules): loads and stores through raw pointers, gathers, and calling
+// `#[target_feature]` functions once the CPU has been checked for the feature.
 #![allow(unsafe_code)]
+
+mod codes;
+mod scales;
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -146,15 +150,14 @@ const GROUP: usize = 64;
 /// dequantized in registers and compared with its source (f32 sums per group of
 /// blocks, f64 across groups).
 ///
-/// A group of blocks goes through three passes: vector maxima, scalar scales, vector
-/// codes. Interleaving them per block costs a third more: the scalar scale code
-/// between vector steps forces the vector registers to be spilled and reloaded.
+/// Doing the passes per group rather than per block keeps the vector registers
+/// live across the element loop and lets the scale arithmetic run eight blocks wide.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn quantize_with<const STATS: bool>(
     src: &[u8],
     width: usize,
-    scale: &Prepared,
+    prepared: &Prepared,
     packed: &mut [u8],
     scales: &mut [u8],
     block_max: impl Fn(&[u8]) -> f32,
@@ -165,35 +168,52 @@ fn quantize_with<const STATS: bool>(
     let mut max_error = _mm256_setzero_ps();
     let mut maxima = [0.0f32; GROUP];
     let mut divisors = [0.0f32; GROUP];
+    let mut codes = [0i32; 8];
     for ((src, scales), packed) in src
         .chunks(width * GROUP)
         .zip(scales.chunks_mut(GROUP))
         .zip(packed.chunks_mut(BLOCK / 2 * GROUP))
     {
+        let blocks = scales.len();
         for (max, bytes) in maxima.iter_mut().zip(src.chunks_exact(width)) {
             *max = block_max(bytes);
         }
-        for ((code, divisor), &max) in scales.iter_mut().zip(divisors.iter_mut()).zip(&maxima) {
-            let (scale_code, kind, block_divisor) = scale.block(max);
+        let full = blocks / 8 * 8;
+        for ((max, out), divisor) in maxima[..full]
+            .chunks_exact(8)
+            .zip(scales[..full].chunks_exact_mut(8))
+            .zip(divisors[..full].chunks_exact_mut(8))
+        {
+            // SAFETY: 8 f32 in each slice (chunks_exact); unaligned access.
+            let eight = scales::scales8(prepared, unsafe { _mm256_loadu_ps(max.as_ptr()) }, &mut counts);
+            unsafe {
+                _mm256_storeu_ps(divisor.as_mut_ptr(), eight.divisors);
+                _mm256_storeu_si256(codes.as_mut_ptr().cast(), eight.codes);
+            }
+            for (byte, &code) in out.iter_mut().zip(&codes) {
+                *byte = code as u8;
+            }
+        }
+        for ((&max, code), divisor) in maxima[full..blocks]
+            .iter()
+            .zip(&mut scales[full..])
+            .zip(&mut divisors[full..blocks])
+        {
+            let (scale_code, kind, block_divisor) = prepared.block(max);
             *code = scale_code;
             *divisor = block_divisor;
             counts.add(kind);
         }
         let mut sum_sq_error = _mm256_setzero_ps();
         let mut sum_sq_weight = _mm256_setzero_ps();
-        for ((bytes, out), &divisor) in src
-            .chunks_exact(width)
-            .zip(packed.chunks_exact_mut(BLOCK / 2))
-            .zip(&divisors)
-        {
+        let mut block = |bytes: &[u8], divisor: f32| {
             let (w0, w1) = widen(bytes);
             let divisor = _mm256_set1_ps(divisor);
-            let c0 = encode(_mm256_div_ps(w0, divisor));
-            let c1 = encode(_mm256_div_ps(w1, divisor));
-            out.copy_from_slice(&pack(c0, c1).to_le_bytes());
+            let c0 = codes::encode(_mm256_div_ps(w0, divisor));
+            let c1 = codes::encode(_mm256_div_ps(w1, divisor));
             if STATS {
                 for (w, c) in [(w0, c0), (w1, c1)] {
-                    let error = _mm256_sub_ps(decode(c, divisor), w);
+                    let error = _mm256_sub_ps(codes::decode(c, divisor), w);
                     sum_sq_error = _mm256_add_ps(sum_sq_error, _mm256_mul_ps(error, error));
                     sum_sq_weight = _mm256_add_ps(sum_sq_weight, _mm256_mul_ps(w, w));
                     let magnitude = _mm256_and_ps(error, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF)));
@@ -201,9 +221,25 @@ fn quantize_with<const STATS: bool>(
                     max_error = _mm256_max_ps(max_error, magnitude);
                 }
             }
+            (c0, c1)
+        };
+        let mut pairs = src
+            .chunks_exact(2 * width)
+            .zip(packed.chunks_exact_mut(BLOCK))
+            .zip(divisors.chunks_exact(2));
+        for ((bytes, out), divisor) in &mut pairs {
+            let a = block(&bytes[..width], divisor[0]);
+            let b = block(&bytes[width..], divisor[1]);
+            // SAFETY: `out` is 16 bytes (chunks_exact); unaligned store.
+            unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), codes::pack2(a, b)) };
+        }
+        if blocks % 2 == 1 {
+            let last = blocks - 1;
+            let a = block(&src[last * width..], divisors[last]);
+            packed[last * BLOCK / 2..].copy_from_slice(&codes::pack1(a).to_le_bytes());
         }
         if STATS {
-            stats.count += (src.len() / width * BLOCK) as u64;
+            stats.count += (blocks * BLOCK) as u64;
             stats.sum_sq_error += f64::from(hsum(sum_sq_error));
             stats.sum_sq_weight += f64::from(hsum(sum_sq_weight));
         }
@@ -212,18 +248,6 @@ fn quantize_with<const STATS: bool>(
         stats.max_abs_error = f64::from(hmax_ps(max_error));
     }
     (counts, stats)
-}
-
-/// The values eight FP4 codes stand for in a block scaled by `factor`: the grid
-/// value, its sign, one f32 multiply (the reference's dequantization).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn decode(codes: __m256i, factor: __m256) -> __m256 {
-    let grid = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
-    // The permutation uses the low three bits of each index: the magnitude code.
-    let magnitude = _mm256_permutevar8x32_ps(grid, codes);
-    let sign = _mm256_slli_epi32::<28>(_mm256_and_si256(codes, _mm256_set1_epi32(8)));
-    _mm256_mul_ps(_mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign)), factor)
 }
 
 /// The sum of eight lanes.
@@ -274,48 +298,6 @@ fn hmax32(v: __m256i) -> u32 {
     let m = _mm_max_epu32(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
     let m = _mm_max_epu32(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
     _mm_cvtsi128_si32(m) as u32
-}
-
-/// FP4 codes (0..=15 in each 32-bit lane) of eight scaled values; see the module
-/// comment for why there is no clamp.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn encode(y: __m256) -> __m256i {
-    let a = _mm256_and_ps(y, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF)));
-    // Each true comparison is all ones (-1): subtracting it counts it. Ordered,
-    // quiet predicates: false for NaN, as Rust's `>` and `>=`.
-    let mut magnitude = _mm256_setzero_si256();
-    let gt = |t: f32| _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(a, _mm256_set1_ps(t)));
-    let ge = |t: f32| _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(a, _mm256_set1_ps(t)));
-    magnitude = _mm256_sub_epi32(magnitude, gt(0.25));
-    magnitude = _mm256_sub_epi32(magnitude, ge(0.75));
-    magnitude = _mm256_sub_epi32(magnitude, gt(1.25));
-    magnitude = _mm256_sub_epi32(magnitude, ge(1.75));
-    magnitude = _mm256_sub_epi32(magnitude, gt(2.5));
-    magnitude = _mm256_sub_epi32(magnitude, ge(3.5));
-    magnitude = _mm256_sub_epi32(magnitude, gt(5.0));
-    let negative = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(y, _mm256_setzero_ps()));
-    _mm256_or_si256(magnitude, _mm256_and_si256(negative, _mm256_set1_epi32(8)))
-}
-
-/// Sixteen codes (elements 0..8 in `c0`, 8..16 in `c1`) as eight bytes, element `2j`
-/// in the low nibble of byte `j`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn pack(c0: __m256i, c1: __m256i) -> u64 {
-    let odd_high = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
-    // Adjacent pairs summed: [B0 B1 B4 B5 | B2 B3 B6 B7] (byte j = code 2j | code 2j+1 << 4).
-    let sums = _mm256_hadd_epi32(_mm256_sllv_epi32(c0, odd_high), _mm256_sllv_epi32(c1, odd_high));
-    // Narrow 32 -> 16 -> 8 bits within each 128-bit lane: the low 4 bytes of the low
-    // lane are B0 B1 B4 B5, of the high lane B2 B3 B6 B7.
-    let words = _mm256_packus_epi32(sums, sums);
-    let narrow = _mm256_packus_epi16(words, words);
-    // Interleave 16-bit pairs of the two lanes: B0 B1 B2 B3 B4 B5 B6 B7.
-    let bytes = _mm_unpacklo_epi16(
-        _mm256_castsi256_si128(narrow),
-        _mm256_extracti128_si256::<1>(narrow),
-    );
-    _mm_cvtsi128_si64(bytes) as u64
 }
 
 /// The largest 16-bit magnitude in `src` (an even number of bytes).
