@@ -65,10 +65,7 @@ pub fn exec(cmd: HubCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::runtime()?;
     runtime.block_on(async {
         let listener = mirror::bind(SocketAddr::new(args.host, args.port))
             .await

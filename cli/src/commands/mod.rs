@@ -89,6 +89,14 @@ pub fn render_context(recipe: &sous_engine::recipe::Recipe) -> sous_engine::laun
     }
 }
 
+/// The async runtime of the commands that talk over the network or run engines.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::Args;
 
 use super::{OverrideArgs, display, load_recipe};
@@ -92,10 +91,7 @@ pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         connections: args.connections,
         progress: if args.quiet { Style::Quiet } else { Style::detect() },
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::runtime()?;
     let client = HubClient::new(config)?;
     let report = runtime.block_on(pull(&client, &request))?;
     if args.json {

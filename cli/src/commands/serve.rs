@@ -72,10 +72,7 @@ pub fn exec(args: ServeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::runtime()?;
     runtime.block_on(build(&recipe, args.no_build, shell))?;
     let hash = recipe_hash(&recipe)?;
     let echo = shell.clone();

@@ -6,13 +6,13 @@
 //! so it changes exactly when the content does.
 
 use std::collections::HashMap;
-use std::fs::{self, File};
-use std::io::{self, Read};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use sha1::Sha1;
-use sha2::{Digest, Sha256};
+use sha2::Digest;
 
 /// Extensions the Hub's default `.gitattributes` stores in LFS.
 const LFS_EXTENSIONS: &[&str] = &[
@@ -195,40 +195,22 @@ fn index_file(path: String, disk: PathBuf, size: u64) -> io::Result<IndexedFile>
         .map(|(_, e)| e.to_ascii_lowercase())
         .unwrap_or_default();
     let lfs = size >= LFS_MIN_SIZE || LFS_EXTENSIONS.contains(&extension.as_str());
-    let mut file = File::open(&disk)?;
-    let mut buffer = vec![0u8; 1 << 20];
+    // The same hash a pull verifies the file against.
+    let digest = crate::hub::download::hash_file(&disk, lfs)?;
     if lfs {
-        let mut sha = Sha256::new();
-        loop {
-            let n = file.read(&mut buffer)?;
-            if n == 0 {
-                break;
-            }
-            sha.update(&buffer[..n]);
-        }
-        let sha256 = hex::encode(sha.finalize());
         let pointer =
-            format!("version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n");
+            format!("version https://git-lfs.github.com/spec/v1\noid sha256:{digest}\nsize {size}\n");
         Ok(IndexedFile {
             oid: git_blob_sha1(pointer.as_bytes()),
             pointer_size: pointer.len() as u64,
-            lfs_sha256: Some(sha256),
+            lfs_sha256: Some(digest),
             path,
             disk,
             size,
         })
     } else {
-        let mut sha = Sha1::new();
-        sha.update(format!("blob {size}\0").as_bytes());
-        loop {
-            let n = file.read(&mut buffer)?;
-            if n == 0 {
-                break;
-            }
-            sha.update(&buffer[..n]);
-        }
         Ok(IndexedFile {
-            oid: hex::encode(sha.finalize()),
+            oid: digest,
             pointer_size: 0,
             lfs_sha256: None,
             path,
