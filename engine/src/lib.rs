@@ -5,6 +5,7 @@
 //! - [`chat`]: chat templates rendered as transformers renders them (minijinja).
 //! - [`launch`]: engine adapters that turn a [`recipe::Recipe`] into the exact command
 //!   line, environment and option files of vLLM, SGLang or TensorRT-LLM.
+//! - [`native`]: the built-in CPU engine (candle + axum) with an OpenAI-compatible API.
 //! - [`serve`]: running an engine: launch, readiness, OOM fallback, restarts, stop.
 //! - [`version`]: engine release numbers.
 //! - [`paths`]: where sous keeps per-deployment state.
@@ -14,6 +15,7 @@
 
 pub mod chat;
 pub mod launch;
+pub mod native;
 pub mod paths;
 pub mod recipe;
 pub mod serve;

@@ -15,6 +15,9 @@
 //! They are bit-identical on every input, finite or not; the tests check that on the
 //! tools' own test vectors and on random tensors full of edge cases.
 //!
+//! [`transformer`] holds the other hot loops of the native engine: RMSNorm, rotary
+//! embeddings, the gated MLP activation and paged attention, in f32.
+//!
 //! Not here: reading or writing checkpoints, choosing which tensors to quantize, or fused
 //! layers (the caller takes the amax over a fused group and passes one [`TensorScale`]).
 
@@ -23,6 +26,7 @@ pub mod formats;
 pub mod reference;
 pub mod scale;
 pub mod stats;
+pub mod transformer;
 
 mod error;
 mod matrix;

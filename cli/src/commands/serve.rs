@@ -44,12 +44,17 @@ pub fn exec(args: ServeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     }
     let recipe = loaded.recipe;
     let ctx = super::render_context(&recipe);
-    if recipe.engine.kind == EngineKind::Native && !args.dry_run {
-        return Err(UserError::new(
-            "the native engine is not built yet: `sous serve` can run vLLM, SGLang and TensorRT-LLM",
-            Some("set `engine.kind` to `vllm`, `sglang` or `trtllm`"),
-        )
-        .into());
+    if recipe.engine.kind == EngineKind::Native {
+        if args.dry_run {
+            return Err(UserError::new(
+                "the native engine runs inside sous: there is no engine command line to print",
+                Some("run `sous serve --recipe` without --dry-run, or `sous recipe check` to validate the recipe"),
+            )
+            .into());
+        }
+        let runtime = super::runtime()?;
+        let dir = runtime.block_on(build(&recipe, args.no_build, shell))?;
+        return serve_native(&runtime, &recipe, &dir, shell);
     }
     let rendered =
         launch::render(&recipe, &ctx).with_context(|| format!("recipe {}", display(&args.recipe.recipe)))?;
@@ -73,7 +78,13 @@ pub fn exec(args: ServeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     }
 
     let runtime = super::runtime()?;
-    runtime.block_on(build(&recipe, args.no_build, shell))?;
+    let mut recipe = recipe;
+    let dir = runtime.block_on(build(&recipe, args.no_build, shell))?;
+    if recipe.quantize.is_some() {
+        // Serve the checkpoint the build step made, as the dry run cannot know it.
+        recipe.model.path = Some(dir.display().to_string());
+        recipe.model.repo = None;
+    }
     let hash = recipe_hash(&recipe)?;
     let echo = shell.clone();
     let prefix = recipe.engine.kind.as_str().to_owned();
@@ -107,19 +118,119 @@ fn clamp(code: i32) -> u8 {
     u8::try_from(code).unwrap_or(1).max(1)
 }
 
-/// Makes sure what the recipe serves is on disk: pulls the model when the recipe names
-/// a Hub repository and it is not complete yet (a no-op when it is).
-async fn build(recipe: &Recipe, no_build: bool, shell: &Shell) -> anyhow::Result<()> {
-    if let Some(quantize) = &recipe.quantize {
-        return Err(UserError::new(
-            format!(
-                "the recipe asks for a {:?} checkpoint, and `sous quantize` is not built yet",
-                quantize.scheme
+/// Runs the native engine in this process until SIGINT/SIGTERM.
+fn serve_native(
+    runtime: &tokio::runtime::Runtime,
+    recipe: &Recipe,
+    dir: &std::path::Path,
+    shell: &Shell,
+) -> anyhow::Result<ExitCode> {
+    use sous_engine::native::{Engine, Settings, http};
+    let started = std::time::Instant::now();
+    let settings = Settings::from_recipe(recipe, dir).map_err(native_error)?;
+    shell.status("loading", &format!("{} with the native engine", dir.display()));
+    let echo = shell.clone();
+    let log: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |line| echo.engine_line("native", &line));
+    let engine = Engine::load(settings, log.clone()).map_err(native_error)?;
+    let (kv_tokens, concurrency) = (engine.kv_tokens, engine.max_concurrency);
+    let echo = shell.clone();
+    let on_event: Arc<dyn Fn(http::ServerEvent) + Send + Sync> = Arc::new(move |event| match event {
+        http::ServerEvent::Log(line) => log(line),
+        http::ServerEvent::Ready { url, .. } => echo.status(
+            "ready",
+            &format!(
+                "{url} after {:.1} s, KV cache {kv_tokens} tokens, max concurrency {concurrency:.2}x",
+                started.elapsed().as_secs_f64()
             ),
-            Some("remove `[quantize]` to serve the model as it is, or point `model.path` at a quantized checkpoint"),
-        )
-        .into());
+        ),
+    });
+    runtime
+        .block_on(http::serve(engine, on_event, shutdown_signal()))
+        .map_err(native_error)?;
+    shell.status("stopped", &recipe.name);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn native_error(e: sous_engine::native::NativeError) -> anyhow::Error {
+    if e.is_internal() {
+        anyhow::Error::new(e)
+    } else {
+        let hint = e.hint();
+        UserError::new(e.to_string(), hint.as_deref()).into()
     }
+}
+
+/// Makes sure what the recipe serves is on disk and returns its directory: pulls the
+/// model when the recipe names a Hub repository and it is not complete yet, then, when
+/// the recipe has `[quantize]`, quantizes it unless an up-to-date checkpoint of the
+/// same source commit, settings and sous version exists (both are no-ops when done).
+async fn build(recipe: &Recipe, no_build: bool, shell: &Shell) -> anyhow::Result<std::path::PathBuf> {
+    let (source, provenance) = fetch(recipe, no_build, shell).await?;
+    let Some(quantize) = &recipe.quantize else {
+        return Ok(source);
+    };
+    let out = sous_engine::paths::quantized_dir(&recipe.name);
+    let request = crate::quantize::Request {
+        source,
+        out: out.clone(),
+        scheme: quantize.scheme,
+        format: quantize.format,
+        modelopt_export: crate::quantize::ModelOptExport::Gpu,
+        ignore: quantize.ignore.clone(),
+        max_shard_bytes: 5_000_000_000,
+        force: true,
+        digests: false,
+        provenance,
+        progress: Style::detect(),
+        window_bytes: crate::quantize::DEFAULT_WINDOW,
+    };
+    if no_build {
+        // Serve the checkpoint there is, without checking it against the recipe.
+        if !out.join(crate::quantize::MARKER).is_file() {
+            return Err(UserError::new(
+                format!(
+                    "the recipe's quantized checkpoint {} does not exist and --no-build forbids making it",
+                    out.display()
+                ),
+                Some("run `sous quantize --recipe` first, or drop --no-build"),
+            )
+            .into());
+        }
+        shell.status(
+            "quantized",
+            &format!("{} (not rebuilt: --no-build)", out.display()),
+        );
+        return Ok(out);
+    }
+    let summary = tokio::task::spawn_blocking(move || crate::quantize::run(&request))
+        .await
+        .context("the quantization thread failed")??;
+    if summary.up_to_date {
+        shell.status(
+            "quantized",
+            &format!("{} is up to date", summary.output.display()),
+        );
+    } else {
+        shell.status(
+            "quantized",
+            &format!(
+                "{} weights to {} in {:.1} s",
+                summary.quantized,
+                summary.output.display(),
+                summary.seconds
+            ),
+        );
+    }
+    Ok(summary.output)
+}
+
+/// Pulls the recipe's model if needed; returns its directory and, for a Hub model, where
+/// it came from.
+async fn fetch(
+    recipe: &Recipe,
+    no_build: bool,
+    shell: &Shell,
+) -> anyhow::Result<(std::path::PathBuf, Option<crate::quantize::Provenance>)> {
     let Some(repo) = &recipe.model.repo else {
         let path = recipe.model.path.as_deref().unwrap_or_default();
         if recipe.engine.runtime == sous_engine::recipe::Runtime::Host && !std::path::Path::new(path).exists()
@@ -130,7 +241,7 @@ async fn build(recipe: &Recipe, no_build: bool, shell: &Shell) -> anyhow::Result
             )
             .into());
         }
-        return Ok(());
+        return Ok((std::path::PathBuf::from(path), None));
     };
     let config = HubConfig::from_env();
     let request = PullRequest {
@@ -144,14 +255,20 @@ async fn build(recipe: &Recipe, no_build: bool, shell: &Shell) -> anyhow::Result
         progress: Style::detect(),
     };
     let client = HubClient::new(config)?;
+    let provenance = |report: &crate::hub::pull::PullReport| {
+        Some(crate::quantize::Provenance {
+            repo: Some(repo.clone()),
+            commit: Some(report.commit.clone()),
+        })
+    };
     match pull(&client, &request).await {
         Ok(report) if report.up_to_date => {
             shell.status("model", &format!("{repo} is on disk ({})", report.path.display()));
-            Ok(())
+            Ok((report.path.clone(), provenance(&report)))
         }
         Ok(report) => {
             shell.status("pulled", &format!("{repo} into {}", report.path.display()));
-            Ok(())
+            Ok((report.path.clone(), provenance(&report)))
         }
         Err(crate::hub::pull::PullError::NotCached { .. }) if no_build => Err(UserError::new(
             format!("`{repo}` is not on disk and --no-build forbids pulling it"),

@@ -37,6 +37,7 @@ use sous_engine::recipe::{QuantFormat, QuantScheme};
 pub use checkpoint::ModelOptExport;
 pub use error::QuantizeError;
 pub use source::Provenance;
+pub use staging::MARKER;
 pub use write::TensorReport;
 
 use crate::hub::progress::Style;

@@ -1,0 +1,333 @@
+//! A model directory's `config.json`, read into what the Llama-family decoder needs.
+//!
+//! Field names and defaults follow transformers' `LlamaConfig`, `MistralConfig`,
+//! `Qwen2Config` and `Qwen3Config` (`transformers/models/*/configuration_*.py`). Rotary
+//! settings are read from `rope_scaling` + `rope_theta` (transformers 4) or from
+//! `rope_parameters` (transformers 5), whichever the file has.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::NativeError;
+
+/// The decoder families the native engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Llama 2/3, SmolLM, TinyLlama.
+    Llama,
+    /// Mistral (Llama with an optional sliding window).
+    Mistral,
+    /// Qwen2 / Qwen2.5: biases on q, k and v.
+    Qwen2,
+    /// Qwen3: RMSNorm on each query and key head.
+    Qwen3,
+}
+
+/// How rotary frequencies are scaled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    Default,
+    /// Positions divided by `factor`.
+    Linear {
+        /// Scale factor.
+        factor: f32,
+    },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        /// Scale factor.
+        factor: f32,
+        /// Low-frequency factor.
+        low_freq_factor: f32,
+        /// High-frequency factor.
+        high_freq_factor: f32,
+        /// The context length the model was trained at.
+        original_max_position_embeddings: f32,
+    },
+}
+
+/// What the decoder needs from `config.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The family, from `architectures`.
+    pub family: Family,
+    /// `architectures[0]`, for messages.
+    pub architecture: String,
+    /// Model width.
+    pub hidden_size: usize,
+    /// MLP width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RoPE scaling.
+    pub rope_scaling: RopeScaling,
+    /// Longest context the model supports.
+    pub max_position_embeddings: usize,
+    /// `lm_head` shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// Biases on the q/k/v projections.
+    pub attention_bias: bool,
+    /// Sliding attention window, when the model uses one.
+    pub sliding_window: Option<usize>,
+    /// End-of-sequence ids from the config.
+    pub eos_token_ids: Vec<u32>,
+    /// The checkpoint's dtype (`torch_dtype` / `dtype`).
+    pub dtype: Option<String>,
+    /// The `quantization_config`, if any.
+    pub quantization: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Raw {
+    #[serde(default)]
+    architectures: Vec<String>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<Value>,
+    rope_parameters: Option<Value>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    eos_token_id: Option<Value>,
+    torch_dtype: Option<String>,
+    dtype: Option<String>,
+    quantization_config: Option<Value>,
+}
+
+impl ModelConfig {
+    /// Reads `dir/config.json`.
+    pub fn read(dir: &Path) -> Result<ModelConfig, NativeError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| NativeError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        ModelConfig::parse(&text, &path)
+    }
+
+    /// Parses the text of a `config.json` (`path` is for messages).
+    pub fn parse(text: &str, path: &Path) -> Result<ModelConfig, NativeError> {
+        let raw: Raw = serde_json::from_str(text).map_err(|e| config_error(path, e.to_string()))?;
+        let architecture = raw.architectures.first().cloned().unwrap_or_default();
+        let family = match architecture.as_str() {
+            "LlamaForCausalLM" => Family::Llama,
+            "MistralForCausalLM" => Family::Mistral,
+            "Qwen2ForCausalLM" => Family::Qwen2,
+            "Qwen3ForCausalLM" => Family::Qwen3,
+            "" => return Err(config_error(path, "`architectures` is missing".into())),
+            other => {
+                return Err(NativeError::Unsupported {
+                    what: format!("architecture `{other}`"),
+                    hint: "the native engine runs LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM \
+                           and Qwen3ForCausalLM; serve this model with vLLM or SGLang"
+                        .into(),
+                });
+            }
+        };
+        let need = |value: Option<usize>, key: &str| {
+            value.ok_or_else(|| config_error(path, format!("`{key}` is missing")))
+        };
+        let hidden_size = need(raw.hidden_size, "hidden_size")?;
+        let heads = need(raw.num_attention_heads, "num_attention_heads")?;
+        let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
+        let head_dim = raw.head_dim.unwrap_or(hidden_size / heads.max(1));
+        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(config_error(
+                path,
+                format!("{heads} attention heads cannot be shared by {kv_heads} key/value heads"),
+            ));
+        }
+        if head_dim % 2 != 0 {
+            return Err(config_error(
+                path,
+                format!("head_dim {head_dim} is odd: rotary embeddings need pairs"),
+            ));
+        }
+        let (rope_theta, rope_scaling) = rope(&raw, path)?;
+        let eos_token_ids = match &raw.eos_token_id {
+            Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+            Some(Value::Array(ids)) => ids.iter().filter_map(|v| v.as_u64()).map(|n| n as u32).collect(),
+            _ => Vec::new(),
+        };
+        let sliding_window = match (family, raw.use_sliding_window) {
+            // Qwen2 configs carry a window they do not use unless `use_sliding_window`.
+            (Family::Qwen2 | Family::Qwen3, Some(false) | None) => None,
+            _ => raw.sliding_window,
+        };
+        Ok(ModelConfig {
+            family,
+            architecture,
+            hidden_size,
+            intermediate_size: need(raw.intermediate_size, "intermediate_size")?,
+            layers: need(raw.num_hidden_layers, "num_hidden_layers")?,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab_size: need(raw.vocab_size, "vocab_size")?,
+            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6) as f32,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: raw.max_position_embeddings.unwrap_or(2048),
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            attention_bias: raw.attention_bias.unwrap_or(family == Family::Qwen2),
+            sliding_window,
+            eos_token_ids,
+            dtype: raw.dtype.or(raw.torch_dtype),
+            quantization: raw.quantization_config,
+        })
+    }
+
+    /// The rotary inverse frequencies, scaled as the config says
+    /// (transformers' `modeling_rope_utils.py`).
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let dim = self.head_dim;
+        let base: Vec<f32> = (0..dim / 2)
+            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f32 / dim as f32))
+            .collect();
+        match &self.rope_scaling {
+            RopeScaling::Default => base,
+            RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            } => {
+                let low_wavelen = old / low_freq_factor;
+                let high_wavelen = old / high_freq_factor;
+                base.iter()
+                    .map(|&f| {
+                        let wavelen = 2.0 * std::f32::consts::PI / f;
+                        if wavelen > low_wavelen {
+                            f / factor
+                        } else if wavelen < high_wavelen {
+                            f
+                        } else {
+                            let smooth =
+                                (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+fn rope(raw: &Raw, path: &Path) -> Result<(f32, RopeScaling), NativeError> {
+    let params = raw
+        .rope_parameters
+        .as_ref()
+        .or(raw.rope_scaling.as_ref())
+        .filter(|v| !v.is_null());
+    let theta = raw
+        .rope_theta
+        .or_else(|| params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64))
+        .unwrap_or(10_000.0) as f32;
+    let Some(params) = params else {
+        return Ok((theta, RopeScaling::Default));
+    };
+    let kind = params
+        .get("rope_type")
+        .or_else(|| params.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let number = |key: &str| -> Result<f32, NativeError> {
+        params
+            .get(key)
+            .and_then(Value::as_f64)
+            .map(|v| v as f32)
+            .ok_or_else(|| config_error(path, format!("rope scaling `{kind}` needs `{key}`")))
+    };
+    let scaling = match kind {
+        "default" => RopeScaling::Default,
+        "linear" => RopeScaling::Linear {
+            factor: number("factor")?,
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: number("factor")?,
+            low_freq_factor: number("low_freq_factor")?,
+            high_freq_factor: number("high_freq_factor")?,
+            original_max_position_embeddings: number("original_max_position_embeddings")?,
+        },
+        other => {
+            return Err(NativeError::Unsupported {
+                what: format!("rope scaling `{other}` in {}", path.display()),
+                hint: "the native engine knows `default`, `linear` and `llama3` rotary scaling".into(),
+            });
+        }
+    };
+    Ok((theta, scaling))
+}
+
+fn config_error(path: &Path, message: String) -> NativeError {
+    NativeError::Config {
+        path: PathBuf::from(path),
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ModelConfig, NativeError> {
+        ModelConfig::parse(text, Path::new("config.json"))
+    }
+
+    #[test]
+    fn reads_smollm2_and_refuses_unknown_architectures() {
+        let config = parse(
+            r#"{"architectures":["LlamaForCausalLM"],"hidden_size":576,"intermediate_size":1536,
+            "num_hidden_layers":30,"num_attention_heads":9,"num_key_value_heads":3,"vocab_size":49152,
+            "rms_norm_eps":1e-5,"rope_theta":100000.0,"tie_word_embeddings":true,"eos_token_id":2}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            (config.head_dim, config.kv_heads, config.eos_token_ids.clone()),
+            (64, 3, vec![2])
+        );
+        assert_eq!(config.rope_scaling, RopeScaling::Default);
+        let err = parse(r#"{"architectures":["GPT2LMHeadModel"]}"#).expect_err("unsupported");
+        assert!(err.to_string().contains("GPT2LMHeadModel"), "{err}");
+    }
+
+    #[test]
+    fn llama3_scaling_keeps_high_frequencies_and_divides_low_ones() {
+        let config = parse(
+            r#"{"architectures":["LlamaForCausalLM"],"hidden_size":4096,"intermediate_size":14336,
+            "num_hidden_layers":1,"num_attention_heads":32,"num_key_value_heads":8,"vocab_size":10,
+            "rope_theta":500000.0,"rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,
+            "high_freq_factor":4.0,"original_max_position_embeddings":8192}}"#,
+        )
+        .expect("valid");
+        let plain = 1.0f32;
+        let scaled = config.inv_freq();
+        assert_eq!(scaled[0], plain);
+        let last = 1.0 / 500000f32.powf(126.0 / 128.0);
+        assert!((scaled[63] - last / 8.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,517 @@
+//! The engine loop: a scheduler with iteration-level batching over the paged KV cache.
+//!
+//! One thread owns the model, the cache and every sequence. Each iteration it
+//! 1. takes new requests and drops those whose client went away (their blocks are freed
+//!    at once),
+//! 2. schedules a step within the token budget (`serving.max_batched_tokens`): first the
+//!    running sequences (one token each when decoding, the next chunk of the prompt when
+//!    prefilling), then waiting ones, first come first served, while fewer than
+//!    `serving.max_num_seqs` run and their blocks fit; a waiting request stays queued
+//!    until they do. When a running sequence needs a block and none is free, the most
+//!    recently admitted sequence is preempted: its blocks are freed and it goes back to
+//!    the head of the queue to be recomputed later (vLLM's recompute preemption),
+//! 3. runs one forward pass over all scheduled tokens, and
+//! 4. samples a token for every sequence whose prompt is complete, sends it to its
+//!    client and finishes sequences that hit a stop condition.
+//!
+//! With prefix caching on, a new request first takes the cached blocks matching its
+//! prompt (all but the last token, which must be computed to get logits), and every
+//! block a sequence fills is registered for later requests.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, error::TryRecvError};
+
+use super::blocks::{BlockHash, BlockPool, block_hash};
+use super::metrics::{FinishReason, FinishedRequest, Metrics};
+use super::model::{BatchSeq, KvCache, Logits, Model};
+use super::sampling::{Sampler, SamplingParams, TokenLogprobs, logprobs};
+
+/// What a request's client receives.
+#[derive(Debug)]
+pub enum Event {
+    /// Log-probabilities of the prompt tokens (the first is `None`: nothing predicts it).
+    PromptLogprobs(Vec<Option<TokenLogprobs>>),
+    /// A generated token.
+    Token {
+        /// Its id.
+        id: u32,
+        /// Its log-probabilities, if asked for.
+        logprobs: Option<TokenLogprobs>,
+        /// Prompt tokens found in the prefix cache (sent with every token; the
+        /// first one matters).
+        cached_tokens: usize,
+    },
+    /// No more tokens.
+    Finished(FinishReason),
+    /// The engine failed on this request.
+    Failed(String),
+}
+
+/// A generation request.
+#[derive(Debug)]
+pub struct Request {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Sampling parameters.
+    pub params: SamplingParams,
+    /// Where events go. Dropping the receiver cancels the request.
+    pub events: UnboundedSender<Event>,
+    /// Set by the client before it drops the receiver when it stopped the request itself
+    /// on a stop string (so the request counts as `stop`, not `abort`).
+    pub stopped: Arc<AtomicBool>,
+    /// When the request arrived.
+    pub arrival: Instant,
+}
+
+/// Messages to the engine loop.
+#[derive(Debug)]
+pub enum Command {
+    /// A new request.
+    Submit(Request),
+    /// Abort every request (shutdown after the grace period).
+    AbortAll,
+}
+
+/// Fixed settings of the loop.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Most tokens in one step.
+    pub max_batched_tokens: usize,
+    /// Longest prompt + output.
+    pub max_model_len: usize,
+    /// Split long prompts over several steps.
+    pub chunked_prefill: bool,
+    /// End-of-sequence ids (generation config and tokenizer).
+    pub eos: Vec<u32>,
+    /// How often the stats line is logged.
+    pub log_interval: Duration,
+}
+
+struct Seq {
+    req: Request,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    computed: usize,
+    blocks: Vec<u32>,
+    hashes: Vec<BlockHash>,
+    sampler: Sampler,
+    cached_tokens: usize,
+    prompt_logprobs: Vec<Option<TokenLogprobs>>,
+    scheduled_at: Option<Instant>,
+    first_token_at: Option<Instant>,
+    last_token_at: Option<Instant>,
+}
+
+impl Seq {
+    fn output_len(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn wants_prompt_logprobs(&self) -> bool {
+        self.req.params.prompt_logprobs.is_some() && self.output_len() == 0
+    }
+}
+
+/// The loop's state.
+pub struct Core {
+    model: Model,
+    cache: KvCache,
+    pool: BlockPool,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    on_log: Box<dyn Fn(String) + Send>,
+}
+
+impl Core {
+    /// A loop over `model` with `blocks` cache blocks of `block_size` tokens.
+    pub fn new(
+        model: Model,
+        blocks: usize,
+        block_size: usize,
+        prefix_caching: bool,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+        on_log: Box<dyn Fn(String) + Send>,
+    ) -> Core {
+        let cache = KvCache::new(&model, blocks, block_size);
+        Core {
+            model,
+            cache,
+            pool: BlockPool::new(blocks, block_size, prefix_caching),
+            limits,
+            metrics,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            on_log,
+        }
+    }
+
+    /// Runs until every sender of `commands` is gone and no request is left.
+    pub fn run(mut self, mut commands: UnboundedReceiver<Command>) {
+        loop {
+            let idle = self.running.is_empty() && self.waiting.is_empty();
+            if idle {
+                self.publish();
+                match commands.blocking_recv() {
+                    Some(c) => self.command(c),
+                    None => return,
+                }
+            }
+            loop {
+                match commands.try_recv() {
+                    Ok(c) => self.command(c),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        if self.running.is_empty() && self.waiting.is_empty() {
+                            return;
+                        }
+                        break;
+                    }
+                }
+            }
+            self.reap_cancelled();
+            self.step();
+            self.publish();
+        }
+    }
+
+    fn command(&mut self, command: Command) {
+        match command {
+            Command::Submit(req) => {
+                let sampler = Sampler::new(&req.params, &req.prompt);
+                self.waiting.push_back(Seq {
+                    tokens: req.prompt.clone(),
+                    prompt_len: req.prompt.len(),
+                    req,
+                    computed: 0,
+                    blocks: Vec::new(),
+                    hashes: Vec::new(),
+                    sampler,
+                    cached_tokens: 0,
+                    prompt_logprobs: Vec::new(),
+                    scheduled_at: None,
+                    first_token_at: None,
+                    last_token_at: None,
+                });
+            }
+            Command::AbortAll => {
+                let all: Vec<Seq> = self.running.drain(..).chain(self.waiting.drain(..)).collect();
+                for seq in all {
+                    self.finish(seq, FinishReason::Abort);
+                }
+            }
+        }
+    }
+
+    fn publish(&mut self) {
+        self.metrics
+            .gauges(self.running.len(), self.waiting.len(), self.pool.usage());
+        if let Some(line) = self.metrics.stats_line(self.limits.log_interval, "CPU") {
+            (self.on_log)(line);
+        }
+    }
+
+    fn reap_cancelled(&mut self) {
+        let closed = |s: &Seq| s.req.events.is_closed();
+        let mut gone = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            if closed(&self.running[i]) {
+                gone.push(self.running.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        let (keep, cancelled): (VecDeque<Seq>, VecDeque<Seq>) =
+            self.waiting.drain(..).partition(|s| !closed(s));
+        self.waiting = keep;
+        gone.extend(cancelled);
+        for seq in gone {
+            let reason = if seq.req.stopped.load(Ordering::Relaxed) {
+                FinishReason::Stop
+            } else {
+                FinishReason::Abort
+            };
+            self.finish(seq, reason);
+        }
+    }
+
+    /// Frees a sequence's blocks, records it and tells its client.
+    fn finish(&mut self, mut seq: Seq, reason: FinishReason) {
+        self.pool.release(&seq.blocks);
+        seq.blocks.clear();
+        let now = Instant::now();
+        self.metrics.finished(&FinishedRequest {
+            reason,
+            prompt_tokens: seq.prompt_len,
+            generation_tokens: seq.output_len(),
+            queue: seq.scheduled_at.map(|t| t - seq.req.arrival),
+            prefill: seq.scheduled_at.zip(seq.first_token_at).map(|(s, f)| f - s),
+            decode: seq.first_token_at.zip(seq.last_token_at).map(|(f, l)| l - f),
+            inference: seq.scheduled_at.map(|s| now - s),
+            e2e: now - seq.req.arrival,
+            max_tokens: seq.req.params.max_tokens,
+        });
+        let _ = seq.req.events.send(Event::Finished(reason));
+    }
+
+    /// Makes `seq` hold blocks for its first `tokens` tokens.
+    fn grow(pool: &mut BlockPool, seq: &mut Seq, tokens: usize) -> bool {
+        let need = tokens.div_ceil(pool.block_size());
+        while seq.blocks.len() < need {
+            match pool.allocate() {
+                Some(b) => seq.blocks.push(b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    fn preempt(&mut self, mut seq: Seq) {
+        self.pool.release(&seq.blocks);
+        seq.blocks.clear();
+        seq.hashes.clear();
+        seq.computed = 0;
+        seq.prompt_logprobs.clear();
+        self.metrics.preempted();
+        self.waiting.push_front(seq);
+    }
+
+    /// How many of `remaining` tokens to compute now with `budget` left.
+    fn chunk(&self, remaining: usize, budget: usize, nothing_yet: bool) -> usize {
+        if self.limits.chunked_prefill {
+            remaining.min(budget)
+        } else if remaining <= budget || nothing_yet {
+            remaining
+        } else {
+            0
+        }
+    }
+
+    /// Picks this step's work: `(index in running, tokens)`.
+    fn schedule(&mut self) -> Vec<(usize, usize)> {
+        let mut budget = self.limits.max_batched_tokens;
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let remaining = self.running[i].tokens.len() - self.running[i].computed;
+            let n = self.chunk(remaining, budget, plan.is_empty());
+            if n == 0 {
+                break;
+            }
+            let upto = self.running[i].computed + n;
+            let mut fits = Core::grow(&mut self.pool, &mut self.running[i], upto);
+            while !fits && self.running.len() > i + 1 {
+                if let Some(victim) = self.running.pop() {
+                    self.preempt(victim);
+                }
+                fits = Core::grow(&mut self.pool, &mut self.running[i], upto);
+            }
+            if !fits {
+                // Nothing left to preempt but itself.
+                let seq = self.running.remove(i);
+                self.preempt(seq);
+                continue;
+            }
+            plan.push((i, n));
+            budget -= n;
+            i += 1;
+        }
+        while budget > 0 && self.running.len() < self.limits.max_num_seqs {
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            if seq.computed == 0 && seq.blocks.is_empty() {
+                let bs = self.pool.block_size();
+                // Never the whole sequence: its last token must be computed for logits.
+                let full = (seq.tokens.len() - 1) / bs;
+                let mut parent: Option<BlockHash> = None;
+                let hashes: Vec<BlockHash> = (0..full)
+                    .map(|b| {
+                        let h = block_hash(parent.as_ref(), &seq.tokens[b * bs..(b + 1) * bs]);
+                        parent = Some(h);
+                        h
+                    })
+                    .collect();
+                let hits = self.pool.lookup(&hashes);
+                seq.computed = hits.len() * bs;
+                seq.hashes = hashes[..hits.len()].to_vec();
+                seq.blocks = hits;
+            }
+            let remaining = seq.tokens.len() - seq.computed;
+            let n = self.chunk(remaining, budget, plan.is_empty());
+            let upto = seq.computed + n;
+            if n == 0 || !Core::grow(&mut self.pool, &mut seq, upto) {
+                // Not now: give back what it took and keep its place in the queue.
+                self.pool.release(&seq.blocks);
+                seq.blocks.clear();
+                seq.hashes.clear();
+                seq.computed = 0;
+                self.waiting.push_front(seq);
+                break;
+            }
+            if seq.scheduled_at.is_none() {
+                seq.scheduled_at = Some(Instant::now());
+                seq.cached_tokens = seq.computed;
+                self.metrics.admitted(
+                    seq.prompt_len,
+                    seq.computed.min(seq.prompt_len),
+                    self.pool.prefix_caching(),
+                );
+            }
+            plan.push((self.running.len(), n));
+            budget -= n;
+            self.running.push(seq);
+        }
+        plan
+    }
+
+    fn step(&mut self) {
+        let plan = self.schedule();
+        if plan.is_empty() {
+            // Everything waits for blocks that running sequences hold; they are gone only
+            // when cancelled, so wait a little for that instead of spinning.
+            std::thread::sleep(Duration::from_millis(1));
+            return;
+        }
+        let batch: Vec<BatchSeq> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                let ends = s.computed + n == s.tokens.len();
+                let logits = if s.wants_prompt_logprobs() {
+                    Logits::All
+                } else if ends {
+                    Logits::Last
+                } else {
+                    Logits::None
+                };
+                BatchSeq {
+                    blocks: &s.blocks,
+                    tokens: &s.tokens[s.computed..s.computed + n],
+                    start: s.computed,
+                    logits,
+                }
+            })
+            .collect();
+        let kinds: Vec<Logits> = batch.iter().map(|b| b.logits).collect();
+        let result = self.model.forward(&batch, &mut self.cache);
+        drop(batch);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                let message = format!("the forward pass failed: {e}");
+                (self.on_log)(format!("ERROR {message}"));
+                let mut failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
+                failed.sort_unstable();
+                for i in failed.into_iter().rev() {
+                    let seq = self.running.remove(i);
+                    let _ = seq.req.events.send(Event::Failed(message.clone()));
+                    self.finish(seq, FinishReason::Abort);
+                }
+                return;
+            }
+        };
+        let vocab = self.model.config().vocab_size;
+        let mut rows = logits.chunks_exact(vocab);
+        let mut done: Vec<(usize, FinishReason)> = Vec::new();
+        let now = Instant::now();
+        for (&(i, n), kind) in plan.iter().zip(kinds) {
+            let seq = &mut self.running[i];
+            let start = seq.computed;
+            seq.computed += n;
+            if start < seq.prompt_len {
+                self.metrics.computed_prompt(n.min(seq.prompt_len - start));
+            }
+            // Register the blocks this step filled.
+            let bs = self.pool.block_size();
+            while seq.hashes.len() < seq.computed / bs {
+                let b = seq.hashes.len();
+                let h = block_hash(seq.hashes.last(), &seq.tokens[b * bs..(b + 1) * bs]);
+                self.pool.register(seq.blocks[b], h);
+                seq.hashes.push(h);
+            }
+            let last = match kind {
+                Logits::None => continue,
+                Logits::Last => rows.next(),
+                Logits::All => {
+                    let mut last = None;
+                    for p in start..start + n {
+                        let row = rows.next();
+                        if let Some(top) = seq.req.params.prompt_logprobs
+                            && p + 1 < seq.prompt_len
+                            && let Some(row) = row
+                        {
+                            if seq.prompt_logprobs.is_empty() {
+                                seq.prompt_logprobs.push(None);
+                            }
+                            seq.prompt_logprobs
+                                .push(Some(logprobs(row, seq.tokens[p + 1], top)));
+                        }
+                        last = row;
+                    }
+                    last
+                }
+            };
+            if seq.computed < seq.tokens.len() {
+                continue;
+            }
+            let Some(row) = last else { continue };
+            if seq.req.params.prompt_logprobs.is_some() && seq.output_len() == 0 {
+                let mut lp = std::mem::take(&mut seq.prompt_logprobs);
+                if lp.is_empty() {
+                    lp.push(None);
+                }
+                let _ = seq.req.events.send(Event::PromptLogprobs(lp));
+            }
+            let params = &seq.req.params;
+            if params.max_tokens == 0 {
+                done.push((i, FinishReason::Length));
+                continue;
+            }
+            let token = seq.sampler.sample(params, &mut row.to_vec());
+            // Log-probabilities of the raw output, before penalties and temperature.
+            let lp = params.logprobs.map(|top| logprobs(row, token, top));
+            seq.sampler.push(token);
+            seq.tokens.push(token);
+            let ttft = seq.first_token_at.is_none().then(|| now - seq.req.arrival);
+            let itl = seq.last_token_at.map(|t| now - t);
+            seq.first_token_at.get_or_insert(now);
+            seq.last_token_at = Some(now);
+            self.metrics.token(ttft, itl);
+            let sent = seq.req.events.send(Event::Token {
+                id: token,
+                logprobs: lp,
+                cached_tokens: seq.cached_tokens,
+            });
+            let params = &seq.req.params;
+            let reason = if sent.is_err() {
+                Some(FinishReason::Abort)
+            } else if (!params.ignore_eos && self.limits.eos.contains(&token))
+                || params.stop_token_ids.contains(&token)
+            {
+                Some(FinishReason::Stop)
+            } else if seq.output_len() >= params.max_tokens || seq.tokens.len() >= self.limits.max_model_len {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                done.push((i, reason));
+            }
+        }
+        done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
+        for (i, reason) in done {
+            let seq = self.running.remove(i);
+            self.finish(seq, reason);
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! The engine's Prometheus metrics, named and labelled as vLLM's, and its periodic
+//! stats line.
+//!
+//! Names, labels and bucket boundaries mirror `vllm@0.33.0:vllm/v1/metrics/loggers.py`
+//! (`PrometheusStatLogger`) and the line mirrors `LoggingStatLogger.log`
+//! (`shared/reference/engines.md` §3), so that `sous bench`, Grafana dashboards built
+//! for vLLM and anything else that scrapes vLLM read the native engine unchanged.
+//!
+//! The text exposition is written here rather than with a metrics crate: the Rust
+//! clients (`prometheus`, `prometheus-client`) either reject the `vllm:` colon names or
+//! emit OpenMetrics (`# EOF`, `_created`) where vLLM serves the classic text format, and
+//! the format is a few lines of code.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// TTFT buckets (`loggers.py`, `histogram_time_to_first_token`).
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
+];
+/// Inter-token latency and TPOT buckets (`histogram_inter_token_latency`).
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+];
+/// Request-level latency buckets (`request_latency_buckets`).
+const REQUEST_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+];
+
+/// A cumulative histogram.
+#[derive(Debug, Clone)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, value: f64) {
+        for (b, c) in self.bounds.iter().zip(&mut self.counts) {
+            if value <= *b {
+                *c += 1;
+            }
+        }
+        self.sum += value;
+        self.count += 1;
+    }
+}
+
+/// Why a request finished, as vLLM's `finished_reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FinishReason {
+    /// An end-of-sequence token, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+    /// Cancelled, disconnected or shut down.
+    Abort,
+}
+
+impl FinishReason {
+    /// The label value and the OpenAI `finish_reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// The timings and counts of one finished request.
+#[derive(Debug, Clone)]
+pub struct FinishedRequest {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub generation_tokens: usize,
+    /// Arrival → first scheduled.
+    pub queue: Option<Duration>,
+    /// First scheduled → first token.
+    pub prefill: Option<Duration>,
+    /// First token → last token.
+    pub decode: Option<Duration>,
+    /// First scheduled → finished.
+    pub inference: Option<Duration>,
+    /// Arrival → finished.
+    pub e2e: Duration,
+    /// `max_tokens` of the request.
+    pub max_tokens: usize,
+}
+
+#[derive(Debug)]
+struct State {
+    ttft: Histogram,
+    itl: Histogram,
+    tpot: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
+    inference: Histogram,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    cached_prompt_tokens: u64,
+    prefix_queries: u64,
+    prefix_hits: u64,
+    preemptions: u64,
+    success: BTreeMap<FinishReason, u64>,
+    running: usize,
+    waiting: usize,
+    kv_usage: f64,
+    // The interval of the periodic line.
+    interval_start: Instant,
+    interval_prompt: u64,
+    interval_generation: u64,
+    /// Recent (queries, hits) per request, for the line's sliding hit rate (vLLM keeps
+    /// the last 1000 requests: `CachingMetrics(max_recent_requests=1000)`).
+    recent: std::collections::VecDeque<(u64, u64)>,
+}
+
+/// The engine's metrics: written by the engine loop, read by `/metrics`.
+#[derive(Debug)]
+pub struct Metrics {
+    model_name: String,
+    cache_info: Vec<(String, String)>,
+    state: Mutex<State>,
+}
+
+impl Metrics {
+    /// Metrics for the model clients know as `model_name`; `cache_info` becomes the
+    /// labels of `vllm:cache_config_info`.
+    pub fn new(model_name: &str, cache_info: Vec<(String, String)>) -> Metrics {
+        Metrics {
+            model_name: model_name.to_owned(),
+            cache_info,
+            state: Mutex::new(State {
+                ttft: Histogram::new(TTFT_BUCKETS),
+                itl: Histogram::new(ITL_BUCKETS),
+                tpot: Histogram::new(ITL_BUCKETS),
+                e2e: Histogram::new(REQUEST_BUCKETS),
+                queue: Histogram::new(REQUEST_BUCKETS),
+                prefill: Histogram::new(REQUEST_BUCKETS),
+                decode: Histogram::new(REQUEST_BUCKETS),
+                inference: Histogram::new(REQUEST_BUCKETS),
+                prompt_tokens: 0,
+                generation_tokens: 0,
+                cached_prompt_tokens: 0,
+                prefix_queries: 0,
+                prefix_hits: 0,
+                preemptions: 0,
+                success: BTreeMap::new(),
+                running: 0,
+                waiting: 0,
+                kv_usage: 0.0,
+                interval_start: Instant::now(),
+                interval_prompt: 0,
+                interval_generation: 0,
+                recent: Default::default(),
+            }),
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        // A panic while holding the lock cannot leave the counters inconsistent in a way
+        // that matters more than losing them, so a poisoned lock is used as it is.
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut state)
+    }
+
+    /// A request was admitted: `queried` prompt tokens looked up, `hit` found cached.
+    pub fn admitted(&self, queried: usize, hit: usize, prefix_caching: bool) {
+        self.with(|s| {
+            if prefix_caching {
+                s.prefix_queries += queried as u64;
+                s.prefix_hits += hit as u64;
+                s.recent.push_back((queried as u64, hit as u64));
+                if s.recent.len() > 1000 {
+                    s.recent.pop_front();
+                }
+            }
+            s.cached_prompt_tokens += hit as u64;
+        });
+    }
+
+    /// Prompt tokens computed in a step (cached ones excluded).
+    pub fn computed_prompt(&self, tokens: usize) {
+        self.with(|s| s.interval_prompt += tokens as u64);
+    }
+
+    /// A token was generated; `first` is the request's first, with its TTFT; else the
+    /// time since the previous token.
+    pub fn token(&self, ttft: Option<Duration>, itl: Option<Duration>) {
+        self.with(|s| {
+            s.generation_tokens += 1;
+            s.interval_generation += 1;
+            if let Some(t) = ttft {
+                s.ttft.observe(t.as_secs_f64());
+            }
+            if let Some(t) = itl {
+                s.itl.observe(t.as_secs_f64());
+            }
+        });
+    }
+
+    /// A sequence was preempted.
+    pub fn preempted(&self) {
+        self.with(|s| s.preemptions += 1);
+    }
+
+    /// A request finished.
+    pub fn finished(&self, r: &FinishedRequest) {
+        self.with(|s| {
+            *s.success.entry(r.reason).or_default() += 1;
+            s.prompt_tokens += r.prompt_tokens as u64;
+            s.e2e.observe(r.e2e.as_secs_f64());
+            for (h, v) in [
+                (&mut s.queue, r.queue),
+                (&mut s.prefill, r.prefill),
+                (&mut s.decode, r.decode),
+                (&mut s.inference, r.inference),
+            ] {
+                if let Some(v) = v {
+                    h.observe(v.as_secs_f64());
+                }
+            }
+            if r.generation_tokens > 1
+                && let Some(d) = r.decode
+            {
+                s.tpot.observe(d.as_secs_f64() / (r.generation_tokens - 1) as f64);
+            }
+        });
+    }
+
+    /// The scheduler's state after a step.
+    pub fn gauges(&self, running: usize, waiting: usize, kv_usage: f64) {
+        self.with(|s| {
+            s.running = running;
+            s.waiting = waiting;
+            s.kv_usage = kv_usage;
+        });
+    }
+
+    /// `(running, waiting, kv_usage)` as last reported.
+    pub fn snapshot(&self) -> (usize, usize, f64) {
+        self.with(|s| (s.running, s.waiting, s.kv_usage))
+    }
+
+    /// vLLM's periodic line, when `interval` has passed since the last one: `None` before
+    /// that, and when the engine was idle all along (vLLM logs those at DEBUG only).
+    pub fn stats_line(&self, interval: Duration, device: &str) -> Option<String> {
+        self.with(|s| {
+            let elapsed = s.interval_start.elapsed();
+            if elapsed < interval {
+                return None;
+            }
+            let secs = elapsed.as_secs_f64();
+            let idle =
+                s.interval_prompt == 0 && s.interval_generation == 0 && s.running == 0 && s.waiting == 0;
+            let mut parts = vec![
+                format!(
+                    "Avg prompt throughput: {:.1} tokens/s",
+                    s.interval_prompt as f64 / secs
+                ),
+                format!(
+                    "Avg generation throughput: {:.1} tokens/s",
+                    s.interval_generation as f64 / secs
+                ),
+                format!("Running: {} reqs", s.running),
+                format!("Waiting: {} reqs", s.waiting),
+            ];
+            if s.preemptions > 0 {
+                parts.push(format!("Preemptions: {}", s.preemptions));
+            }
+            parts.push(format!("{device} KV cache usage: {:.1}%", s.kv_usage * 100.0));
+            let (q, h) = s.recent.iter().fold((0, 0), |(q, h), r| (q + r.0, h + r.1));
+            if q > 0 {
+                parts.push(format!(
+                    "Prefix cache hit rate: {:.1}%",
+                    h as f64 / q as f64 * 100.0
+                ));
+            }
+            s.interval_start = Instant::now();
+            s.interval_prompt = 0;
+            s.interval_generation = 0;
+            (!idle).then(|| format!("Engine 000: {}", parts.join(", ")))
+        })
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let labels = format!("engine=\"0\",model_name=\"{}\"", escape(&self.model_name));
+        self.with(|s| {
+            let mut out = String::new();
+            let mut gauge = |name: &str, help: &str, value: f64| {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {value}"
+                );
+            };
+            gauge(
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                s.running as f64,
+            );
+            gauge(
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                s.waiting as f64,
+            );
+            gauge(
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                s.kv_usage,
+            );
+            let info: Vec<String> = self
+                .cache_info
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+                 # TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{{},{labels}}} 1.0",
+                info.join(",")
+            );
+            let mut counter = |name: &str, help: &str, series: &[(String, u64)]| {
+                let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter");
+                for (extra, value) in series {
+                    let _ = writeln!(out, "{name}_total{{{extra}{labels}}} {value}.0");
+                }
+            };
+            counter(
+                "vllm:num_preemptions",
+                "Cumulative number of preemption from the engine.",
+                &[(String::new(), s.preemptions)],
+            );
+            counter(
+                "vllm:prompt_tokens",
+                "Number of prefill tokens processed.",
+                &[(String::new(), s.prompt_tokens)],
+            );
+            counter(
+                "vllm:prompt_tokens_cached",
+                "Number of cached prompt tokens (local prefix cache).",
+                &[(String::new(), s.cached_prompt_tokens)],
+            );
+            counter(
+                "vllm:generation_tokens",
+                "Number of generation tokens processed.",
+                &[(String::new(), s.generation_tokens)],
+            );
+            counter(
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                &[(String::new(), s.prefix_queries)],
+            );
+            counter(
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                &[(String::new(), s.prefix_hits)],
+            );
+            let success: Vec<(String, u64)> = [FinishReason::Stop, FinishReason::Length, FinishReason::Abort]
+                .iter()
+                .map(|r| {
+                    (
+                        format!("finished_reason=\"{}\",", r.as_str()),
+                        s.success.get(r).copied().unwrap_or(0),
+                    )
+                })
+                .collect();
+            counter(
+                "vllm:request_success",
+                "Count of successfully processed requests.",
+                &success,
+            );
+            for (name, help, h) in [
+                (
+                    "vllm:time_to_first_token_seconds",
+                    "Histogram of time to first token in seconds.",
+                    &s.ttft,
+                ),
+                (
+                    "vllm:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.",
+                    &s.itl,
+                ),
+                (
+                    "vllm:request_time_per_output_token_seconds",
+                    "Histogram of time_per_output_token_seconds per request.",
+                    &s.tpot,
+                ),
+                (
+                    "vllm:e2e_request_latency_seconds",
+                    "Histogram of e2e request latency in seconds.",
+                    &s.e2e,
+                ),
+                (
+                    "vllm:request_queue_time_seconds",
+                    "Histogram of time spent in WAITING phase for request.",
+                    &s.queue,
+                ),
+                (
+                    "vllm:request_prefill_time_seconds",
+                    "Histogram of time spent in PREFILL phase for request.",
+                    &s.prefill,
+                ),
+                (
+                    "vllm:request_decode_time_seconds",
+                    "Histogram of time spent in DECODE phase for request.",
+                    &s.decode,
+                ),
+                (
+                    "vllm:request_inference_time_seconds",
+                    "Histogram of time spent in RUNNING phase for request.",
+                    &s.inference,
+                ),
+            ] {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+                for (b, c) in h.bounds.iter().zip(&h.counts) {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"{}\",{labels}}} {c}.0", fmt_bound(*b));
+                }
+                let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\",{labels}}} {}.0", h.count);
+                let _ = writeln!(out, "{name}_count{{{labels}}} {}.0", h.count);
+                let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum);
+            }
+            out
+        })
+    }
+}
+
+/// Bucket bounds as Python's `float.__repr__` prints them (`1.0`, `0.25`).
+fn fmt_bound(b: f64) -> String {
+    crate::chat::python_float_repr(b)
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative_and_counters_carry_total() {
+        let m = Metrics::new("m", vec![("block_size".into(), "16".into())]);
+        m.token(Some(Duration::from_millis(30)), None);
+        m.token(None, Some(Duration::from_millis(60)));
+        m.finished(&FinishedRequest {
+            reason: FinishReason::Length,
+            prompt_tokens: 5,
+            generation_tokens: 2,
+            queue: Some(Duration::ZERO),
+            prefill: Some(Duration::from_millis(30)),
+            decode: Some(Duration::from_millis(60)),
+            inference: Some(Duration::from_millis(90)),
+            e2e: Duration::from_millis(90),
+            max_tokens: 2,
+        });
+        let text = m.render();
+        for line in [
+            "vllm:time_to_first_token_seconds_bucket{le=\"0.02\",engine=\"0\",model_name=\"m\"} 0.0",
+            "vllm:time_to_first_token_seconds_bucket{le=\"0.04\",engine=\"0\",model_name=\"m\"} 1.0",
+            "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",engine=\"0\",model_name=\"m\"} 1.0",
+            "vllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} 2.0",
+            "vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} 5.0",
+            "vllm:request_success_total{finished_reason=\"length\",engine=\"0\",model_name=\"m\"} 1.0",
+            "vllm:cache_config_info{block_size=\"16\",engine=\"0\",model_name=\"m\"} 1.0",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn stats_line_has_vllms_shape() {
+        let m = Metrics::new("m", Vec::new());
+        m.computed_prompt(100);
+        m.gauges(2, 1, 0.25);
+        m.admitted(32, 16, true);
+        let line = m.stats_line(Duration::ZERO, "CPU").expect("not idle");
+        assert!(line.starts_with("Engine 000: Avg prompt throughput: "), "{line}");
+        assert!(
+            line.contains(
+                "Running: 2 reqs, Waiting: 1 reqs, CPU KV cache usage: 25.0%, Prefix cache hit rate: 50.0%"
+            ),
+            "{line}"
+        );
+    }
+}

@@ -1,0 +1,385 @@
+//! The built-in `native` engine: a Llama-family decoder on the CPU (candle), served
+//! in-process with an OpenAI-compatible API and vLLM's metrics.
+//!
+//! - [`config`], [`weights`], [`model`]: reading a Hugging Face model directory
+//!   (unquantized or NVFP4 as `sous quantize` writes it) and the forward pass;
+//! - [`blocks`], [`core`], [`sampling`]: the paged KV cache, the scheduler with
+//!   iteration-level batching, chunked prefill and prefix caching, and sampling;
+//! - [`text`]: tokenizer, chat template, detokenization, stop strings;
+//! - [`http`], [`metrics`]: the HTTP API and the Prometheus metrics.
+//!
+//! [`Engine::load`] builds everything from a resolved recipe; [`http::serve`] runs it.
+
+pub mod blocks;
+pub mod config;
+pub mod core;
+pub mod http;
+pub mod metrics;
+pub mod model;
+pub mod sampling;
+pub mod text;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::DType;
+
+use crate::recipe::{ModelDtype, Recipe};
+use config::ModelConfig;
+use metrics::Metrics;
+use model::Model;
+use text::TextModel;
+use weights::Checkpoint;
+
+/// Tokens per KV block (vLLM's default `--block-size`).
+pub const BLOCK_SIZE: usize = 16;
+/// Default `serving.max_num_seqs` of the native engine.
+pub const DEFAULT_MAX_NUM_SEQS: usize = 64;
+/// Default `serving.max_batched_tokens`: one step of this many tokens takes well under a
+/// second on two cores for small models, so decoding streams keep flowing while a long
+/// prompt is prefilled in chunks.
+pub const DEFAULT_MAX_BATCHED_TOKENS: usize = 512;
+/// Default KV budget when the recipe sets neither `memory.kv_cache_bytes` nor
+/// `memory.gpu_utilization`: vLLM's CPU backend reserves 4 GiB
+/// (`VLLM_CPU_KVCACHE_SPACE`); sous takes the smaller of that and a quarter of RAM.
+pub const DEFAULT_KV_BYTES: u64 = 4 << 30;
+
+/// What can go wrong loading or running the native engine.
+#[derive(Debug, thiserror::Error)]
+pub enum NativeError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A model file is malformed.
+    #[error("{path}: {message}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The model is of a kind the engine does not run.
+    #[error("the native engine cannot run {what}")]
+    Unsupported {
+        /// What.
+        what: String,
+        /// What to do instead.
+        hint: String,
+    },
+    /// A tensor the architecture needs is absent.
+    #[error("tensor `{name}` is missing from the checkpoint in {dir}")]
+    MissingTensor {
+        /// Its name.
+        name: String,
+        /// The model directory.
+        dir: PathBuf,
+    },
+    /// The settings do not fit together.
+    #[error("{message}")]
+    Settings {
+        /// What is wrong.
+        message: String,
+        /// What to change.
+        hint: String,
+    },
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A tensor operation failed.
+    #[error("tensor operation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// A bug.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl NativeError {
+    /// What the user can do about it.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            NativeError::Unsupported { hint, .. } | NativeError::Settings { hint, .. } => Some(hint.clone()),
+            NativeError::MissingTensor { .. } => Some(
+                "the checkpoint is incomplete or not a Llama-family model: pull or quantize it again".into(),
+            ),
+            NativeError::Bind { .. } => Some("pick another `server.port`, or stop what is using it".into()),
+            _ => None,
+        }
+    }
+
+    /// Whether this is sous's fault rather than the input's.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, NativeError::Candle(_) | NativeError::Internal(_))
+    }
+}
+
+/// The engine's settings, resolved from a recipe.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The model directory.
+    pub model_dir: PathBuf,
+    /// Name clients use.
+    pub served_name: String,
+    /// Compute dtype of the matrix products.
+    pub dtype: DType,
+    /// Longest prompt + output; `None`: the model's.
+    pub max_model_len: Option<usize>,
+    /// Most sequences at once.
+    pub max_num_seqs: usize,
+    /// Most tokens per step.
+    pub max_batched_tokens: usize,
+    /// Prefix caching.
+    pub prefix_caching: bool,
+    /// Chunked prefill.
+    pub chunked_prefill: bool,
+    /// Fixed KV budget in bytes.
+    pub kv_cache_bytes: Option<u64>,
+    /// Fraction of host RAM for weights and KV cache together.
+    pub memory_fraction: Option<f64>,
+    /// Listen address.
+    pub host: String,
+    /// Listen port (0: any).
+    pub port: u16,
+    /// API key clients must send, if any.
+    pub api_key: Option<String>,
+    /// How long in-flight requests may run after a stop signal.
+    pub stop_grace: Duration,
+    /// How often the stats line is logged.
+    pub log_interval: Duration,
+}
+
+impl Settings {
+    /// The settings of `recipe`, serving the model in `model_dir`.
+    pub fn from_recipe(recipe: &Recipe, model_dir: &Path) -> Result<Settings, NativeError> {
+        let s = &recipe.serving;
+        let dtype = match s.dtype {
+            None | Some(ModelDtype::Auto) | Some(ModelDtype::Float32) => DType::F32,
+            Some(ModelDtype::Bfloat16) => DType::BF16,
+            Some(ModelDtype::Float16) => DType::F16,
+        };
+        let api_key = match &recipe.server.api_key_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| NativeError::Settings {
+                message: format!("`server.api_key_env` names `{var}`, which is not set"),
+                hint: format!("export {var}=... before `sous serve`, or remove `server.api_key_env`"),
+            })?),
+            None => None,
+        };
+        Ok(Settings {
+            model_dir: model_dir.to_owned(),
+            served_name: recipe.model.served_name.clone(),
+            dtype,
+            max_model_len: s.max_model_len.map(|v| v as usize),
+            max_num_seqs: s.max_num_seqs.map_or(DEFAULT_MAX_NUM_SEQS, |v| v as usize),
+            max_batched_tokens: s
+                .max_batched_tokens
+                .map_or(DEFAULT_MAX_BATCHED_TOKENS, |v| v as usize),
+            prefix_caching: s.prefix_caching.unwrap_or(false),
+            chunked_prefill: s.chunked_prefill.unwrap_or(true),
+            kv_cache_bytes: recipe.memory.kv_cache_bytes,
+            memory_fraction: recipe.memory.gpu_utilization,
+            host: recipe.server.host.clone(),
+            port: recipe.server.port,
+            api_key,
+            stop_grace: recipe.server.stop_grace,
+            log_interval: Duration::from_secs(10),
+        })
+    }
+}
+
+/// A loaded engine, ready to serve.
+pub struct Engine {
+    /// The settings.
+    pub settings: Settings,
+    /// Text handling.
+    pub text: Arc<TextModel>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// The scheduler loop, not started yet.
+    pub core: core::Core,
+    /// The effective context limit.
+    pub max_model_len: usize,
+    /// KV cache capacity in tokens.
+    pub kv_tokens: usize,
+    /// How many full-length requests fit at once.
+    pub max_concurrency: f64,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+/// Total host RAM in bytes (`MemTotal` of `/proc/meminfo`), if known.
+pub fn host_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Formats an integer with `,` every three digits, as vLLM's capacity line does.
+pub fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl Engine {
+    /// Loads the model and sizes the KV cache. `log` receives vLLM-style start-up lines.
+    pub fn load(settings: Settings, log: Arc<dyn Fn(String) + Send + Sync>) -> Result<Engine, NativeError> {
+        let started = Instant::now();
+        let dir = &settings.model_dir;
+        let config = ModelConfig::read(dir)?;
+        let mut model_limit = config.max_position_embeddings;
+        if let Some(window) = config.sliding_window {
+            model_limit = model_limit.min(window);
+        }
+        let max_model_len = match settings.max_model_len {
+            Some(len) if len > model_limit => {
+                return Err(NativeError::Settings {
+                    message: format!(
+                        "`serving.max_model_len` is {len}, longer than the model's {model_limit} tokens \
+                         ({})",
+                        if config.sliding_window.is_some() {
+                            "its sliding attention window"
+                        } else {
+                            "max_position_embeddings"
+                        }
+                    ),
+                    hint: format!("set `serving.max_model_len` to {model_limit} or less"),
+                });
+            }
+            Some(0) => {
+                return Err(NativeError::Settings {
+                    message: "`serving.max_model_len` is 0".into(),
+                    hint: "leave it out to use the model's limit".into(),
+                });
+            }
+            Some(len) => len,
+            None => model_limit,
+        };
+        let text = TextModel::load(dir, &config.eos_token_ids)?;
+        let checkpoint = Checkpoint::open(dir, &config)?;
+        let quantization = checkpoint.quantization();
+        let model = Model::load(config, &checkpoint, settings.dtype, max_model_len)?;
+        drop(checkpoint);
+        let weights = model.weight_bytes();
+        log(format!(
+            "Model loading took {:.4} GiB memory and {:.6} seconds ({}, {:?} compute, weights {:?})",
+            weights as f64 / (1u64 << 30) as f64,
+            started.elapsed().as_secs_f64(),
+            model.config().architecture,
+            settings.dtype,
+            quantization,
+        ));
+        let per_token = model::kv_bytes_per_token(model.config());
+        let budget = match (settings.kv_cache_bytes, settings.memory_fraction) {
+            (Some(bytes), _) => bytes,
+            (None, Some(fraction)) => {
+                let total = host_memory().ok_or_else(|| NativeError::Settings {
+                    message: "`memory.gpu_utilization` is a fraction of host RAM for the native engine, \
+                              and /proc/meminfo cannot be read"
+                        .into(),
+                    hint: "set `memory.kv_cache_bytes` instead".into(),
+                })?;
+                ((total as f64 * fraction) as u64).saturating_sub(weights)
+            }
+            (None, None) => DEFAULT_KV_BYTES.min(host_memory().map_or(DEFAULT_KV_BYTES, |m| m / 4)),
+        };
+        let blocks = (budget / (per_token * BLOCK_SIZE as u64)) as usize;
+        let kv_tokens = blocks * BLOCK_SIZE;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        log(format!("Available KV cache memory: {:.2} GiB", gib(budget)));
+        if kv_tokens < max_model_len {
+            let needed = per_token * max_model_len as u64;
+            let hint = if blocks == 0 {
+                "No available memory for the cache blocks. Try increasing `memory.kv_cache_bytes` or \
+                 `memory.gpu_utilization`"
+                    .to_owned()
+            } else {
+                format!(
+                    "set `serving.max_model_len` to {} or less, or give the cache more memory",
+                    kv_tokens
+                )
+            };
+            return Err(NativeError::Settings {
+                message: format!(
+                    "To serve at least one request with the model's max seq len ({max_model_len}), ({:.2} GiB KV \
+                     cache is needed, which is larger than the available KV cache memory ({:.2} GiB). Based on \
+                     the available memory, the estimated maximum model length is {kv_tokens}.",
+                    gib(needed),
+                    gib(budget)
+                ),
+                hint,
+            });
+        }
+        let max_concurrency = kv_tokens as f64 / (max_model_len.div_ceil(BLOCK_SIZE) * BLOCK_SIZE) as f64;
+        log(format!(
+            "CPU KV cache size: {} tokens, Maximum concurrency for {} tokens per request: {:.2}x",
+            thousands(kv_tokens),
+            thousands(max_model_len),
+            max_concurrency
+        ));
+        let cache_info = vec![
+            ("block_size".to_owned(), BLOCK_SIZE.to_string()),
+            ("cache_dtype".to_owned(), "float32".to_owned()),
+            (
+                "enable_prefix_caching".to_owned(),
+                if settings.prefix_caching { "True" } else { "False" }.to_owned(),
+            ),
+            (
+                "kv_cache_max_concurrency".to_owned(),
+                format!("{max_concurrency:.2}"),
+            ),
+            ("kv_cache_size_tokens".to_owned(), kv_tokens.to_string()),
+            ("num_cpu_blocks".to_owned(), blocks.to_string()),
+        ];
+        let metrics = Arc::new(Metrics::new(&settings.served_name, cache_info));
+        let limits = core::Limits {
+            max_num_seqs: settings.max_num_seqs.max(1),
+            max_batched_tokens: settings.max_batched_tokens.max(1),
+            max_model_len,
+            chunked_prefill: settings.chunked_prefill,
+            eos: text.eos.clone(),
+            log_interval: settings.log_interval,
+        };
+        let core = core::Core::new(
+            model,
+            blocks,
+            BLOCK_SIZE,
+            settings.prefix_caching,
+            limits,
+            metrics.clone(),
+            Box::new(move |line| log(line)),
+        );
+        Ok(Engine {
+            settings,
+            text: Arc::new(text),
+            metrics,
+            core,
+            max_model_len,
+            kv_tokens,
+            max_concurrency,
+        })
+    }
+}

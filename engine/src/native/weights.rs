@@ -1,0 +1,270 @@
+//! Reading a model directory's safetensors into candle tensors, dequantizing NVFP4.
+//!
+//! A directory holds `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`; files are memory-mapped and each tensor is copied out
+//! once, converted to the compute dtype. NVFP4 weights come in the two layouts `sous
+//! quantize` writes (`shared/reference/nvfp4.md`): compressed-tensors (`weight_packed`,
+//! `weight_scale`, `weight_global_scale`) and ModelOpt (`weight` as packed bytes,
+//! `weight_scale`, `weight_scale_2`). They are dequantized at load with the same
+//! arithmetic as the reference tools (`sous_kernels::reference::dequantize`); a fused
+//! NVFP4 matrix product is future work, so an NVFP4 model takes as much memory as its
+//! source once loaded.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use memmap2::Mmap;
+use safetensors::{Dtype as StDtype, SafeTensors};
+use serde_json::Value;
+use sous_kernels::reference;
+use sous_kernels::scale::{Flavor, TensorScale};
+
+use super::NativeError;
+use super::config::ModelConfig;
+
+/// How the checkpoint's linear weights are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantization {
+    /// Plain floating-point weights.
+    None,
+    /// NVFP4 weights with 16-bit activations, compressed-tensors layout.
+    Nvfp4CompressedTensors,
+    /// NVFP4 weights with 16-bit activations, ModelOpt layout.
+    Nvfp4ModelOpt,
+}
+
+impl Quantization {
+    /// Reads `quantization_config` and refuses what the engine cannot run.
+    pub fn of(config: &ModelConfig, dir: &Path) -> Result<Quantization, NativeError> {
+        let Some(q) = &config.quantization else {
+            return Ok(Quantization::None);
+        };
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or_default();
+        let unsupported = |what: String| NativeError::Unsupported {
+            what: format!("{what} in {}", dir.join("config.json").display()),
+            hint: "the native engine runs unquantized checkpoints and weight-only NVFP4 (NVFP4A16) \
+                   checkpoints as `sous quantize` writes them; serve others with vLLM"
+                .into(),
+        };
+        match method {
+            "compressed-tensors" => {
+                let format = q.get("format").and_then(Value::as_str).unwrap_or_default();
+                if format != "nvfp4-pack-quantized" {
+                    return Err(unsupported(format!("compressed-tensors format `{format}`")));
+                }
+                let groups = q.get("config_groups").and_then(Value::as_object);
+                for (name, group) in groups.into_iter().flatten() {
+                    if group.get("input_activations").is_some_and(|a| !a.is_null()) {
+                        return Err(unsupported(format!(
+                            "quantized activations (`{name}.input_activations`, NVFP4 W4A4)"
+                        )));
+                    }
+                }
+                Ok(Quantization::Nvfp4CompressedTensors)
+            }
+            "modelopt" => {
+                let algo = q.get("quant_algo").and_then(Value::as_str).unwrap_or_default();
+                if algo != "W4A16_NVFP4" {
+                    return Err(unsupported(format!("ModelOpt quant_algo `{algo}`")));
+                }
+                Ok(Quantization::Nvfp4ModelOpt)
+            }
+            other => Err(unsupported(format!("quant_method `{other}`"))),
+        }
+    }
+}
+
+/// The memory-mapped safetensors files of one model directory.
+pub struct Checkpoint {
+    dir: PathBuf,
+    maps: Vec<(PathBuf, Mmap)>,
+    index: HashMap<String, usize>,
+    quantization: Quantization,
+    /// The dtype the source model had (for the dequantization arithmetic).
+    source: sous_kernels::Dtype,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("dir", &self.dir)
+            .field("files", &self.maps.len())
+            .finish()
+    }
+}
+
+impl Checkpoint {
+    /// Maps every shard of `dir`.
+    pub fn open(dir: &Path, config: &ModelConfig) -> Result<Checkpoint, NativeError> {
+        let quantization = Quantization::of(config, dir)?;
+        let index_path = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path).map_err(|source| NativeError::Io {
+                path: index_path.clone(),
+                source,
+            })?;
+            let index: Value = serde_json::from_str(&text).map_err(|e| NativeError::Config {
+                path: index_path.clone(),
+                message: e.to_string(),
+            })?;
+            let mut names: Vec<String> = index
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| NativeError::Config {
+                    path: index_path.clone(),
+                    message: "`weight_map` is missing".into(),
+                })?
+                .values()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect();
+            names.sort();
+            names.dedup();
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else {
+            vec![dir.join("model.safetensors")]
+        };
+        let mut maps = Vec::with_capacity(files.len());
+        let mut index = HashMap::new();
+        for path in files {
+            let file = File::open(&path).map_err(|source| NativeError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let map = map_file(&file).map_err(|source| NativeError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let tensors = SafeTensors::deserialize(&map).map_err(|e| safetensors_error(&path, e))?;
+            for name in tensors.names() {
+                index.insert(name.to_string(), maps.len());
+            }
+            maps.push((path, map));
+        }
+        let source = match config.dtype.as_deref() {
+            Some("float32") => sous_kernels::Dtype::F32,
+            Some("float16") => sous_kernels::Dtype::F16,
+            _ => sous_kernels::Dtype::Bf16,
+        };
+        Ok(Checkpoint {
+            dir: dir.to_owned(),
+            maps,
+            index,
+            quantization,
+            source,
+        })
+    }
+
+    /// How the linear weights are stored.
+    pub fn quantization(&self) -> Quantization {
+        self.quantization
+    }
+
+    /// Whether the checkpoint has a tensor of this name.
+    pub fn has(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    fn view(&self, name: &str) -> Result<(safetensors::tensor::TensorView<'_>, &Path), NativeError> {
+        let Some(&file) = self.index.get(name) else {
+            return Err(NativeError::MissingTensor {
+                name: name.to_owned(),
+                dir: self.dir.clone(),
+            });
+        };
+        let (path, map) = &self.maps[file];
+        let tensors = SafeTensors::deserialize(map).map_err(|e| safetensors_error(path, e))?;
+        let view = tensors.tensor(name).map_err(|e| safetensors_error(path, e))?;
+        Ok((view, path))
+    }
+
+    /// A floating-point tensor, converted to `dtype`.
+    pub fn tensor(&self, name: &str, dtype: DType) -> Result<Tensor, NativeError> {
+        let (view, path) = self.view(name)?;
+        let source = match view.dtype() {
+            StDtype::BF16 => DType::BF16,
+            StDtype::F16 => DType::F16,
+            StDtype::F32 => DType::F32,
+            other => {
+                return Err(NativeError::Config {
+                    path: path.to_owned(),
+                    message: format!("tensor `{name}` is {other:?}, not a floating-point type"),
+                });
+            }
+        };
+        let t = Tensor::from_raw_buffer(view.data(), source, view.shape(), &Device::Cpu)?;
+        Ok(t.to_dtype(dtype)?)
+    }
+
+    /// A tensor as f32 values.
+    pub fn vector(&self, name: &str) -> Result<Vec<f32>, NativeError> {
+        Ok(self.tensor(name, DType::F32)?.flatten_all()?.to_vec1()?)
+    }
+
+    /// The weight of linear layer `prefix` (`prefix.weight`, or its NVFP4 form),
+    /// `[out, in]` in `dtype`. `shape` is the expected `[out, in]`.
+    pub fn linear(&self, prefix: &str, shape: [usize; 2], dtype: DType) -> Result<Tensor, NativeError> {
+        let (packed_name, global_name, flavor) = match self.quantization {
+            Quantization::Nvfp4CompressedTensors => {
+                ("weight_packed", "weight_global_scale", Flavor::CompressedTensors)
+            }
+            Quantization::Nvfp4ModelOpt => ("weight", "weight_scale_2", Flavor::ModelOptGpu),
+            Quantization::None => ("", "", Flavor::CompressedTensors),
+        };
+        let packed = format!("{prefix}.{packed_name}");
+        let quantized = self.quantization != Quantization::None
+            && self.has(&format!("{prefix}.{global_name}"))
+            && self.view(&packed).is_ok_and(|(v, _)| v.dtype() == StDtype::U8);
+        let tensor = if quantized {
+            let (codes, path) = self.view(&packed)?;
+            let (scales, _) = self.view(&format!("{prefix}.weight_scale"))?;
+            let global = self.vector(&format!("{prefix}.{global_name}"))?;
+            let [out, inp] = shape;
+            if codes.shape() != [out, inp / 2] || scales.shape() != [out, inp / 16] || global.len() != 1 {
+                return Err(NativeError::Config {
+                    path: path.to_owned(),
+                    message: format!(
+                        "NVFP4 weight `{prefix}` has shapes {:?}/{:?}/{:?}, expected [{out}, {}]/[{out}, {}]/[1]",
+                        codes.shape(),
+                        scales.shape(),
+                        global.len(),
+                        inp / 2,
+                        inp / 16
+                    ),
+                });
+            }
+            let scale = TensorScale::from_value(flavor, self.source, global[0]);
+            let values = reference::dequantize(codes.data(), scales.data(), &scale);
+            Tensor::from_vec(values, (out, inp), &Device::Cpu)?.to_dtype(dtype)?
+        } else {
+            self.tensor(&format!("{prefix}.weight"), dtype)?
+        };
+        if tensor.dims() != shape {
+            return Err(NativeError::Config {
+                path: self.dir.clone(),
+                message: format!(
+                    "`{prefix}.weight` has shape {:?}, expected {shape:?}",
+                    tensor.dims()
+                ),
+            });
+        }
+        Ok(tensor)
+    }
+}
+
+/// Maps a whole file read-only.
+#[allow(unsafe_code)]
+fn map_file(file: &File) -> std::io::Result<Mmap> {
+    // SAFETY: a mapping is undefined behaviour only if the file changes underneath it.
+    // Model directories are written once (atomically, by `sous pull`/`quantize`) and
+    // never modified in place; a file replaced by rename keeps this mapping's inode.
+    unsafe { Mmap::map(file) }
+}
+
+fn safetensors_error(path: &Path, e: safetensors::SafeTensorError) -> NativeError {
+    NativeError::Config {
+        path: path.to_owned(),
+        message: format!("not a readable safetensors file: {e}"),
+    }
+}

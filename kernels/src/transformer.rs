@@ -1,0 +1,317 @@
+//! The element-wise and attention loops of a Llama-family decoder on the CPU, in f32.
+//!
+//! The native engine runs its matrix products through candle (gemm); everything between
+//! them lives here, because this crate is built optimized in every profile and these
+//! loops run once per token per layer. Each function follows the arithmetic of
+//! transformers' `modeling_llama.py` (RMSNorm in f32, rotary embedding by
+//! `rotate_half`, SiLU-gated MLP, softmax attention scaled by `1/sqrt(head_dim)`), so
+//! that greedy decoding agrees with it token for token.
+//!
+//! Attention reads a paged KV cache: keys and values of every sequence live in
+//! fixed-size blocks (`[block, slot, kv_head, head_dim]`), and a sequence is the list of
+//! its blocks, as in vLLM's PagedAttention. Nothing here allocates the cache or decides
+//! which blocks a sequence owns; the engine does.
+
+use rayon::prelude::*;
+
+/// `out = x / sqrt(mean(x²) + eps) * weight`, row by row (`x` is `rows × weight.len()`).
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = weight.len();
+    debug_assert_eq!(x.len(), out.len());
+    for (row, dst) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        rms_norm_row(row, weight, eps, dst);
+    }
+}
+
+/// [`rms_norm`] of one row.
+pub fn rms_norm_row(row: &[f32], weight: &[f32], eps: f32, dst: &mut [f32]) {
+    let sum: f32 = row.iter().map(|v| v * v).sum();
+    let inv = 1.0 / (sum / row.len() as f32 + eps).sqrt();
+    for ((d, &v), &w) in dst.iter_mut().zip(row).zip(weight) {
+        *d = w * (v * inv);
+    }
+}
+
+/// RMSNorm applied in place to every `head_dim`-sized head of `x` (Qwen3's q/k norms).
+pub fn rms_norm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
+    let dim = weight.len();
+    for head in x.chunks_exact_mut(dim) {
+        let sum: f32 = head.iter().map(|v| v * v).sum();
+        let inv = 1.0 / (sum / dim as f32 + eps).sqrt();
+        for (v, &w) in head.iter_mut().zip(weight) {
+            *v = w * (*v * inv);
+        }
+    }
+}
+
+/// `x += y`.
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// The gated activation of a Llama MLP: `gate_up` rows are `[gate (n), up (n)]`;
+/// `out = silu(gate) * up`, `rows × n`.
+pub fn silu_mul(gate_up: &[f32], n: usize, out: &mut [f32]) {
+    for (row, dst) in gate_up.chunks_exact(2 * n).zip(out.chunks_exact_mut(n)) {
+        let (gate, up) = row.split_at(n);
+        for ((d, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
+            *d = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+}
+
+/// Rotary position embedding tables: `cos` and `sin` of `position × inv_freq[i]` for
+/// every position below `positions`, `half = inv_freq.len()` values per position.
+#[derive(Debug, Clone)]
+pub struct Rotary {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Rotary {
+    /// Tables for `positions` positions. `attention_factor` scales cos and sin (YaRN's
+    /// `mscale`; 1.0 otherwise).
+    pub fn new(inv_freq: &[f32], positions: usize, attention_factor: f32) -> Rotary {
+        let half = inv_freq.len();
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
+        for p in 0..positions {
+            for &f in inv_freq {
+                // transformers multiplies in f32 (`inv_freq @ position_ids.float()`).
+                let angle = p as f32 * f;
+                cos.push(angle.cos() * attention_factor);
+                sin.push(angle.sin() * attention_factor);
+            }
+        }
+        Rotary { half, cos, sin }
+    }
+
+    /// How many positions the tables cover.
+    pub fn positions(&self) -> usize {
+        self.cos.len() / self.half.max(1)
+    }
+
+    /// Rotates every head of `x` (`heads × 2·half` values) for `position`, in place:
+    /// `x·cos + rotate_half(x)·sin`.
+    pub fn apply(&self, x: &mut [f32], position: usize) {
+        let half = self.half;
+        let cos = &self.cos[position * half..(position + 1) * half];
+        let sin = &self.sin[position * half..(position + 1) * half];
+        for head in x.chunks_exact_mut(2 * half) {
+            let (a, b) = head.split_at_mut(half);
+            for i in 0..half {
+                let (x1, x2) = (a[i], b[i]);
+                a[i] = x1 * cos[i] - x2 * sin[i];
+                b[i] = x2 * cos[i] + x1 * sin[i];
+            }
+        }
+    }
+}
+
+/// The shape of one layer's paged KV cache: `blocks × block_size × kv_heads × head_dim`
+/// values each for keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    /// Token slots per block.
+    pub block_size: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+}
+
+impl KvShape {
+    /// Values in one token slot (all KV heads).
+    pub fn slot_len(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Offset of `position`'s slot in a cache, given the sequence's block table.
+    pub fn slot_offset(&self, blocks: &[u32], position: usize) -> usize {
+        let block = blocks[position / self.block_size] as usize;
+        (block * self.block_size + position % self.block_size) * self.slot_len()
+    }
+}
+
+/// One query token: which sequence's blocks it reads and how many cached positions it
+/// attends to (its own position + 1: causal).
+#[derive(Debug, Clone, Copy)]
+pub struct Query<'a> {
+    /// The sequence's block table.
+    pub blocks: &'a [u32],
+    /// Positions `0..len` are attended.
+    pub len: usize,
+}
+
+/// Causal attention of `queries.len()` tokens against a paged cache.
+///
+/// `q` is `tokens × heads × head_dim`; `out` has the same shape. Heads share KV heads in
+/// groups (`heads / kv_heads`, grouped-query attention). Scores are scaled by
+/// `1/sqrt(head_dim)` and soft-maxed in f32 with the maximum subtracted.
+pub fn paged_attention(
+    q: &[f32],
+    queries: &[Query],
+    heads: usize,
+    shape: KvShape,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: &mut [f32],
+) {
+    let hd = shape.head_dim;
+    let group = heads / shape.kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    out.par_chunks_mut(hd).enumerate().for_each(|(index, dst)| {
+        let (token, head) = (index / heads, index % heads);
+        let query = queries[token];
+        let kv_head = head / group;
+        let qv = &q[index * hd..(index + 1) * hd];
+        let mut scores = Vec::with_capacity(query.len);
+        let mut max = f32::NEG_INFINITY;
+        for pos in 0..query.len {
+            let at = shape.slot_offset(query.blocks, pos) + kv_head * hd;
+            let k = &k_cache[at..at + hd];
+            let s = dot(qv, k) * scale;
+            max = max.max(s);
+            scores.push(s);
+        }
+        let mut total = 0.0f32;
+        for s in &mut scores {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        dst.fill(0.0);
+        let inv = 1.0 / total;
+        for (pos, &s) in scores.iter().enumerate() {
+            let at = shape.slot_offset(query.blocks, pos) + kv_head * hd;
+            let v = &v_cache[at..at + hd];
+            let w = s * inv;
+            for (d, &x) in dst.iter_mut().zip(v) {
+                *d += w * x;
+            }
+        }
+    });
+}
+
+/// Dot product with eight independent accumulators, so the loop vectorizes.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        sum += a[i] * b[i];
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attention over a contiguous (unpaged) history, written the plain way.
+    fn naive(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>]) -> Vec<f32> {
+        let scale = 1.0 / (q.len() as f32).sqrt();
+        let scores: Vec<f32> = keys
+            .iter()
+            .map(|k| q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .collect();
+        let max = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let exp: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f32 = exp.iter().sum();
+        let mut out = vec![0.0; q.len()];
+        for (e, v) in exp.iter().zip(values) {
+            for (o, x) in out.iter_mut().zip(v) {
+                *o += e / total * x;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn paged_attention_matches_contiguous_attention() {
+        let shape = KvShape {
+            block_size: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        let heads = 4;
+        let blocks_total = 6;
+        let mut k_cache = vec![0.0f32; blocks_total * 4 * shape.slot_len()];
+        let mut v_cache = k_cache.clone();
+        // A sequence of 10 tokens scattered over blocks 5, 1, 3.
+        let table = [5u32, 1, 3];
+        let value = |pos: usize, h: usize, d: usize, salt: f32| ((pos * 31 + h * 7 + d) as f32 * salt).sin();
+        for pos in 0..10 {
+            let at = shape.slot_offset(&table, pos);
+            for h in 0..2 {
+                for d in 0..8 {
+                    k_cache[at + h * 8 + d] = value(pos, h, d, 0.37);
+                    v_cache[at + h * 8 + d] = value(pos, h, d, 0.11);
+                }
+            }
+        }
+        let q: Vec<f32> = (0..heads * 8).map(|i| (i as f32 * 0.3).cos()).collect();
+        let mut out = vec![0.0; heads * 8];
+        paged_attention(
+            &q,
+            &[Query {
+                blocks: &table,
+                len: 10,
+            }],
+            heads,
+            shape,
+            &k_cache,
+            &v_cache,
+            &mut out,
+        );
+        for head in 0..heads {
+            let kv = head / 2;
+            let keys: Vec<Vec<f32>> = (0..10)
+                .map(|p| (0..8).map(|d| value(p, kv, d, 0.37)).collect())
+                .collect();
+            let values: Vec<Vec<f32>> = (0..10)
+                .map(|p| (0..8).map(|d| value(p, kv, d, 0.11)).collect())
+                .collect();
+            let want = naive(&q[head * 8..(head + 1) * 8], &keys, &values);
+            for (a, b) in out[head * 8..(head + 1) * 8].iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "head {head}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn rotary_rotates_pairs_half_apart() {
+        let rotary = Rotary::new(&[1.0, 0.5], 4, 1.0);
+        let mut x = vec![1.0, 2.0, 3.0, 4.0];
+        rotary.apply(&mut x, 2);
+        let (c0, s0, c1, s1) = (2.0f32.cos(), 2.0f32.sin(), 1.0f32.cos(), 1.0f32.sin());
+        let want = [
+            1.0 * c0 - 3.0 * s0,
+            2.0 * c1 - 4.0 * s1,
+            3.0 * c0 + 1.0 * s0,
+            4.0 * c1 + 2.0 * s1,
+        ];
+        for (a, b) in x.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6);
+        }
+        assert_eq!(rotary.positions(), 4);
+    }
+
+    #[test]
+    fn rms_norm_and_silu() {
+        let mut out = vec![0.0; 2];
+        rms_norm(&[3.0, 4.0], &[1.0, 2.0], 0.0, &mut out);
+        let inv = 1.0 / 12.5f32.sqrt();
+        assert!((out[0] - 3.0 * inv).abs() < 1e-6 && (out[1] - 8.0 * inv).abs() < 1e-6);
+        let mut act = vec![0.0; 1];
+        silu_mul(&[2.0, 3.0], 1, &mut act);
+        assert!((act[0] - 2.0 / (1.0 + (-2.0f32).exp()) * 3.0).abs() < 1e-6);
+    }
+}
