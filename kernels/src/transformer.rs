@@ -162,40 +162,118 @@ pub fn paged_attention(
 ) {
     let hd = shape.head_dim;
     let group = heads / shape.kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
     out.par_chunks_mut(hd).enumerate().for_each(|(index, dst)| {
         let (token, head) = (index / heads, index % heads);
-        let query = queries[token];
-        let kv_head = head / group;
         let qv = &q[index * hd..(index + 1) * hd];
-        let mut scores = Vec::with_capacity(query.len);
-        let mut max = f32::NEG_INFINITY;
-        for pos in 0..query.len {
-            let at = shape.slot_offset(query.blocks, pos) + kv_head * hd;
-            let k = &k_cache[at..at + hd];
-            let s = dot(qv, k) * scale;
-            max = max.max(s);
-            scores.push(s);
-        }
-        let mut total = 0.0f32;
-        for s in &mut scores {
-            *s = (*s - max).exp();
-            total += *s;
-        }
-        dst.fill(0.0);
-        let inv = 1.0 / total;
-        for (pos, &s) in scores.iter().enumerate() {
-            let at = shape.slot_offset(query.blocks, pos) + kv_head * hd;
-            let v = &v_cache[at..at + hd];
-            let w = s * inv;
-            for (d, &x) in dst.iter_mut().zip(v) {
-                *d += w * x;
-            }
-        }
+        attend(qv, queries[token], head / group, shape, k_cache, v_cache, dst);
     });
 }
 
-/// Dot product with eight independent accumulators, so the loop vectorizes.
+/// One query head against its sequence's cached keys and values, block by block.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn attend(q: &[f32], query: Query, kv_head: usize, shape: KvShape, k: &[f32], v: &[f32], dst: &mut [f32]) {
+    let fma = multiversion::target::selected_target!().supports_feature_str("fma");
+    let (hd, bs, slot) = (shape.head_dim, shape.block_size, shape.slot_len());
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut scores = Vec::with_capacity(query.len);
+    let mut max = f32::NEG_INFINITY;
+    for (b, &block) in query.blocks.iter().enumerate() {
+        let first = b * bs;
+        if first >= query.len {
+            break;
+        }
+        let base = block as usize * bs * slot + kv_head * hd;
+        for s in 0..bs.min(query.len - first) {
+            let at = base + s * slot;
+            let key = &k[at..at + hd];
+            let score = if fma { dot_fma(q, key) } else { dot(q, key) } * scale;
+            max = max.max(score);
+            scores.push(score);
+        }
+    }
+    let mut total = 0.0f32;
+    for s in &mut scores {
+        *s = (*s - max).exp();
+        total += *s;
+    }
+    dst.fill(0.0);
+    let inv = 1.0 / total;
+    for (b, &block) in query.blocks.iter().enumerate() {
+        let first = b * bs;
+        if first >= query.len {
+            break;
+        }
+        let base = block as usize * bs * slot + kv_head * hd;
+        for s in 0..bs.min(query.len - first) {
+            let at = base + s * slot;
+            let w = scores[first + s] * inv;
+            for (d, &x) in dst.iter_mut().zip(&v[at..at + hd]) {
+                *d = if fma { w.mul_add(x, *d) } else { *d + w * x };
+            }
+        }
+    }
+}
+
+/// `out = x · wᵀ` for a few rows of `x` (`rows × k`), with `w` row-major `n × k` (a
+/// linear layer's `[out, in]` weight as checkpoints store it).
+///
+/// This is the decode-time product: one or a few tokens against a whole weight matrix,
+/// bound by reading the weights. General GEMM libraries pack the weight into panels
+/// first, which for a handful of rows costs more than the product; here each weight row
+/// is read once, straight from the checkpoint layout, and dotted with every input row
+/// while it is in L1. Rows of `w` are split across the rayon pool. The dot product is
+/// compiled for AVX-512 and AVX2+FMA and chosen at run time (`multiversion`).
+pub fn matmul_t(x: &[f32], rows: usize, w: &[f32], k: usize, out: &mut [f32]) {
+    let n = w.len() / k;
+    debug_assert_eq!(x.len(), rows * k);
+    debug_assert_eq!(out.len(), rows * n);
+    // Weight rows per task: about 64 KiB of weights, so tasks are many and even.
+    let per_task = (16384 / k).max(1);
+    let mut transposed = vec![0.0f32; n * rows];
+    transposed
+        .par_chunks_mut(per_task * rows)
+        .zip(w.par_chunks(per_task * k))
+        .for_each(|(dst, wc)| dots(x, rows, wc, k, dst));
+    for (j, col) in transposed.chunks_exact(rows).enumerate() {
+        for (m, &v) in col.iter().enumerate() {
+            out[m * n + j] = v;
+        }
+    }
+}
+
+/// `dst[j * rows + m] = x[m] · w[j]` for the weight rows in `w`.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn dots(x: &[f32], rows: usize, w: &[f32], k: usize, dst: &mut [f32]) {
+    let fma = multiversion::target::selected_target!().supports_feature_str("fma");
+    for (wr, d) in w.chunks_exact(k).zip(dst.chunks_exact_mut(rows)) {
+        for (m, out) in d.iter_mut().enumerate() {
+            let xr = &x[m * k..(m + 1) * k];
+            *out = if fma { dot_fma(xr, wr) } else { dot(xr, wr) };
+        }
+    }
+}
+
+/// [`dot`] with fused multiply-adds (only called where FMA is enabled).
+#[inline(always)]
+fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut acc = [0.0f32; L];
+    let chunks = a.len() / L;
+    for c in 0..chunks {
+        let (ac, bc) = (&a[c * L..(c + 1) * L], &b[c * L..(c + 1) * L]);
+        for l in 0..L {
+            acc[l] = ac[l].mul_add(bc[l], acc[l]);
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for i in chunks * L..a.len() {
+        sum += a[i] * b[i];
+    }
+    sum
+}
+
+/// Dot product with independent accumulators, so the loop vectorizes.
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let chunks = a.len() / 8;
@@ -282,6 +360,22 @@ mod tests {
             let want = naive(&q[head * 8..(head + 1) * 8], &keys, &values);
             for (a, b) in out[head * 8..(head + 1) * 8].iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "head {head}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_t_matches_the_plain_product() {
+        for (rows, n, k) in [(1, 37, 64), (3, 5, 19), (8, 300, 576)] {
+            let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.05).collect();
+            let mut out = vec![0.0; rows * n];
+            matmul_t(&x, rows, &w, k, &mut out);
+            for m in 0..rows {
+                for j in 0..n {
+                    let want: f32 = (0..k).map(|i| x[m * k + i] * w[j * k + i]).sum();
+                    assert!((out[m * n + j] - want).abs() < 1e-3, "({rows},{n},{k}) [{m},{j}]");
+                }
             }
         }
     }

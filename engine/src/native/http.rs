@@ -172,14 +172,19 @@ pub async fn serve(
         )));
         let _ = stopping_tx.send(());
     };
-    tokio::spawn(async move {
+    let (served_tx, served_rx) = tokio::sync::oneshot::channel::<()>();
+    let timer = tokio::spawn(async move {
         if stopping_rx.await.is_ok() {
-            tokio::time::sleep(grace).await;
-            let _ = abort.send(Command::AbortAll);
+            tokio::select! {
+                _ = tokio::time::sleep(grace) => { let _ = abort.send(Command::AbortAll); }
+                _ = served_rx => {}
+            }
         }
     });
     drop(tx);
     let result = axum::serve(listener, router).with_graceful_shutdown(signal).await;
+    let _ = served_tx.send(());
+    let _ = timer.await;
     drop(app);
     // Every sender is gone once the router is: the loop drains and exits.
     let _ = tokio::task::spawn_blocking(move || worker.join()).await;

@@ -18,6 +18,9 @@ use super::NativeError;
 use super::config::{Family, ModelConfig};
 use super::weights::Checkpoint;
 
+/// Products with at most this many rows use the weight-streaming kernel.
+const SMALL_PRODUCT_ROWS: usize = 16;
+
 struct Layer {
     input_norm: Vec<f32>,
     /// q, k and v projections stacked: `[(heads + 2 kv_heads) head_dim, hidden]`.
@@ -211,8 +214,23 @@ impl Model {
     }
 
     /// `x · wᵀ` for `rows` rows of `x`, in the compute dtype, back to f32.
+    ///
+    /// A few rows (decode steps) in f32 go through `sous_kernels::transformer::matmul_t`,
+    /// which reads the weight once in its stored layout; more rows (prefill) go through
+    /// candle's GEMM, which packs the weight and then runs at the CPU's peak.
     fn linear(&self, x: &[f32], rows: usize, w: &Tensor) -> Result<Vec<f32>, NativeError> {
         let cols = x.len() / rows.max(1);
+        if rows <= SMALL_PRODUCT_ROWS && self.dtype == DType::F32 && w.is_contiguous() {
+            let (storage, layout) = w.storage_and_layout();
+            if let candle_core::Storage::Cpu(cpu) = &*storage {
+                let all = cpu.as_slice::<f32>()?;
+                let start = layout.start_offset();
+                let weights = &all[start..start + w.elem_count()];
+                let mut out = vec![0.0f32; rows * w.dims()[0]];
+                k::matmul_t(x, rows, weights, cols, &mut out);
+                return Ok(out);
+            }
+        }
         let mut t = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
         if self.dtype != DType::F32 {
             t = t.to_dtype(self.dtype)?;

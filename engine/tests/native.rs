@@ -1,0 +1,312 @@
+//! The native engine on the real SmolLM2 test model, driven through its scheduler loop
+//! (no HTTP): greedy continuations equal transformers' token for token
+//! (`tests/fixtures/smollm2/generation.json`), batching and prefix caching change no
+//! token, seeded sampling reproduces, and the KV cache is empty when requests are done.
+//!
+//! The model is made by `scripts/fetch-test-model.sh` (run by `scripts/test.sh`); outside
+//! CI a missing model skips these tests loudly.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sous_engine::native::core::{Command, Event, Request};
+use sous_engine::native::sampling::SamplingParams;
+use sous_engine::native::{Engine, Settings};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("engine/ has a parent")
+        .to_path_buf()
+}
+
+fn model_dir() -> Option<PathBuf> {
+    let dir = root().join("target/models/HuggingFaceTB/SmolLM2-135M-Instruct");
+    if dir.join("model.safetensors").is_file() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var("CI").is_err(),
+        "the SmolLM2 test model is missing in CI: scripts/test.sh must run scripts/fetch-test-model.sh"
+    );
+    eprintln!("SKIPPED: the SmolLM2 test model is missing: run scripts/fetch-test-model.sh");
+    None
+}
+
+fn fixture() -> Value {
+    let path = root().join("tests/fixtures/smollm2/generation.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("fixture JSON")
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an id list")
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+/// A running engine loop.
+struct Loop {
+    tx: UnboundedSender<Command>,
+    metrics: Arc<sous_engine::native::metrics::Metrics>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Loop {
+    fn start(
+        dir: &std::path::Path,
+        prefix_caching: bool,
+        max_num_seqs: usize,
+        max_batched_tokens: usize,
+    ) -> Loop {
+        let settings = Settings {
+            model_dir: dir.to_owned(),
+            served_name: "smollm2".into(),
+            dtype: candle_core::DType::F32,
+            max_model_len: Some(2048),
+            max_num_seqs,
+            max_batched_tokens,
+            prefix_caching,
+            chunked_prefill: true,
+            kv_cache_bytes: Some(256 << 20),
+            memory_fraction: None,
+            host: "127.0.0.1".into(),
+            port: 0,
+            api_key: None,
+            stop_grace: Duration::from_secs(1),
+            log_interval: Duration::from_secs(3600),
+        };
+        let engine = Engine::load(settings, Arc::new(|_| {})).expect("the engine loads");
+        let (tx, rx) = unbounded_channel();
+        let metrics = engine.metrics.clone();
+        let core = engine.core;
+        let thread = std::thread::spawn(move || core.run(rx));
+        Loop {
+            tx,
+            metrics,
+            thread: Some(thread),
+        }
+    }
+
+    fn submit(&self, prompt: Vec<u32>, params: SamplingParams) -> UnboundedReceiver<Event> {
+        let (events, rx) = unbounded_channel();
+        self.tx
+            .send(Command::Submit(Request {
+                prompt,
+                params,
+                events,
+                stopped: Arc::new(AtomicBool::new(false)),
+                arrival: Instant::now(),
+            }))
+            .expect("the loop runs");
+        rx
+    }
+
+    /// Tokens of a finished request, and how many prompt tokens came from the cache.
+    fn collect(mut rx: UnboundedReceiver<Event>) -> (Vec<u32>, usize) {
+        let mut tokens = Vec::new();
+        let mut cached = 0;
+        while let Some(event) = rx.blocking_recv() {
+            match event {
+                Event::Token {
+                    id, cached_tokens, ..
+                } => {
+                    tokens.push(id);
+                    cached = cached_tokens;
+                }
+                Event::Finished(_) => break,
+                Event::Failed(m) => panic!("the engine failed: {m}"),
+                Event::PromptLogprobs(_) => {}
+            }
+        }
+        (tokens, cached)
+    }
+
+    fn generate(&self, prompt: Vec<u32>, params: SamplingParams) -> (Vec<u32>, usize) {
+        Loop::collect(self.submit(prompt, params))
+    }
+
+    fn idle(&self) -> (usize, usize, f64) {
+        // The loop publishes its gauges after every step; give it that step.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let s = self.metrics.snapshot();
+            if (s.0, s.1, s.2) == (0, 0, 0.0) || Instant::now() > deadline {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let (tx, _) = unbounded_channel();
+        drop(std::mem::replace(&mut self.tx, tx));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+#[test]
+fn greedy_decoding_matches_transformers_and_batching_changes_nothing() {
+    let Some(dir) = model_dir() else { return };
+    let fixture = fixture();
+    let n = fixture["greedy_tokens"].as_u64().expect("greedy_tokens") as usize;
+    let prompts: Vec<(String, Vec<u32>, Vec<u32>)> = fixture["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .chain(fixture["batch_prompts"].as_array().into_iter().flatten())
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("?").to_owned(),
+                ids(&p["input_ids"]),
+                ids(&p["imported_f32"]["greedy_ids"]),
+            )
+        })
+        .collect();
+    // Small steps so that prompts are prefilled in several chunks.
+    let engine = Loop::start(&dir, false, 16, 24);
+    let mut alone = Vec::new();
+    for (name, input, want) in &prompts {
+        let (got, _) = engine.generate(input.clone(), greedy(n));
+        assert_eq!(
+            &got, want,
+            "prompt `{name}`: greedy ids differ from transformers'"
+        );
+        alone.push(got);
+    }
+    // All prompts at once: each gets exactly the tokens it got alone.
+    let receivers: Vec<_> = prompts
+        .iter()
+        .map(|(_, input, _)| engine.submit(input.clone(), greedy(n)))
+        .collect();
+    for ((name, ..), (rx, want)) in prompts.iter().zip(receivers.into_iter().zip(&alone)) {
+        assert_eq!(
+            &Loop::collect(rx).0,
+            want,
+            "prompt `{name}` batched with the others"
+        );
+    }
+    assert_eq!(engine.idle(), (0, 0, 0.0), "nothing running, no KV block in use");
+}
+
+#[test]
+fn a_prefix_cache_hit_gives_the_same_tokens_as_a_miss() {
+    let Some(dir) = model_dir() else { return };
+    let fixture = fixture();
+    let base = ids(&fixture["prompts"][0]["input_ids"]);
+    // A long shared prefix (several 16-token blocks) and two different endings.
+    let mut prefix = base.clone();
+    prefix.extend(base.iter().take(30));
+    let a: Vec<u32> = prefix.iter().copied().chain([504, 3575]).collect();
+    let b: Vec<u32> = prefix.iter().copied().chain([1780, 314]).collect();
+    let cold = Loop::start(&dir, false, 4, 512);
+    let (a_cold, cached) = cold.generate(a.clone(), greedy(24));
+    assert_eq!(cached, 0);
+    let (b_cold, _) = cold.generate(b.clone(), greedy(24));
+    drop(cold);
+
+    let warm = Loop::start(&dir, true, 4, 512);
+    let (a_first, cached) = warm.generate(a.clone(), greedy(24));
+    assert_eq!(cached, 0, "nothing is cached yet");
+    let (a_again, cached_a) = warm.generate(a.clone(), greedy(24));
+    let (b_hit, cached_b) = warm.generate(b.clone(), greedy(24));
+    assert_eq!(a_first, a_cold);
+    assert_eq!(a_again, a_cold, "a full-prompt hit");
+    assert_eq!(b_hit, b_cold, "a shared-prefix hit");
+    let full_blocks = |len: usize| (len - 1) / 16 * 16;
+    assert_eq!(
+        cached_a,
+        full_blocks(a.len()),
+        "every full block of the prompt is reused"
+    );
+    assert_eq!(
+        cached_b,
+        prefix.len() / 16 * 16,
+        "the blocks of the shared prefix are reused"
+    );
+    assert_eq!(warm.idle(), (0, 0, 0.0));
+    let text = warm.metrics.render();
+    assert!(
+        text.contains(&format!(
+            "vllm:prefix_cache_hits_total{{engine=\"0\",model_name=\"smollm2\"}} {}.0",
+            cached_a + cached_b
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn seeded_sampling_reproduces_whatever_runs_beside_it() {
+    let Some(dir) = model_dir() else { return };
+    let prompt = ids(&fixture()["prompts"][0]["input_ids"]);
+    let engine = Loop::start(&dir, false, 8, 512);
+    let sampled = |seed: u64| SamplingParams {
+        temperature: 1.0,
+        top_p: 0.95,
+        top_k: 50,
+        seed: Some(seed),
+        max_tokens: 24,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let (first, _) = engine.generate(prompt.clone(), sampled(7));
+    // The same seed again, now batched with two other sampled requests.
+    let others: Vec<_> = (0..2)
+        .map(|s| engine.submit(prompt.clone(), sampled(100 + s)))
+        .collect();
+    let (second, _) = engine.generate(prompt.clone(), sampled(7));
+    let other_outputs: Vec<Vec<u32>> = others.into_iter().map(|rx| Loop::collect(rx).0).collect();
+    assert_eq!(first, second, "same seed, same tokens");
+    assert!(
+        other_outputs.iter().any(|o| o != &first),
+        "other seeds sample other tokens: {other_outputs:?} vs {first:?}"
+    );
+    let (greedy_out, _) = engine.generate(prompt, greedy(24));
+    assert_ne!(first, greedy_out, "temperature 1 really samples");
+}
+
+#[test]
+fn a_dropped_request_frees_its_blocks_and_a_full_cache_queues() {
+    let Some(dir) = model_dir() else { return };
+    let prompt = ids(&fixture()["prompts"][0]["input_ids"]);
+    // Room for two sequences at a time; eight requests must all complete, queued.
+    let engine = Loop::start(&dir, false, 2, 512);
+    let rxs: Vec<_> = (0..8).map(|_| engine.submit(prompt.clone(), greedy(8))).collect();
+    let cancelled = engine.submit(prompt.clone(), greedy(500));
+    drop(cancelled);
+    for rx in rxs {
+        assert_eq!(Loop::collect(rx).0.len(), 8);
+    }
+    assert_eq!(engine.idle(), (0, 0, 0.0));
+    let text = engine.metrics.render();
+    assert!(
+        text.contains(
+            "vllm:request_success_total{finished_reason=\"abort\",engine=\"0\",model_name=\"smollm2\"} 1.0"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "vllm:request_success_total{finished_reason=\"length\",engine=\"0\",model_name=\"smollm2\"} 8.0"
+        ),
+        "{text}"
+    );
+}
