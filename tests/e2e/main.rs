@@ -6,6 +6,7 @@
 
 mod broken;
 mod hub_python;
+mod native;
 mod pull;
 mod quantize;
 mod recipe;

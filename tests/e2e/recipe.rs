@@ -6,6 +6,8 @@ const SHIPPED: &[&str] = &[
     "recipes/dgx-spark/qwen3.8-27b-nvfp4-baseline.toml",
     "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml",
     "recipes/titan/qwen3.8-flash-next.toml",
+    "recipes/local/smollm2-135m.toml",
+    "recipes/local/smollm2-135m-nvfp4.toml",
 ];
 
 #[test]

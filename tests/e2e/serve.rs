@@ -272,7 +272,7 @@ fn trtllm_writes_its_options_file_into_the_state_directory() {
 }
 
 #[test]
-fn native_engine_has_no_command_line_and_serve_says_what_is_missing() {
+fn native_engine_has_no_command_line_and_refuses_what_it_cannot_run() {
     let (code, _, stderr) = run(sous().args([
         "serve",
         "--dry-run",
@@ -292,7 +292,34 @@ fn native_engine_has_no_command_line_and_serve_says_what_is_missing() {
         "engine.kind=native",
     ]));
     assert_eq!(code, 1);
-    assert!(stderr.contains("the native engine is not built yet"), "{stderr}");
+    assert!(
+        stderr.contains("`model.path` `/model` does not exist"),
+        "{stderr}"
+    );
+
+    // A model of an architecture the native engine does not run: refused by name.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"architectures": ["Qwen3NextForCausalLM"], "hidden_size": 8}"#,
+    )
+    .expect("config");
+    let set = format!("model.path={}", dir.path().display());
+    let (code, _, stderr) = run(sous().args([
+        "serve",
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--set",
+        "engine.kind=native",
+        "--set",
+        &set,
+    ]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("the native engine cannot run architecture `Qwen3NextForCausalLM`")
+            && stderr.contains("serve this model with vLLM or SGLang"),
+        "{stderr}"
+    );
 }
 
 #[test]

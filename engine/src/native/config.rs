@@ -160,7 +160,7 @@ impl ModelConfig {
                 format!("{heads} attention heads cannot be shared by {kv_heads} key/value heads"),
             ));
         }
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             return Err(config_error(
                 path,
                 format!("head_dim {head_dim} is odd: rotary embeddings need pairs"),

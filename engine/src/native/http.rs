@@ -415,14 +415,14 @@ impl App {
             Some(m) => m as usize,
         };
         let temperature = c.temperature.or(d.temperature).unwrap_or(1.0);
-        if !(temperature >= 0.0) {
+        if temperature.is_nan() || temperature < 0.0 {
             return Err(ApiError::field(
                 "temperature",
                 format!("temperature must be non-negative, got {temperature}."),
             ));
         }
         let top_p = c.top_p.or(d.top_p).unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
+        if top_p.is_nan() || top_p <= 0.0 || top_p > 1.0 {
             return Err(ApiError::field(
                 "top_p",
                 format!("top_p must be in (0, 1], got {top_p}."),
@@ -461,7 +461,7 @@ impl App {
             }
         }
         let repetition_penalty = c.repetition_penalty.or(d.repetition_penalty).unwrap_or(1.0);
-        if !(repetition_penalty > 0.0) {
+        if repetition_penalty.is_nan() || repetition_penalty <= 0.0 {
             return Err(ApiError::field(
                 "repetition_penalty",
                 format!("repetition_penalty must be greater than zero, got {repetition_penalty}."),

@@ -1,0 +1,472 @@
+//! `sous serve` with the native engine, end to end on the SmolLM2 test model: the
+//! OpenAI API as the official `openai` package sees it, raw SSE and error bodies,
+//! vLLM-named metrics, shutdown; the NVFP4 recipe from Hub mirror to answer; and 200
+//! requests from 32 concurrent clients with cancellations and malformed bodies.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::util::{Mirror, Running, free_port, root};
+
+/// The SmolLM2 test model, or `None` (loudly) outside CI when it is missing.
+fn test_model() -> Option<PathBuf> {
+    let dir = root().join("target/models/HuggingFaceTB/SmolLM2-135M-Instruct");
+    if dir.join("model.safetensors").is_file() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "the test model is missing in CI: scripts/test.sh must run scripts/fetch-test-model.sh"
+    );
+    eprintln!("SKIPPED: native engine: test model missing, run scripts/fetch-test-model.sh");
+    None
+}
+
+struct Server {
+    running: Running,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+/// `sous serve` on a recipe serving `model` with `extra` TOML, ready.
+fn serve(model: &Path, extra: &str, server_extra: &str, envs: &[(&str, &str)]) -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let recipe = dir.path().join("native.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"native-test\"\n[model]\npath = \"{}\"\nserved_name = \"smollm2\"\n\n[engine]\nkind = \"native\"\n\n\
+             [memory]\nkv_cache_bytes = \"256MiB\"\n\n[server]\nhost = \"127.0.0.1\"\nport = {port}\nstop_grace = \"3s\"\n{server_extra}\n\n{extra}\n",
+            model.display()
+        ),
+    )
+    .expect("recipe");
+    let state = dir.path().join("state");
+    let state = state.to_str().expect("utf-8 path");
+    let mut envs: Vec<(&str, &str)> = envs.to_vec();
+    envs.push(("SOUS_STATE_DIR", state));
+    let running = Running::start(
+        &["serve", "--recipe", recipe.to_str().expect("utf-8 path")],
+        &envs,
+    );
+    assert!(
+        running.wait_for("ready http://", Duration::from_secs(120)),
+        "the native engine did not become ready:\n{}",
+        running.stderr()
+    );
+    Server {
+        running,
+        url: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: &str, key: Option<&str>) -> (u16, String) {
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let resp = req.send().await.expect("the server answers");
+    let status = resp.status().as_u16();
+    (status, resp.text().await.expect("a body"))
+}
+
+fn json_of(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// The data lines of an SSE body.
+fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter(|frame| !frame.is_empty())
+        .map(|frame| {
+            frame
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("an SSE frame without `data: `: {frame:?}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+fn python() -> Option<PathBuf> {
+    let python = root().join("target/py/bin/python");
+    if python.exists() {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "target/py is missing in CI: scripts/test.sh must run scripts/python-env.sh"
+    );
+    eprintln!("SKIPPED: the openai package check: run scripts/python-env.sh to create target/py");
+    None
+}
+
+#[test]
+fn the_native_engine_speaks_openai_and_vllm() {
+    let Some(model) = test_model() else { return };
+    let server = serve(
+        &model,
+        "[serving]\nmax_model_len = 512\nprefix_caching = true",
+        "api_key_env = \"NATIVE_TEST_KEY\"",
+        &[("NATIVE_TEST_KEY", "sesame")],
+    );
+    let stderr = server.running.stderr();
+    assert!(
+        stderr.contains("CPU KV cache size: ")
+            && stderr.contains("Maximum concurrency for 512 tokens per request: "),
+        "vLLM's capacity line: {stderr}"
+    );
+
+    // The official client.
+    if let Some(python) = python() {
+        let out = std::process::Command::new(python)
+            .arg(root().join("tests/e2e/openai_client.py"))
+            .args([&server.url, "smollm2", "sesame"])
+            .output()
+            .expect("python runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let r = json_of(&String::from_utf8_lossy(&out.stdout));
+        let chat = r["chat"]["content"].as_str().expect("chat content");
+        assert!(chat.contains("Paris"), "{r}");
+        assert_eq!(r["chat"]["object"], "chat.completion");
+        assert_eq!(
+            r["stream"]["content"], r["chat"]["content"],
+            "streamed = not streamed: {r}"
+        );
+        assert_eq!(r["stream"]["roles"], json!(["assistant"]));
+        for field in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+            assert_eq!(
+                r["stream"]["usage"][field], r["chat"]["usage"][field],
+                "{field}: {r}"
+            );
+        }
+        // The same conversation again: its full blocks came from the prefix cache.
+        assert_eq!(
+            r["stream"]["usage"]["prompt_tokens_details"]["cached_tokens"], 32,
+            "{r}"
+        );
+        assert_eq!(r["stream"]["finish_reason"], "stop");
+        assert_eq!(r["completion"]["finish_reason"], "length");
+        assert_eq!(r["completion"]["tokens"], 8);
+        assert_eq!(r["completion"]["usage"]["completion_tokens"], 8);
+        assert_eq!(r["completion_stream"], r["completion"]["text"]);
+        for (case, status) in [
+            ("unknown_model", 404),
+            ("bad_temperature", 400),
+            ("too_long", 400),
+            ("bad_key", 401),
+        ] {
+            assert_eq!(r["errors"][case][0], status, "{case}: {r}");
+        }
+        assert!(
+            r["errors"]["too_long"][1]
+                .as_str()
+                .is_some_and(|m| m.contains("maximum context length is 512"))
+        );
+        assert_eq!(r["models"], json!(["smollm2"]));
+    }
+
+    let rt = runtime();
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let url = |p: &str| format!("{}{p}", server.url);
+        let key = Some("sesame");
+        assert_eq!(client.get(url("/health")).send().await.expect("health").status(), 200);
+        assert_eq!(client.get(url("/v1/models")).send().await.expect("models").status(), 401);
+        let version = json_of(&client.get(url("/version")).send().await.expect("v").text().await.expect("t"));
+        assert!(version["version"].is_string());
+
+        // Malformed bodies and bad fields: OpenAI error objects naming the problem.
+        for (body, status, needle) in [
+            ("{not json", 400, "not valid"),
+            (r#"{"messages": "hi"}"#, 400, "not valid"),
+            (r#"{"messages": []}"#, 400, "empty"),
+            (r#"{"messages": [{"content": "x"}]}"#, 400, "role"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#, 400, "one choice"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}"#, 400, "too large"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "top_p": 0}"#, 400, "top_p"),
+            (r#"{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}"#, 404, "gpt-9"),
+        ] {
+            let (got, text) = post(&client, &url("/v1/chat/completions"), body, key).await;
+            assert_eq!(got, status, "{body}: {text}");
+            let err = json_of(&text);
+            assert_eq!(err["error"]["code"], status);
+            assert!(err["error"]["message"].as_str().is_some_and(|m| m.contains(needle)), "{body}: {text}");
+        }
+
+        // Raw SSE: a role chunk, content chunks, a finish chunk, usage, [DONE].
+        let body = json!({
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 24, "temperature": 0, "stream": true, "stream_options": {"include_usage": true},
+        });
+        let (status, text) = post(&client, &url("/v1/chat/completions"), &body.to_string(), key).await;
+        assert_eq!(status, 200, "{text}");
+        let frames = sse_data(&text);
+        assert_eq!(frames.last().map(String::as_str), Some("[DONE]"));
+        let chunks: Vec<Value> = frames[..frames.len() - 1].iter().map(|f| json_of(f)).collect();
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+        let usage = chunks.last().expect("usage chunk");
+        assert_eq!(usage["choices"], json!([]));
+        let finish: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0].get("finish_reason")).filter(|f| !f.is_null()).collect();
+        assert_eq!(finish, vec![&json!("stop")]);
+
+        // Stop strings end generation and are not returned.
+        let body = json!({"prompt": "Count: 1, 2, 3, 4,", "max_tokens": 40, "temperature": 0, "stop": [" 7"], "ignore_eos": true});
+        let (status, text) = post(&client, &url("/v1/completions"), &body.to_string(), key).await;
+        assert_eq!(status, 200, "{text}");
+        let done = json_of(&text);
+        let completion = done["choices"][0]["text"].as_str().expect("text");
+        assert_eq!(done["choices"][0]["finish_reason"], "stop", "{text}");
+        assert!(completion.contains(" 6") && !completion.contains(" 7"), "{completion:?}");
+
+        // Prompt log-probabilities (vLLM's extension, for perplexity).
+        let body = json!({"prompt": "The capital of France is Paris.", "max_tokens": 1, "prompt_logprobs": 0});
+        let (_, text) = post(&client, &url("/v1/completions"), &body.to_string(), key).await;
+        let lp = &json_of(&text)["choices"][0]["prompt_logprobs"];
+        let n = json_of(&text)["usage"]["prompt_tokens"].as_u64().expect("prompt tokens") as usize;
+        assert_eq!(lp.as_array().map(Vec::len), Some(n), "{text}");
+        assert!(lp[0].is_null() && lp[1].is_object(), "{text}");
+
+        // vLLM's metric names, read back after the requests above.
+        let metrics = client.get(url("/metrics")).send().await.expect("metrics").text().await.expect("text");
+        for name in [
+            "vllm:num_requests_running{engine=\"0\",model_name=\"smollm2\"} 0",
+            "vllm:num_requests_waiting{engine=\"0\",model_name=\"smollm2\"} 0",
+            "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"smollm2\"} 0",
+            "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",",
+            "vllm:inter_token_latency_seconds_count{",
+            "vllm:e2e_request_latency_seconds_sum{",
+            "vllm:request_queue_time_seconds_bucket{le=\"0.3\",",
+            "vllm:prefix_cache_queries_total{",
+            "vllm:request_success_total{finished_reason=\"stop\",",
+            "vllm:cache_config_info{block_size=\"16\",",
+        ] {
+            assert!(metrics.contains(name), "`{name}` missing from /metrics:\n{metrics}");
+        }
+        let hits = metrics
+            .lines()
+            .find(|l| l.starts_with("vllm:prefix_cache_hits_total"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .expect("hits");
+        assert!(hits > 0.0, "the repeated chat prompt hit the prefix cache:\n{metrics}");
+    });
+
+    // SIGTERM: stops within the grace period, exit code 0.
+    let mut server = server;
+    server.running.signal("TERM");
+    assert_eq!(
+        server.running.wait(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        server.running.stderr()
+    );
+}
+
+#[test]
+fn the_nvfp4_recipe_pulls_quantizes_and_answers() {
+    let Some(_) = test_model() else { return };
+    let mirror = Mirror::start(&root().join("target/models"), &[], &[]);
+    let work = tempfile::tempdir().expect("tempdir");
+    let (cache, sous_cache) = (work.path().join("hub"), work.path().join("sous-cache"));
+    let port = free_port().to_string();
+    let envs = [
+        ("HF_ENDPOINT", mirror.url.as_str()),
+        ("HF_HUB_CACHE", cache.to_str().expect("utf-8")),
+        ("SOUS_CACHE_DIR", sous_cache.to_str().expect("utf-8")),
+        ("SOUS_STATE_DIR", work.path().to_str().expect("utf-8")),
+    ];
+    let set_port = format!("server.port={port}");
+    let args = [
+        "serve",
+        "--recipe",
+        "recipes/local/smollm2-135m-nvfp4.toml",
+        "--set",
+        set_port.as_str(),
+    ];
+    let mut first = Running::start(&args, &envs);
+    assert!(
+        first.wait_for("ready http://", Duration::from_secs(180)),
+        "{}",
+        first.stderr()
+    );
+    let log = first.stderr();
+    assert!(
+        log.contains("pulled HuggingFaceTB/SmolLM2-135M-Instruct"),
+        "{log}"
+    );
+    assert!(log.contains("quantized ") && log.contains("weights to "), "{log}");
+    assert!(log.contains("Nvfp4CompressedTensors"), "{log}");
+    let rt = runtime();
+    let answer = rt.block_on(async {
+        let client = reqwest::Client::new();
+        let body = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0});
+        let (status, text) = post(&client, &format!("http://127.0.0.1:{port}/v1/chat/completions"), &body.to_string(), None).await;
+        assert_eq!(status, 200, "{text}");
+        json_of(&text)["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned()
+    });
+    assert!(answer.contains("Paris"), "the NVFP4 model's answer: {answer:?}");
+    first.signal("INT");
+    assert_eq!(first.wait(Duration::from_secs(10)), Some(0), "{}", first.stderr());
+
+    // A second start rebuilds nothing.
+    let second = Running::start(&args, &envs);
+    assert!(
+        second.wait_for("ready http://", Duration::from_secs(120)),
+        "{}",
+        second.stderr()
+    );
+    let log = second.stderr();
+    assert!(
+        log.contains("is on disk") && log.contains("is up to date"),
+        "{log}"
+    );
+}
+
+/// A small deterministic generator for the load test (no dependency for one test).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[test]
+fn two_hundred_requests_from_thirty_two_clients() {
+    let Some(model) = test_model() else { return };
+    let server = serve(
+        &model,
+        "[serving]\nmax_model_len = 1024\nmax_num_seqs = 16\nprefix_caching = true",
+        "",
+        &[],
+    );
+    let rt = runtime();
+    let url = server.url.clone();
+    let outcomes = rt.block_on(async move {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .expect("client");
+        let words = [
+            "alpha", "river", "stone", "cloud", "north", "paper", "seven", "light",
+        ];
+        let mut tasks = Vec::new();
+        for worker in 0..32u64 {
+            let (client, url) = (client.clone(), url.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Lcg(worker + 1);
+                let mut seen = Vec::new();
+                for i in 0..(200 / 32 + u64::from(worker < 200 % 32)) {
+                    let len = 1 + rng.next(120) as usize;
+                    let prompt: Vec<&str> = (0..len).map(|_| words[rng.next(8) as usize]).collect();
+                    let max_tokens = 1 + rng.next(24);
+                    let kind = rng.next(10);
+                    let stream = kind.is_multiple_of(2);
+                    let body = match kind {
+                        0 => "{\"prompt\": ".to_owned(), // malformed
+                        1 => json!({"prompt": prompt.join(" "), "max_tokens": 0}).to_string(), // invalid
+                        _ => json!({"prompt": prompt.join(" "), "max_tokens": max_tokens, "temperature": 0,
+                                    "ignore_eos": true, "stream": stream})
+                        .to_string(),
+                    };
+                    let request = client
+                        .post(format!("{url}/v1/completions"))
+                        .header("content-type", "application/json")
+                        .body(body);
+                    if kind == 9 {
+                        // Cancelled: the client goes away mid-stream or before the answer.
+                        let _ =
+                            tokio::time::timeout(Duration::from_millis(50 + rng.next(200)), request.send())
+                                .await;
+                        seen.push(("cancelled", 0, 0));
+                        continue;
+                    }
+                    let resp = request.send().await.expect("the server answers");
+                    let status = resp.status().as_u16();
+                    let text = resp.text().await.expect("a body");
+                    let tokens = if status == 200 && stream {
+                        let frames = sse_data(&text);
+                        assert_eq!(frames.last().map(String::as_str), Some("[DONE]"), "{text}");
+                        frames.len() as u64 // not exact tokens; checked below for non-streamed
+                    } else if status == 200 {
+                        let v = json_of(&text);
+                        assert_eq!(
+                            v["usage"]["completion_tokens"], max_tokens,
+                            "worker {worker} request {i}: {text}"
+                        );
+                        assert_eq!(v["choices"][0]["finish_reason"], "length");
+                        max_tokens
+                    } else {
+                        assert_eq!(status, 400, "{text}");
+                        assert!(json_of(&text)["error"]["message"].is_string());
+                        0
+                    };
+                    let expected = if kind <= 1 { 400 } else { 200 };
+                    assert_eq!(status, expected, "kind {kind}: {text}");
+                    seen.push(("done", status, tokens));
+                }
+                seen
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.expect("a client task"));
+        }
+        // Everything finished or freed: nothing running, no block in use.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let metrics = client
+                .get(format!("{url}/metrics"))
+                .send()
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("t");
+            let idle = metrics.contains("vllm:num_requests_running{engine=\"0\",model_name=\"smollm2\"} 0\n")
+                && metrics.contains("vllm:num_requests_waiting{engine=\"0\",model_name=\"smollm2\"} 0\n")
+                && metrics.contains("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"smollm2\"} 0\n");
+            if idle {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the engine did not drain:\n{metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        all
+    });
+    assert_eq!(outcomes.len(), 200);
+    assert!(outcomes.iter().any(|o| o.0 == "cancelled"));
+    assert!(
+        outcomes.iter().filter(|o| o.1 == 200).count() > 100,
+        "{outcomes:?}"
+    );
+    let stderr = server.running.stderr();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        crate::util::alive(u64::from(server.running.child.id())),
+        "still serving: {stderr}"
+    );
+}
