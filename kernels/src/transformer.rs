@@ -241,6 +241,65 @@ pub fn matmul_t(x: &[f32], rows: usize, w: &[f32], k: usize, out: &mut [f32]) {
     }
 }
 
+/// [`matmul_t`] with bf16 weights (their raw bits), computed in f32: each weight is
+/// widened exactly (`bits << 16`), so the result equals the f32 product of the upcast
+/// weights while reading half the bytes.
+pub fn matmul_t_bf16(x: &[f32], rows: usize, w: &[u16], k: usize, out: &mut [f32]) {
+    let n = w.len() / k;
+    debug_assert_eq!(x.len(), rows * k);
+    debug_assert_eq!(out.len(), rows * n);
+    let per_task = (32768 / k).max(1);
+    let mut transposed = vec![0.0f32; n * rows];
+    transposed
+        .par_chunks_mut(per_task * rows)
+        .zip(w.par_chunks(per_task * k))
+        .for_each(|(dst, wc)| dots_bf16(x, rows, wc, k, dst));
+    for (j, col) in transposed.chunks_exact(rows).enumerate() {
+        for (m, &v) in col.iter().enumerate() {
+            out[m * n + j] = v;
+        }
+    }
+}
+
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn dots_bf16(x: &[f32], rows: usize, w: &[u16], k: usize, dst: &mut [f32]) {
+    let fma = multiversion::target::selected_target!().supports_feature_str("fma");
+    const L: usize = 16;
+    let mut wide = vec![0.0f32; k];
+    for (wr, d) in w.chunks_exact(k).zip(dst.chunks_exact_mut(rows)) {
+        if rows == 1 {
+            // One input row: widen and multiply in the same pass.
+            let xr = &x[..k];
+            let mut acc = [0.0f32; L];
+            let chunks = k / L;
+            for c in 0..chunks {
+                for l in 0..L {
+                    let i = c * L + l;
+                    let wv = f32::from_bits(u32::from(wr[i]) << 16);
+                    acc[l] = if fma {
+                        xr[i].mul_add(wv, acc[l])
+                    } else {
+                        acc[l] + xr[i] * wv
+                    };
+                }
+            }
+            let mut sum: f32 = acc.iter().sum();
+            for i in chunks * L..k {
+                sum += xr[i] * f32::from_bits(u32::from(wr[i]) << 16);
+            }
+            d[0] = sum;
+            continue;
+        }
+        for (dst, &bits) in wide.iter_mut().zip(wr) {
+            *dst = f32::from_bits(u32::from(bits) << 16);
+        }
+        for (m, out) in d.iter_mut().enumerate() {
+            let xr = &x[m * k..(m + 1) * k];
+            *out = if fma { dot_fma(xr, &wide) } else { dot(xr, &wide) };
+        }
+    }
+}
+
 /// `dst[j * rows + m] = x[m] · w[j]` for the weight rows in `w`.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
 fn dots(x: &[f32], rows: usize, w: &[f32], k: usize, dst: &mut [f32]) {
@@ -371,10 +430,21 @@ mod tests {
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.05).collect();
             let mut out = vec![0.0; rows * n];
             matmul_t(&x, rows, &w, k, &mut out);
+            // The weights truncated to bf16 bits, against the product of those values.
+            let bits: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let mut out16 = vec![0.0; rows * n];
+            matmul_t_bf16(&x, rows, &bits, k, &mut out16);
             for m in 0..rows {
                 for j in 0..n {
                     let want: f32 = (0..k).map(|i| x[m * k + i] * w[j * k + i]).sum();
                     assert!((out[m * n + j] - want).abs() < 1e-3, "({rows},{n},{k}) [{m},{j}]");
+                    let want16: f32 = (0..k)
+                        .map(|i| x[m * k + i] * f32::from_bits(u32::from(bits[j * k + i]) << 16))
+                        .sum();
+                    assert!(
+                        (out16[m * n + j] - want16).abs() < 1e-3,
+                        "bf16 ({rows},{n},{k}) [{m},{j}]"
+                    );
                 }
             }
         }

@@ -169,7 +169,7 @@ impl Model {
                 down: checkpoint.linear(&format!("{p}.mlp.down_proj"), [h, c.intermediate_size], dtype)?,
             });
         }
-        let embed = checkpoint.tensor("model.embed_tokens.weight", dtype)?;
+        let embed = checkpoint.stored("model.embed_tokens.weight", dtype)?;
         if embed.dims() != [c.vocab_size, h] {
             return Err(NativeError::Config {
                 path: "model.embed_tokens.weight".into(),
@@ -223,14 +223,35 @@ impl Model {
         if rows <= SMALL_PRODUCT_ROWS && self.dtype == DType::F32 && w.is_contiguous() {
             let (storage, layout) = w.storage_and_layout();
             if let candle_core::Storage::Cpu(cpu) = &*storage {
-                let all = cpu.as_slice::<f32>()?;
-                let start = layout.start_offset();
-                let weights = &all[start..start + w.elem_count()];
+                let (start, len) = (layout.start_offset(), w.elem_count());
                 let mut out = vec![0.0f32; rows * w.dims()[0]];
-                k::matmul_t(x, rows, weights, cols, &mut out);
+                match w.dtype() {
+                    DType::F32 => k::matmul_t(
+                        x,
+                        rows,
+                        &cpu.as_slice::<f32>()?[start..start + len],
+                        cols,
+                        &mut out,
+                    ),
+                    DType::BF16 => {
+                        use half::slice::HalfFloatSliceExt;
+                        let bits: &[u16] =
+                            cpu.as_slice::<half::bf16>()?[start..start + len].reinterpret_cast();
+                        k::matmul_t_bf16(x, rows, bits, cols, &mut out);
+                    }
+                    other => return Err(NativeError::Internal(format!("weights stored as {other:?}"))),
+                }
                 return Ok(out);
             }
         }
+        // Weights kept narrower than the compute dtype are widened for the product.
+        let wide;
+        let w = if w.dtype() == self.dtype {
+            w
+        } else {
+            wide = w.to_dtype(self.dtype)?;
+            &wide
+        };
         let mut t = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
         if self.dtype != DType::F32 {
             t = t.to_dtype(self.dtype)?;

@@ -197,6 +197,17 @@ impl Checkpoint {
         Ok(t.to_dtype(dtype)?)
     }
 
+    /// A weight kept for computing in `compute`: bf16 weights stay bf16 when the compute
+    /// dtype is f32 (widening bf16 to f32 is exact, so the product is the same, and the
+    /// decode kernel reads half the bytes); anything else is converted to `compute`.
+    pub fn stored(&self, name: &str, compute: DType) -> Result<Tensor, NativeError> {
+        let (view, _) = self.view(name)?;
+        if compute == DType::F32 && view.dtype() == StDtype::BF16 {
+            return self.tensor(name, DType::BF16);
+        }
+        self.tensor(name, compute)
+    }
+
     /// A tensor as f32 values.
     pub fn vector(&self, name: &str) -> Result<Vec<f32>, NativeError> {
         Ok(self.tensor(name, DType::F32)?.flatten_all()?.to_vec1()?)
@@ -238,7 +249,7 @@ impl Checkpoint {
             let values = reference::dequantize(codes.data(), scales.data(), &scale);
             Tensor::from_vec(values, (out, inp), &Device::Cpu)?.to_dtype(dtype)?
         } else {
-            self.tensor(&format!("{prefix}.weight"), dtype)?
+            self.stored(&format!("{prefix}.weight"), dtype)?
         };
         if tensor.dims() != shape {
             return Err(NativeError::Config {
