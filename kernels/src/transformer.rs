@@ -272,20 +272,15 @@ fn dots_bf16(x: &[f32], rows: usize, w: &[u16], k: usize, dst: &mut [f32]) {
             let xr = &x[..k];
             let mut acc = [0.0f32; L];
             let chunks = k / L;
-            for c in 0..chunks {
-                for l in 0..L {
-                    let i = c * L + l;
-                    let wv = f32::from_bits(u32::from(wr[i]) << 16);
-                    acc[l] = if fma {
-                        xr[i].mul_add(wv, acc[l])
-                    } else {
-                        acc[l] + xr[i] * wv
-                    };
+            for (xc, wc) in xr.chunks_exact(L).zip(wr.chunks_exact(L)) {
+                for ((a, &xv), &bits) in acc.iter_mut().zip(xc).zip(wc) {
+                    let wv = f32::from_bits(u32::from(bits) << 16);
+                    *a = if fma { xv.mul_add(wv, *a) } else { *a + xv * wv };
                 }
             }
             let mut sum: f32 = acc.iter().sum();
-            for i in chunks * L..k {
-                sum += xr[i] * f32::from_bits(u32::from(wr[i]) << 16);
+            for (&xv, &bits) in xr[chunks * L..].iter().zip(&wr[chunks * L..]) {
+                sum += xv * f32::from_bits(u32::from(bits) << 16);
             }
             d[0] = sum;
             continue;
