@@ -1,0 +1,93 @@
+//! Times single-token decode steps of the native engine's model on a model directory:
+//! `cargo run -p sous-engine --example decode_step -- DIR [STEPS]`.
+#![allow(clippy::print_stdout)]
+
+use std::time::Instant;
+
+use sous_engine::native::config::ModelConfig;
+use sous_engine::native::model::{BatchSeq, KvCache, Logits, Model};
+use sous_engine::native::weights::Checkpoint;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let dir = std::path::PathBuf::from(args.next().ok_or("usage: decode_step DIR [STEPS]")?);
+    let steps: usize = args.next().map_or(Ok(64), |s| s.parse())?;
+    let config = ModelConfig::read(&dir)?;
+    let checkpoint = Checkpoint::open(&dir, &config)?;
+    let model = Model::load(config, &checkpoint, candle_core::DType::F32, 4096)?;
+    let mut cache = KvCache::new(&model, 64, 16);
+    let blocks: Vec<u32> = (0..64).collect();
+    let mut token = 1u32;
+    let started = Instant::now();
+    for position in 0..steps {
+        let tokens = [token];
+        let batch = [BatchSeq {
+            blocks: &blocks,
+            tokens: &tokens,
+            start: position,
+            logits: Logits::Last,
+        }];
+        let logits = model.forward(&batch, &mut cache)?;
+        token = sous_engine::native::sampling::argmax(&logits);
+    }
+    let s = started.elapsed().as_secs_f64();
+    println!(
+        "{steps} decode steps: {:.2} ms each, {:.1} tok/s",
+        s / steps as f64 * 1e3,
+        steps as f64 / s
+    );
+    drop(model);
+
+    // The same through the engine loop, on its own thread, as `sous serve` runs it.
+    let settings = sous_engine::native::Settings {
+        model_dir: dir.clone(),
+        served_name: "m".into(),
+        dtype: candle_core::DType::F32,
+        max_model_len: Some(4096),
+        max_num_seqs: 8,
+        max_batched_tokens: 512,
+        prefix_caching: false,
+        chunked_prefill: true,
+        kv_cache_bytes: Some(1 << 30),
+        memory_fraction: None,
+        host: "127.0.0.1".into(),
+        port: 0,
+        api_key: None,
+        stop_grace: std::time::Duration::from_secs(1),
+        log_interval: std::time::Duration::from_secs(3600),
+    };
+    let engine = sous_engine::native::Engine::load(settings, std::sync::Arc::new(|_| {}))?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let core = engine.core;
+    let thread = std::thread::spawn(move || core.run(rx));
+    let (events, mut out) = tokio::sync::mpsc::unbounded_channel();
+    let params = sous_engine::native::sampling::SamplingParams {
+        temperature: 0.0,
+        max_tokens: steps,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    tx.send(sous_engine::native::core::Command::Submit(
+        sous_engine::native::core::Request {
+            prompt: vec![1],
+            params,
+            events,
+            stopped: Default::default(),
+            arrival: Instant::now(),
+        },
+    ))?;
+    let mut n = 0;
+    while let Some(e) = out.blocking_recv() {
+        match e {
+            sous_engine::native::core::Event::Token { .. } => n += 1,
+            sous_engine::native::core::Event::Finished(_) => break,
+            _ => {}
+        }
+    }
+    let s = started.elapsed().as_secs_f64();
+    println!("engine loop: {n} tokens, {:.1} tok/s", n as f64 / s);
+    drop(tx);
+    let _ = thread.join();
+    Ok(())
+}
