@@ -30,9 +30,9 @@
 #                      (--cache-ram 0). Honours ignore_eos. The default peer.
 #   llama-cpp-python   `python -m llama_cpp.server`: one Llama object behind a lock, so it
 #                      serves one request at a time (concurrent streams queue); no
-#                      ignore_eos field, so EOS ids 0 and 2 get logit_bias -100. Its
-#                      perplexity comes from a second start with logits_all (OpenAI
-#                      echo + logprobs), the only server here that scores a prompt.
+#                      ignore_eos field, so EOS ids 0 and 2 get logit_bias -100.
+# llama.cpp's perplexity over the same text comes from scripts/bench/llamacpp_perplexity.py
+# (in-process, logits for every position; transformers gives 17.988 on the bf16 model).
 #
 # Environment: SOUS (the sous binary, default target/release/sous), CONVERT_PYTHON (see
 # above), THREADS (default: nproc), PORT (first port to use, default 18400).
@@ -136,10 +136,10 @@ start_llama_server() {
 }
 
 start_llama_cpp_python() {
-    local gguf="$1" logits_all="$2" log="$3"
+    local gguf="$1" log="$2"
     "$LLAMACPP_PYTHON" -m llama_cpp.server --model "$gguf" --model_alias "$MODEL_NAME" --host 127.0.0.1 \
         --port "$PORT" --n_threads "$THREADS" --n_threads_batch "$THREADS" --n_ctx 4096 \
-        --interrupt_requests False --logits_all "$logits_all" --verbose False > "$log" 2>&1 &
+        --interrupt_requests False --verbose False > "$log" 2>&1 &
     SERVER_PID=$!
     wait_http_200 "http://127.0.0.1:$PORT/v1/models" 300 || die "llama_cpp.server did not come up (log: $log)"
 }
@@ -179,16 +179,16 @@ if [[ "$PEER" != none ]]; then
     fi
     if [[ "$PEER" == llama-cpp-python || "$PEER" == both ]]; then
         say "llama-cpp-python llama_cpp.server, $PREC_UPPER GGUF"
-        start_llama_cpp_python "$GGUF" False "$OUT/llama-cpp-python.log"
+        start_llama_cpp_python "$GGUF" "$OUT/llama-cpp-python.log"
         run_client "llama-cpp-python-$PRECISION" --no-ignore-eos-field --eos-logit-bias "$EOS_IDS"
         stop_server
         results+=("$OUT/llama-cpp-python-$PRECISION.json")
     fi
-    # llama.cpp's perplexity over the same text (logits_all costs speed, so a start of its own).
-    say "llama.cpp perplexity ($PREC_UPPER GGUF, llama_cpp.server with logits_all)"
-    start_llama_cpp_python "$GGUF" True "$OUT/llama-cpp-python-ppl.log"
-    run_client "llama-cpp-ppl-$PRECISION" --only-perplexity --perplexity "$PPL_TEXT"
-    stop_server
+    # llama.cpp's perplexity over the same text, in-process (no llama.cpp server returns
+    # correct prompt logprobs for a BOS-less prompt: see llamacpp_perplexity.py).
+    say "llama.cpp perplexity ($PREC_UPPER GGUF, llama-cpp-python with logits_all)"
+    "$LLAMACPP_PYTHON" scripts/bench/llamacpp_perplexity.py "$GGUF" "$PPL_TEXT" --threads "$THREADS" \
+        --label "llama.cpp-ppl-$PRECISION" --out "$OUT/llama-cpp-ppl-$PRECISION.json" > /dev/null
     results+=("$OUT/llama-cpp-ppl-$PRECISION.json")
 fi
 

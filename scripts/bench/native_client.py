@@ -17,10 +17,10 @@ plain-text prompt (no chat template), temperature 0, streaming, and
     TTFTs.
 (d) --perplexity TEXTFILE: the text in one request with max_tokens=1 and the vLLM
     extension `prompt_logprobs: 0`, which returns choices[0].prompt_logprobs, a list with
-    None first and then one {token_id: {"logprob": x, ...}} per prompt token. If the
-    server gives no prompt_logprobs, the OpenAI legacy form is tried: `echo: true,
-    logprobs: 0` and choices[0].logprobs.token_logprobs (llama-cpp-python serves that
-    when started with logits_all). perplexity = exp(-mean logprob) over tokens 2..N.
+    None first and then one {token_id: {"logprob": x, ...}} per prompt token (an entry
+    with several tokens is resolved with prompt_token_ids). perplexity = exp(-mean
+    logprob) over tokens 2..N. (llama.cpp's servers have no such field; for llama.cpp
+    use scripts/bench/llamacpp_perplexity.py.)
 
 Every prompt starts with a unique tag, so no prefix cache can serve one from another.
 Prompts are cut from a fixed public-domain text (--corpus), and their length in tokens is
@@ -269,28 +269,20 @@ def perplexity(server, path):
     method = "prompt_logprobs"
     out = server.post(server.body(text, 1, False, stream=False, prompt_logprobs=0))
     choice = out["choices"][0]
+    if choice.get("prompt_logprobs") is None:
+        raise RuntimeError("the server returned no choices[0].prompt_logprobs")
+    ids = choice.get("prompt_token_ids") or out.get("prompt_token_ids")
     lps = []
-    if choice.get("prompt_logprobs") is not None:
-        ids = choice.get("prompt_token_ids") or out.get("prompt_token_ids")
-        for i, entry in enumerate(choice["prompt_logprobs"]):
-            if entry is None:
-                continue
-            if len(entry) == 1:
-                (v,) = entry.values()
-            elif ids is not None:
-                v = entry[str(ids[i])]
-            else:
-                raise RuntimeError("prompt_logprobs entry with several tokens and no prompt_token_ids")
-            lps.append(v["logprob"] if isinstance(v, dict) else float(v))
-    else:
-        method = "echo"
-        out = server.post(server.body(text, 1, False, stream=False, echo=True, logprobs=0))
-        logprobs = out["choices"][0].get("logprobs") or {}
-        if not logprobs.get("token_logprobs"):
-            raise RuntimeError("the server returned neither prompt_logprobs nor echoed token_logprobs")
-        n_prompt = out["usage"]["prompt_tokens"]
-        token_lps = logprobs["token_logprobs"][:n_prompt]
-        lps = [x for x in token_lps if x is not None]
+    for i, entry in enumerate(choice["prompt_logprobs"]):
+        if entry is None:
+            continue
+        if len(entry) == 1:
+            (v,) = entry.values()
+        elif ids is not None:
+            v = entry[str(ids[i])]
+        else:
+            raise RuntimeError("prompt_logprobs entry with several tokens and no prompt_token_ids")
+        lps.append(v["logprob"] if isinstance(v, dict) else float(v))
     if not lps:
         raise RuntimeError("the server returned no prompt logprobs")
     nll = -sum(lps) / len(lps)
