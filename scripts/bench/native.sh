@@ -14,7 +14,12 @@
 # one markdown table per server, and summary.md). BENCHMARKS.md is written by hand.
 #
 #   scripts/bench/native.sh [--precision f32|bf16] [--peer llama-server|llama-cpp-python|both|none]
-#                           [--no-sous] [--quick] [--threads N]
+#                           [--no-sous] [--quick] [--threads N] [--wait-quiet SECONDS]
+#
+# On 2 cores every other busy process (a cargo build) distorts the figures badly (llama.cpp's
+# threads spin at barriers: a 2-thread llama.cpp beside a 2-job build decodes ~20x slower),
+# so --wait-quiet waits up to SECONDS for the 1-minute load average to drop below 0.5
+# first; the load before and after each server's run is in its results either way.
 #
 # Same precision: sous native computes in f32 from bf16 weights (and keeps an f32 KV
 # cache) by default. Its peer is then the F32 GGUF (the same bf16 weights, widened
@@ -45,6 +50,7 @@ PRECISION=f32
 PEER=llama-server
 RUN_SOUS=1
 QUICK=0
+WAIT_QUIET=0
 THREADS="${THREADS:-$(nproc)}"
 PORT="${PORT:-18400}"
 SOUS="${SOUS:-$ROOT/target/release/sous}"
@@ -59,6 +65,7 @@ while [[ $# -gt 0 ]]; do
         --no-sous) RUN_SOUS=0; shift ;;
         --quick) QUICK=1; shift ;;
         --threads) THREADS="$2"; shift 2 ;;
+        --wait-quiet) WAIT_QUIET="$2"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "native.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -68,6 +75,15 @@ case "$PEER" in llama-server|llama-cpp-python|both|none) ;; *) echo "native.sh: 
 
 say() { printf 'native.sh: %s\n' "$*" >&2; }
 die() { printf 'native.sh: error: %s\n' "$*" >&2; exit 1; }
+
+if [[ "$WAIT_QUIET" -gt 0 ]]; then
+    deadline=$(( $(date +%s) + WAIT_QUIET ))
+    while awk '{exit !($1 >= 0.5)}' /proc/loadavg && [[ $(date +%s) -lt $deadline ]]; do
+        say "waiting for a quiet machine (load $(cut -d' ' -f1 /proc/loadavg))"
+        sleep 15
+    done
+    awk '{exit !($1 >= 0.5)}' /proc/loadavg && say "warning: still busy (load $(cut -d' ' -f1-3 /proc/loadavg)): figures will be low"
+fi
 
 OUT="$ROOT/target/bench/native/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$OUT"

@@ -21,6 +21,8 @@ def rows_of(res):
         rows[f"decode tok/s, 1 stream ({res['single_decode']['completion_tokens']} tokens)"] = res["single_decode"]["tok_s"]
     for lvl in res.get("concurrency") or []:
         rows[f"aggregate decode tok/s, {lvl['streams']} streams"] = lvl["aggregate_tok_s"]
+    if res.get("loadavg_start"):
+        rows["load average (1 min) before → after"] = (res["loadavg_start"][0], res["loadavg_end"][0])
     mem = res.get("memory") or {}
     if mem.get("peak_rss_bytes"):
         rows["peak RSS MiB"] = mem["peak_rss_bytes"] / 2**20
@@ -28,6 +30,8 @@ def rows_of(res):
 
 
 def fmt(x, digits=1):
+    if isinstance(x, (tuple, list)):
+        return " → ".join(f"{v:.2f}" for v in x)
     return "—" if x is None else f"{x:,.{digits}f}"
 
 
@@ -41,7 +45,7 @@ def main():
     if args.machine:
         out += [f"    {line}" for line in open(args.machine).read().splitlines()] + [""]
 
-    speed = [r for r in results if rows_of(r)]
+    speed = [r for r in results if r.get("prefill") or r.get("single_decode") or r.get("concurrency")]
     if speed:
         sous = next((r for r in speed if r["label"].startswith("sous")), None)
         peers = [r for r in speed if r is not sous]
@@ -61,7 +65,8 @@ def main():
                 s = rows_of(sous).get(name)
                 for p in peers:
                     v = rows_of(p).get(name)
-                    cells.append("—" if s is None or not v else f"{s / v:.2f}×")
+                    ratio = s is not None and v and not isinstance(v, (tuple, list))
+                    cells.append(f"{s / v:.2f}×" if ratio else "—")
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         serial = [r["label"] for r in speed
                   if any(l["streams"] > 1 and not l["streams_overlapped"] for l in r.get("concurrency") or [])]
