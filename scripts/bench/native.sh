@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# Benchmark: sous's native CPU engine beside llama.cpp, same model, same precision, same
+# machine, same run. For SmolLM2-135M-Instruct (the imported test model):
+#
+#   prefill tok/s (~512-token prompt, max_tokens=1, prompt_tokens / TTFT, median of 5),
+#   single-stream decode tok/s (256 tokens, ignore_eos, temperature 0),
+#   aggregate decode tok/s at 1/2/4/8/16 concurrent streams (128-token prompts, 128 tokens
+#   each, ignore_eos), the server's peak RSS (VmHWM), and perplexity over
+#   scripts/bench/data/alice-chapter1.txt for sous's bf16 model and its NVFP4 model.
+#
+# The servers run one after another, never together, each on the loopback. The client is
+# scripts/bench/native_client.py (standard library only); the table comes from
+# scripts/bench/native_compare.py. Results: target/bench/native/<UTC time>/ (one JSON and
+# one markdown table per server, and summary.md). BENCHMARKS.md is written by hand.
+#
+#   scripts/bench/native.sh [--precision f32|bf16] [--peer llama-server|llama-cpp-python|both|none]
+#                           [--no-sous] [--quick] [--threads N] [--wait-quiet SECONDS]
+#
+# On 2 cores every other busy process (a cargo build) distorts the figures badly (llama.cpp's
+# threads spin at barriers: a 2-thread llama.cpp beside a 2-job build decodes ~20x slower),
+# so --wait-quiet waits up to SECONDS for the 1-minute load average to drop below 0.5
+# first; the load before and after each server's run is in its results either way.
+#
+# Same precision: sous native computes in f32 from bf16 weights (and keeps an f32 KV
+# cache) by default. Its peer is then the F32 GGUF (the same bf16 weights, widened
+# exactly) with an f32 KV cache: --precision f32, the default. --precision bf16 serves the
+# BF16 GGUF with a bf16 KV cache, for comparison with a bf16-compute sous.
+#
+# llama.cpp peers (built by scripts/bench/llamacpp-setup.sh from the llama-cpp-python
+# sdist; the first run compiles llama.cpp, about 10 minutes on 2 cores, and needs
+# CONVERT_PYTHON, a Python with torch, for the GGUF conversion):
+#   llama-server       llama.cpp's own server: -np 16 slots, continuous batching, one
+#                      unified KV cache of 8192 tokens (so one 512-token prompt and 16
+#                      streams of ~260 tokens both fit), host prompt cache off
+#                      (--cache-ram 0). Honours ignore_eos. The default peer.
+#   llama-cpp-python   `python -m llama_cpp.server`: one Llama object behind a lock, so it
+#                      serves one request at a time (concurrent streams queue); no
+#                      ignore_eos field, so EOS ids 0 and 2 get logit_bias -100.
+# llama.cpp's perplexity over the same text comes from scripts/bench/llamacpp_perplexity.py
+# (in-process, logits for every position; transformers gives 17.988 on the bf16 model).
+#
+# Environment: SOUS (the sous binary, default target/release/sous), CONVERT_PYTHON (see
+# above), THREADS (default: nproc), PORT (first port to use, default 18400).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+
+PRECISION=f32
+PEER=llama-server
+RUN_SOUS=1
+QUICK=0
+WAIT_QUIET=0
+THREADS="${THREADS:-$(nproc)}"
+PORT="${PORT:-18400}"
+SOUS="${SOUS:-$ROOT/target/release/sous}"
+MODEL_NAME=smollm2-135m
+PPL_TEXT="$ROOT/scripts/bench/data/alice-chapter1.txt"
+EOS_IDS="0,2" # <|endoftext|>, <|im_end|> in SmolLM2's vocabulary
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --precision) PRECISION="$2"; shift 2 ;;
+        --peer) PEER="$2"; shift 2 ;;
+        --no-sous) RUN_SOUS=0; shift ;;
+        --quick) QUICK=1; shift ;;
+        --threads) THREADS="$2"; shift 2 ;;
+        --wait-quiet) WAIT_QUIET="$2"; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "native.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+case "$PRECISION" in f32|bf16) ;; *) echo "native.sh: --precision is f32 or bf16" >&2; exit 2 ;; esac
+case "$PEER" in llama-server|llama-cpp-python|both|none) ;; *) echo "native.sh: bad --peer $PEER" >&2; exit 2 ;; esac
+
+say() { printf 'native.sh: %s\n' "$*" >&2; }
+die() { printf 'native.sh: error: %s\n' "$*" >&2; exit 1; }
+
+if [[ "$WAIT_QUIET" -gt 0 ]]; then
+    deadline=$(( $(date +%s) + WAIT_QUIET ))
+    while awk '{exit !($1 >= 0.5)}' /proc/loadavg && [[ $(date +%s) -lt $deadline ]]; do
+        say "waiting for a quiet machine (load $(cut -d' ' -f1 /proc/loadavg))"
+        sleep 15
+    done
+    awk '{exit !($1 >= 0.5)}' /proc/loadavg && say "warning: still busy (load $(cut -d' ' -f1-3 /proc/loadavg)): figures will be low"
+fi
+
+OUT="$ROOT/target/bench/native/$(date -u +%Y%m%dT%H%M%SZ)"
+mkdir -p "$OUT"
+say "results in $OUT"
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
+    echo "precision: $PRECISION, threads: $THREADS"
+    echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+} > "$OUT/machine.txt"
+
+CLIENT_ARGS=()
+[[ "$QUICK" == 1 ]] && CLIENT_ARGS=(--prefill-reps 2 --decode-reps 1 --decode-tokens 64 --levels 1,4)
+
+SERVER_PID=""
+stop_server() {
+    if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill "$SERVER_PID" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.2; done
+        kill -9 "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    SERVER_PID=""
+}
+trap stop_server EXIT
+
+# Waits until GET $1 answers 200, or the server process is gone, or $2 seconds pass.
+wait_http_200() {
+    local url="$1" limit="${2:-300}" i
+    for ((i = 0; i < limit * 5; i++)); do
+        [[ "$(curl -s -o /dev/null -w '%{http_code}' "$url" || true)" == 200 ]] && return 0
+        kill -0 "$SERVER_PID" 2>/dev/null || return 1
+        sleep 0.2
+    done
+    return 1
+}
+
+# Runs the client against the server on $PORT; $1 is the label (file name), the rest goes
+# to native_client.py.
+run_client() {
+    local label="$1"; shift
+    python3 scripts/bench/native_client.py --base-url "http://127.0.0.1:$PORT" --model "$MODEL_NAME" \
+        --label "$label" --server-pid "$SERVER_PID" --out "$OUT/$label.json" --markdown "$OUT/$label.md" \
+        "${CLIENT_ARGS[@]}" "$@"
+}
+
+# ---------------------------------------------------------------------------------------
+# sous native engine. THE LEAD FILLS THIS IN: build/locate $SOUS and, if needed, pass the
+# precision through to the recipe. Served name: smollm2-135m (recipes/local/*.toml).
+start_sous() {
+    local recipe="${1:-recipes/local/smollm2-135m.toml}"
+    [[ -x "$SOUS" ]] || { say "no sous binary at $SOUS (set SOUS=...)"; return 1; }
+    "$SOUS" serve --recipe "$recipe" --set server.port="$PORT" > "$OUT/sous-$(basename "$recipe" .toml).log" 2>&1 &
+    SERVER_PID=$!
+    wait_http_200 "http://127.0.0.1:$PORT/health" 600 || { say "sous did not come up (log: $OUT/sous-*.log)"; stop_server; return 1; }
+}
+# ---------------------------------------------------------------------------------------
+
+start_llama_server() {
+    local gguf="$1" kv="$2"
+    "$LLAMA_SERVER" -m "$gguf" --host 127.0.0.1 --port "$PORT" -a "$MODEL_NAME" \
+        -t "$THREADS" -tb "$THREADS" -c 8192 -np 16 --kv-unified --cont-batching \
+        -ctk "$kv" -ctv "$kv" --cache-ram 0 --no-webui > "$OUT/llama-server.log" 2>&1 &
+    SERVER_PID=$!
+    wait_http_200 "http://127.0.0.1:$PORT/health" 300 || die "llama-server did not come up (log: $OUT/llama-server.log)"
+}
+
+start_llama_cpp_python() {
+    local gguf="$1" log="$2"
+    "$LLAMACPP_PYTHON" -m llama_cpp.server --model "$gguf" --model_alias "$MODEL_NAME" --host 127.0.0.1 \
+        --port "$PORT" --n_threads "$THREADS" --n_threads_batch "$THREADS" --n_ctx 4096 \
+        --interrupt_requests False --verbose False > "$log" 2>&1 &
+    SERVER_PID=$!
+    wait_http_200 "http://127.0.0.1:$PORT/v1/models" 300 || die "llama_cpp.server did not come up (log: $log)"
+}
+
+results=()
+
+# 1. sous (first, so a failure to start shows before the long peer runs).
+if [[ "$RUN_SOUS" == 1 ]]; then
+    say "sous native, bf16 weights ($PRECISION compute)"
+    if start_sous recipes/local/smollm2-135m.toml; then
+        run_client "sous-bf16" --perplexity "$PPL_TEXT"
+        stop_server
+        results+=("$OUT/sous-bf16.json")
+        say "sous native, NVFP4 weights: perplexity only"
+        if start_sous recipes/local/smollm2-135m-nvfp4.toml; then
+            run_client "sous-nvfp4" --only-perplexity --perplexity "$PPL_TEXT"
+            stop_server
+            results+=("$OUT/sous-nvfp4.json")
+        fi
+    else
+        say "sous skipped: it did not start"
+    fi
+fi
+
+# 2. llama.cpp.
+if [[ "$PEER" != none ]]; then
+    setup="$(scripts/bench/llamacpp-setup.sh)" || die "llama.cpp set-up failed"
+    eval "$setup"
+    if [[ "$PRECISION" == f32 ]]; then GGUF="$GGUF_F32"; KV=f32; else GGUF="$GGUF_BF16"; KV=bf16; fi
+    PREC_UPPER="$(echo "$PRECISION" | tr a-z A-Z)"
+    if [[ "$PEER" == llama-server || "$PEER" == both ]]; then
+        say "llama.cpp llama-server, $PREC_UPPER GGUF, $KV KV cache"
+        start_llama_server "$GGUF" "$KV"
+        run_client "llama-server-$PRECISION"
+        stop_server
+        results+=("$OUT/llama-server-$PRECISION.json")
+    fi
+    if [[ "$PEER" == llama-cpp-python || "$PEER" == both ]]; then
+        say "llama-cpp-python llama_cpp.server, $PREC_UPPER GGUF"
+        start_llama_cpp_python "$GGUF" "$OUT/llama-cpp-python.log"
+        run_client "llama-cpp-python-$PRECISION" --no-ignore-eos-field --eos-logit-bias "$EOS_IDS"
+        stop_server
+        results+=("$OUT/llama-cpp-python-$PRECISION.json")
+    fi
+    # llama.cpp's perplexity over the same text, in-process (no llama.cpp server returns
+    # correct prompt logprobs for a BOS-less prompt: see llamacpp_perplexity.py).
+    say "llama.cpp perplexity ($PREC_UPPER GGUF, llama-cpp-python with logits_all)"
+    "$LLAMACPP_PYTHON" scripts/bench/llamacpp_perplexity.py "$GGUF" "$PPL_TEXT" --threads "$THREADS" \
+        --label "llama.cpp-ppl-$PRECISION" --out "$OUT/llama-cpp-ppl-$PRECISION.json" > /dev/null
+    results+=("$OUT/llama-cpp-ppl-$PRECISION.json")
+fi
+
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.txt"
+[[ ${#results[@]} -gt 0 ]] || die "nothing was measured"
+python3 scripts/bench/native_compare.py --machine "$OUT/machine.txt" "${results[@]}" | tee "$OUT/summary.md"
