@@ -39,7 +39,8 @@
 # llama.cpp's perplexity over the same text comes from scripts/bench/llamacpp_perplexity.py
 # (in-process, logits for every position; transformers gives 17.988 on the bf16 model).
 #
-# Environment: SOUS (the sous binary, default target/release/sous), CONVERT_PYTHON (see
+# Environment: SOUS (the sous binary, default target/debug/sous: the one optimized build
+# profile of the workspace), MODELS (the mirror's root, default target/models), CONVERT_PYTHON (see
 # above), THREADS (default: nproc), PORT (first port to use, default 18400).
 set -euo pipefail
 
@@ -53,7 +54,8 @@ QUICK=0
 WAIT_QUIET=0
 THREADS="${THREADS:-$(nproc)}"
 PORT="${PORT:-18400}"
-SOUS="${SOUS:-$ROOT/target/release/sous}"
+SOUS="${SOUS:-$ROOT/target/debug/sous}"
+MODELS="${MODELS:-$ROOT/target/models}"
 MODEL_NAME=smollm2-135m
 PPL_TEXT="$ROOT/scripts/bench/data/alice-chapter1.txt"
 EOS_IDS="0,2" # <|endoftext|>, <|im_end|> in SmolLM2's vocabulary
@@ -108,7 +110,7 @@ stop_server() {
     fi
     SERVER_PID=""
 }
-trap stop_server EXIT
+trap 'stop_server; stop_hub' EXIT
 
 # Waits until GET $1 answers 200, or the server process is gone, or $2 seconds pass.
 wait_http_200() {
@@ -131,12 +133,31 @@ run_client() {
 }
 
 # ---------------------------------------------------------------------------------------
-# sous native engine. THE LEAD FILLS THIS IN: build/locate $SOUS and, if needed, pass the
-# precision through to the recipe. Served name: smollm2-135m (recipes/local/*.toml).
+# sous native engine: `sous serve --recipe` exactly as a user runs it. The model comes from
+# a local Hub mirror of target/models (MODELS) into a Hub cache under target/bench/, so the
+# NVFP4 recipe pulls and quantizes once and later runs reuse both.
+HUB_PID=""
+start_hub() {
+    [[ -n "$HUB_PID" ]] && return 0
+    local url_file="$OUT/hub.url"
+    "$SOUS" hub serve --root "$MODELS" --port 0 > "$url_file" 2> "$OUT/hub.log" &
+    HUB_PID=$!
+    for _ in $(seq 100); do [[ -s "$url_file" ]] && break; sleep 0.1; done
+    [[ -s "$url_file" ]] || die "sous hub serve did not start (log: $OUT/hub.log)"
+    export HF_ENDPOINT="$(head -n1 "$url_file")"
+    export HF_HUB_CACHE="$ROOT/target/bench/hub-cache" SOUS_CACHE_DIR="$ROOT/target/bench/sous-cache"
+    export SOUS_STATE_DIR="$ROOT/target/bench/state"
+}
+stop_hub() { if [[ -n "$HUB_PID" ]]; then kill "$HUB_PID" 2>/dev/null || true; fi; HUB_PID=""; }
+
 start_sous() {
     local recipe="${1:-recipes/local/smollm2-135m.toml}"
     [[ -x "$SOUS" ]] || { say "no sous binary at $SOUS (set SOUS=...)"; return 1; }
-    "$SOUS" serve --recipe "$recipe" --set server.port="$PORT" > "$OUT/sous-$(basename "$recipe" .toml).log" 2>&1 &
+    start_hub
+    local dtype=float32
+    [[ "$PRECISION" == bf16 ]] && dtype=bfloat16
+    "$SOUS" serve --recipe "$recipe" --set server.port="$PORT" --set serving.dtype="$dtype" \
+        > "$OUT/sous-$(basename "$recipe" .toml).log" 2>&1 &
     SERVER_PID=$!
     wait_http_200 "http://127.0.0.1:$PORT/health" 600 || { say "sous did not come up (log: $OUT/sous-*.log)"; stop_server; return 1; }
 }
