@@ -288,11 +288,81 @@ fn dots_bf16(x: &[f32], rows: usize, w: &[u16], k: usize, dst: &mut [f32]) {
         for (dst, &bits) in wide.iter_mut().zip(wr) {
             *dst = f32::from_bits(u32::from(bits) << 16);
         }
-        for (m, out) in d.iter_mut().enumerate() {
-            let xr = &x[m * k..(m + 1) * k];
-            *out = if fma { dot_fma(xr, &wide) } else { dot(xr, &wide) };
+        rows_dot(x, rows, &wide, k, d, fma);
+    }
+}
+
+/// `d[m] = x[m] · w` for every row of `x`, four rows at a time so that each loaded
+/// weight lane feeds four multiply-adds.
+#[inline(always)]
+fn rows_dot(x: &[f32], rows: usize, w: &[f32], k: usize, d: &mut [f32], fma: bool) {
+    let mut m = 0;
+    while m + 4 <= rows {
+        let sums = dot4(&x[m * k..(m + 4) * k], w, k, fma);
+        d[m..m + 4].copy_from_slice(&sums);
+        m += 4;
+    }
+    for (r, out) in d.iter_mut().enumerate().skip(m) {
+        let xr = &x[r * k..(r + 1) * k];
+        *out = if fma { dot_fma(xr, w) } else { dot(xr, w) };
+    }
+}
+
+/// Four dot products of consecutive rows of `x` (`4 × k`) with `w`.
+// Explicit lanes: the fixed-size inner loops are what the vectorizer turns into
+// registers, one per row.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+fn dot4(x: &[f32], w: &[f32], k: usize, fma: bool) -> [f32; 4] {
+    const L: usize = 16;
+    let (x0, rest) = x.split_at(k);
+    let (x1, rest) = rest.split_at(k);
+    let (x2, x3) = rest.split_at(k);
+    let mut acc = [[0.0f32; L]; 4];
+    let lanes = w
+        .chunks_exact(L)
+        .zip(x0.chunks_exact(L))
+        .zip(x1.chunks_exact(L))
+        .zip(x2.chunks_exact(L))
+        .zip(x3.chunks_exact(L));
+    for ((((wc, c0), c1), c2), c3) in lanes {
+        type Lanes<'a> = &'a [f32; L];
+        let (wc, c0, c1, c2, c3): (Lanes, Lanes, Lanes, Lanes, Lanes) = match (
+            wc.try_into(),
+            c0.try_into(),
+            c1.try_into(),
+            c2.try_into(),
+            c3.try_into(),
+        ) {
+            (Ok(a), Ok(b), Ok(c), Ok(d), Ok(e)) => (a, b, c, d, e),
+            _ => continue,
+        };
+        let [a0, a1, a2, a3] = &mut acc;
+        for l in 0..L {
+            let wv = wc[l];
+            if fma {
+                a0[l] = c0[l].mul_add(wv, a0[l]);
+                a1[l] = c1[l].mul_add(wv, a1[l]);
+                a2[l] = c2[l].mul_add(wv, a2[l]);
+                a3[l] = c3[l].mul_add(wv, a3[l]);
+            } else {
+                a0[l] += c0[l] * wv;
+                a1[l] += c1[l] * wv;
+                a2[l] += c2[l] * wv;
+                a3[l] += c3[l] * wv;
+            }
         }
     }
+    let tail = k / L * L;
+    let mut out = [0.0f32; 4];
+    for (r, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
+        let mut sum: f32 = a.iter().sum();
+        for i in tail..k {
+            sum += x[r * k + i] * w[i];
+        }
+        *o = sum;
+    }
+    out
 }
 
 /// `dst[j * rows + m] = x[m] · w[j]` for the weight rows in `w`.
@@ -300,10 +370,7 @@ fn dots_bf16(x: &[f32], rows: usize, w: &[u16], k: usize, dst: &mut [f32]) {
 fn dots(x: &[f32], rows: usize, w: &[f32], k: usize, dst: &mut [f32]) {
     let fma = multiversion::target::selected_target!().supports_feature_str("fma");
     for (wr, d) in w.chunks_exact(k).zip(dst.chunks_exact_mut(rows)) {
-        for (m, out) in d.iter_mut().enumerate() {
-            let xr = &x[m * k..(m + 1) * k];
-            *out = if fma { dot_fma(xr, wr) } else { dot(xr, wr) };
-        }
+        rows_dot(x, rows, wr, k, d, fma);
     }
 }
 
@@ -420,7 +487,7 @@ mod tests {
 
     #[test]
     fn matmul_t_matches_the_plain_product() {
-        for (rows, n, k) in [(1, 37, 64), (3, 5, 19), (8, 300, 576)] {
+        for (rows, n, k) in [(1, 37, 64), (3, 5, 19), (8, 300, 576), (13, 40, 1536)] {
             let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.05).collect();
             let mut out = vec![0.0; rows * n];
