@@ -224,36 +224,36 @@ fn attend(q: &[f32], query: Query, kv_head: usize, shape: KvShape, k: &[f32], v:
 /// while it is in L1. Rows of `w` are split across the rayon pool. The dot product is
 /// compiled for AVX-512 and AVX2+FMA and chosen at run time (`multiversion`).
 pub fn matmul_t(x: &[f32], rows: usize, w: &[f32], k: usize, out: &mut [f32]) {
-    let n = w.len() / k;
-    debug_assert_eq!(x.len(), rows * k);
-    debug_assert_eq!(out.len(), rows * n);
-    // Weight rows per task: about 64 KiB of weights, so tasks are many and even.
-    let per_task = (16384 / k).max(1);
-    let mut transposed = vec![0.0f32; n * rows];
-    transposed
-        .par_chunks_mut(per_task * rows)
-        .zip(w.par_chunks(per_task * k))
-        .for_each(|(dst, wc)| dots(x, rows, wc, k, dst));
-    for (j, col) in transposed.chunks_exact(rows).enumerate() {
-        for (m, &v) in col.iter().enumerate() {
-            out[m * n + j] = v;
-        }
-    }
+    by_weight_rows(x, rows, w, k, out, dots);
 }
 
 /// [`matmul_t`] with bf16 weights (their raw bits), computed in f32: each weight is
 /// widened exactly (`bits << 16`), so the result equals the f32 product of the upcast
 /// weights while reading half the bytes.
 pub fn matmul_t_bf16(x: &[f32], rows: usize, w: &[u16], k: usize, out: &mut [f32]) {
+    by_weight_rows(x, rows, w, k, out, dots_bf16);
+}
+
+/// Splits the weight rows across the rayon pool (about 64 KiB of weights per task, so
+/// tasks are many and even), runs `dots` on each slice into a `[n, rows]` buffer and
+/// writes it out as `[rows, n]`.
+fn by_weight_rows<W: Sync>(
+    x: &[f32],
+    rows: usize,
+    w: &[W],
+    k: usize,
+    out: &mut [f32],
+    dots: impl Fn(&[f32], usize, &[W], usize, &mut [f32]) + Sync,
+) {
     let n = w.len() / k;
     debug_assert_eq!(x.len(), rows * k);
     debug_assert_eq!(out.len(), rows * n);
-    let per_task = (32768 / k).max(1);
+    let per_task = (65536 / (k * std::mem::size_of::<W>())).max(1);
     let mut transposed = vec![0.0f32; n * rows];
     transposed
         .par_chunks_mut(per_task * rows)
         .zip(w.par_chunks(per_task * k))
-        .for_each(|(dst, wc)| dots_bf16(x, rows, wc, k, dst));
+        .for_each(|(dst, wc)| dots(x, rows, wc, k, dst));
     for (j, col) in transposed.chunks_exact(rows).enumerate() {
         for (m, &v) in col.iter().enumerate() {
             out[m * n + j] = v;

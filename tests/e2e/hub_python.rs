@@ -8,20 +8,11 @@ use std::process::Command as Process;
 
 use serde_json::Value;
 
-use crate::util::{Mirror, generated_repo, root, run, sha256, sous};
+use crate::util::{Mirror, generated_repo, run, sha256, sous};
 
 /// The test environment's Python, or `None` (with a loud message) outside CI.
 fn python() -> Option<PathBuf> {
-    let python = root().join("target/py/bin/python");
-    if python.exists() {
-        return Some(python);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "target/py is missing in CI: scripts/test.sh must run scripts/python-env.sh"
-    );
-    eprintln!("SKIPPED: huggingface_hub compatibility: run scripts/python-env.sh to create target/py");
-    None
+    crate::util::python("huggingface_hub compatibility")
 }
 
 fn py(python: &PathBuf, script: &str, envs: &[(&str, &str)]) -> Value {

@@ -3,26 +3,12 @@
 //! vLLM-named metrics, shutdown; the NVFP4 recipe from Hub mirror to answer; and 200
 //! requests from 32 concurrent clients with cancellations and malformed bodies.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::util::{Mirror, Running, free_port, root};
-
-/// The SmolLM2 test model, or `None` (loudly) outside CI when it is missing.
-fn test_model() -> Option<PathBuf> {
-    let dir = root().join("target/models/HuggingFaceTB/SmolLM2-135M-Instruct");
-    if dir.join("model.safetensors").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "the test model is missing in CI: scripts/test.sh must run scripts/fetch-test-model.sh"
-    );
-    eprintln!("SKIPPED: native engine: test model missing, run scripts/fetch-test-model.sh");
-    None
-}
+use crate::util::{Mirror, Running, free_port, python, root, smollm2};
 
 struct Server {
     running: Running,
@@ -102,22 +88,9 @@ fn sse_data(body: &str) -> Vec<String> {
         .collect()
 }
 
-fn python() -> Option<PathBuf> {
-    let python = root().join("target/py/bin/python");
-    if python.exists() {
-        return Some(python);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "target/py is missing in CI: scripts/test.sh must run scripts/python-env.sh"
-    );
-    eprintln!("SKIPPED: the openai package check: run scripts/python-env.sh to create target/py");
-    None
-}
-
 #[test]
 fn the_native_engine_speaks_openai_and_vllm() {
-    let Some(model) = test_model() else { return };
+    let Some(model) = smollm2() else { return };
     let server = serve(
         &model,
         "[serving]\nmax_model_len = 512\nprefix_caching = true",
@@ -132,7 +105,7 @@ fn the_native_engine_speaks_openai_and_vllm() {
     );
 
     // The official client.
-    if let Some(python) = python() {
+    if let Some(python) = python("the openai package check") {
         let out = std::process::Command::new(python)
             .arg(root().join("tests/e2e/openai_client.py"))
             .args([&server.url, "smollm2", "sesame"])
@@ -280,7 +253,7 @@ fn the_native_engine_speaks_openai_and_vllm() {
 
 #[test]
 fn the_nvfp4_recipe_pulls_quantizes_and_answers() {
-    let Some(_) = test_model() else { return };
+    let Some(_) = smollm2() else { return };
     let mirror = Mirror::start(&root().join("target/models"), &[], &[]);
     let work = tempfile::tempdir().expect("tempdir");
     let (cache, sous_cache) = (work.path().join("hub"), work.path().join("sous-cache"));
@@ -353,7 +326,7 @@ impl Lcg {
 
 #[test]
 fn two_hundred_requests_from_thirty_two_clients() {
-    let Some(model) = test_model() else { return };
+    let Some(model) = smollm2() else { return };
     let server = serve(
         &model,
         "[serving]\nmax_model_len = 1024\nmax_num_seqs = 16\nprefix_caching = true",

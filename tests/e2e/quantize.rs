@@ -12,21 +12,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sous_kernels::{Dtype, Flavor, Matrix, TensorScale, fast};
 
-use crate::util::{root, run, sous};
-
-/// The SmolLM2 test model, or `None` (loudly) outside CI when it is missing.
-fn smollm2() -> Option<PathBuf> {
-    let dir = root().join("target/models/HuggingFaceTB/SmolLM2-135M-Instruct");
-    if dir.join("model.safetensors").exists() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "the test model is missing in CI"
-    );
-    eprintln!("SKIPPED: test model missing, run scripts/fetch-test-model.sh");
-    None
-}
+use crate::util::{root, run, smollm2, sous};
 
 /// One tensor of a safetensors file, as stored.
 struct Stored {

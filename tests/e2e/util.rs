@@ -302,3 +302,32 @@ pub fn alive(pid: u64) -> bool {
         .map(|stat| !stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z')))
         .unwrap_or(false)
 }
+
+/// The SmolLM2 test model, or `None` (loudly) outside CI when it is missing.
+pub fn smollm2() -> Option<PathBuf> {
+    let dir = root().join("target/models/HuggingFaceTB/SmolLM2-135M-Instruct");
+    if dir.join("model.safetensors").exists() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "the test model is missing in CI: scripts/test.sh must run scripts/fetch-test-model.sh"
+    );
+    eprintln!("SKIPPED: test model missing, run scripts/fetch-test-model.sh");
+    None
+}
+
+/// The test Python (target/py, scripts/python-env.sh), or `None` (loudly) outside CI
+/// when it is missing; `what` names the check that is skipped.
+pub fn python(what: &str) -> Option<PathBuf> {
+    let python = root().join("target/py/bin/python");
+    if python.exists() {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "target/py is missing in CI: scripts/test.sh must run scripts/python-env.sh"
+    );
+    eprintln!("SKIPPED: {what}: run scripts/python-env.sh to create target/py");
+    None
+}
