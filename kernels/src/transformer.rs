@@ -173,23 +173,15 @@ pub fn paged_attention(
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
 fn attend(q: &[f32], query: Query, kv_head: usize, shape: KvShape, k: &[f32], v: &[f32], dst: &mut [f32]) {
     let fma = multiversion::target::selected_target!().supports_feature_str("fma");
-    let (hd, bs, slot) = (shape.head_dim, shape.block_size, shape.slot_len());
+    let hd = shape.head_dim;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut scores = Vec::with_capacity(query.len);
     let mut max = f32::NEG_INFINITY;
-    for (b, &block) in query.blocks.iter().enumerate() {
-        let first = b * bs;
-        if first >= query.len {
-            break;
-        }
-        let base = block as usize * bs * slot + kv_head * hd;
-        for s in 0..bs.min(query.len - first) {
-            let at = base + s * slot;
-            let key = &k[at..at + hd];
-            let score = if fma { dot_fma(q, key) } else { dot(q, key) } * scale;
-            max = max.max(score);
-            scores.push(score);
-        }
+    for at in slots(query, shape, kv_head) {
+        let key = &k[at..at + hd];
+        let score = if fma { dot_fma(q, key) } else { dot(q, key) } * scale;
+        max = max.max(score);
+        scores.push(score);
     }
     let mut total = 0.0f32;
     for s in &mut scores {
@@ -198,20 +190,29 @@ fn attend(q: &[f32], query: Query, kv_head: usize, shape: KvShape, k: &[f32], v:
     }
     dst.fill(0.0);
     let inv = 1.0 / total;
-    for (b, &block) in query.blocks.iter().enumerate() {
-        let first = b * bs;
-        if first >= query.len {
-            break;
-        }
-        let base = block as usize * bs * slot + kv_head * hd;
-        for s in 0..bs.min(query.len - first) {
-            let at = base + s * slot;
-            let w = scores[first + s] * inv;
-            for (d, &x) in dst.iter_mut().zip(&v[at..at + hd]) {
-                *d = if fma { w.mul_add(x, *d) } else { *d + w * x };
-            }
+    for (at, &score) in slots(query, shape, kv_head).zip(&scores) {
+        let w = score * inv;
+        for (d, &x) in dst.iter_mut().zip(&v[at..at + hd]) {
+            *d = if fma { w.mul_add(x, *d) } else { *d + w * x };
         }
     }
+}
+
+/// Offsets in a layer's cache of `kv_head`'s values for every position `query` attends
+/// to, in position order, block by block.
+#[inline(always)]
+fn slots(query: Query<'_>, shape: KvShape, kv_head: usize) -> impl Iterator<Item = usize> + '_ {
+    let (bs, slot) = (shape.block_size, shape.slot_len());
+    let head = kv_head * shape.head_dim;
+    query
+        .blocks
+        .iter()
+        .enumerate()
+        .take_while(move |(b, _)| b * bs < query.len)
+        .flat_map(move |(b, &block)| {
+            let base = block as usize * bs * slot + head;
+            (0..bs.min(query.len - b * bs)).map(move |s| base + s * slot)
+        })
 }
 
 /// `out = x · wᵀ` for a few rows of `x` (`rows × k`), with `w` row-major `n × k` (a
