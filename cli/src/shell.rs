@@ -62,6 +62,12 @@ impl Shell {
         eprintln!("{} {line}", self.paint(CYAN, &format!("{engine} |")));
     }
 
+    /// A line of the engine's own log on stderr, as it is: the native engine's process
+    /// writes these and the supervising `sous serve` prefixes them.
+    pub fn log_line(&self, line: &str) {
+        eprintln!("{line}");
+    }
+
     /// A status line on stderr, e.g. `ok recipes/x.toml`.
     pub fn status(&self, word: &str, message: &str) {
         eprintln!("{} {message}", self.paint(GREEN, word));

@@ -40,6 +40,7 @@ fn render(path: &Path, kind: EngineKind) -> String {
     let ctx = RenderContext {
         instance_dir: PathBuf::from("/state").join(&recipe.name),
         hub_cache: PathBuf::from("/hub"),
+        sous_exe: PathBuf::from("sous"),
     };
     match launch::render(&recipe, &ctx) {
         Ok(launch) => {

@@ -290,17 +290,32 @@ def perplexity(server, path):
             "prompt_tokens": out["usage"]["prompt_tokens"], "mean_nll": nll, "perplexity": math.exp(nll)}
 
 
-def rss_of(pid):
-    out = {}
+def descendants(pid):
+    """pid and every process below it (`sous serve` runs the native engine as a child)."""
+    found = [pid]
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                key, _, val = line.partition(":")
-                if key in ("VmHWM", "VmRSS"):
-                    out[key] = int(val.split()[0]) * 1024
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            for child in f.read().split():
+                found += descendants(int(child))
     except OSError:
-        return None
-    return {"peak_rss_bytes": out.get("VmHWM"), "rss_bytes": out.get("VmRSS")}
+        pass
+    return found
+
+
+def rss_of(pid):
+    """Peak and current RSS summed over the server's processes (each one's VmHWM)."""
+    out = {"VmHWM": 0, "VmRSS": 0}
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    key, _, val = line.partition(":")
+                    if key in out:
+                        out[key] += int(val.split()[0]) * 1024
+        except OSError:
+            if p == pid:
+                return None
+    return {"peak_rss_bytes": out["VmHWM"], "rss_bytes": out["VmRSS"]}
 
 
 def fmt(x, digits=1):

@@ -1,14 +1,16 @@
 //! `sous serve` with the native engine, end to end on the SmolLM2 test model: the
 //! OpenAI API as the official `openai` package sees it, raw SSE and error bodies,
 //! vLLM-named metrics, shutdown; the NVFP4 recipe from Hub mirror to answer; and 200
-//! requests from 32 concurrent clients with cancellations and malformed bodies.
+//! requests from 32 concurrent clients with cancellations and malformed bodies; the
+//! engine process under the supervisor (a killed engine restarts, `--replace` swaps
+//! instances with no gap in `/health`).
 
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::util::{Mirror, Running, free_port, python, root, smollm2};
+use crate::util::{Mirror, Poller, Running, alive, free_port, python, root, smollm2};
 
 struct Server {
     running: Running,
@@ -442,4 +444,92 @@ fn two_hundred_requests_from_thirty_two_clients() {
         crate::util::alive(u64::from(server.running.child.id())),
         "still serving: {stderr}"
     );
+}
+
+#[test]
+fn a_native_engine_is_restarted_when_killed_and_replaced_without_a_gap() {
+    let Some(model) = smollm2() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let recipe = dir.path().join("swap.toml");
+    let write = |seqs: u32| {
+        std::fs::write(
+            &recipe,
+            format!(
+                "name = \"native-swap\"\n[model]\npath = \"{}\"\nserved_name = \"smollm2\"\n\n[engine]\nkind = \"native\"\n\n\
+                 [memory]\nkv_cache_bytes = \"64MiB\"\n\n[serving]\nmax_model_len = 1024\nmax_num_seqs = {seqs}\n\n\
+                 [server]\nhost = \"127.0.0.1\"\nport = {port}\nstop_grace = \"3s\"\n",
+                model.display()
+            ),
+        )
+        .expect("recipe");
+    };
+    write(4);
+    let state = dir.path().join("state");
+    let envs = [("SOUS_STATE_DIR", state.to_str().expect("utf-8"))];
+    let recipe_arg = recipe.to_str().expect("utf-8");
+    let mut old = Running::start(&["serve", "--recipe", recipe_arg], &envs);
+    let ready = Duration::from_secs(120);
+    assert!(old.wait_for("ready http://", ready), "{}", old.stderr());
+    let record = || -> Value {
+        serde_json::from_slice(
+            &std::fs::read(state.join("native-swap/instance.json")).expect("instance.json"),
+        )
+        .expect("json")
+    };
+
+    // The engine runs in a process of its own; killing it is a crash, and it restarts.
+    let engine = record()["engine_pid"].as_u64().expect("engine pid");
+    assert_ne!(engine, u64::from(old.child.id()));
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &engine.to_string()])
+        .status();
+    assert!(
+        old.wait_for("the engine exited with code 137; restarting in 1 s", ready),
+        "{}",
+        old.stderr()
+    );
+    let deadline = std::time::Instant::now() + ready;
+    while old.stderr().matches("ready http://").count() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        old.stderr().matches("ready http://").count(),
+        2,
+        "{}",
+        old.stderr()
+    );
+    let restarted = record()["engine_pid"].as_u64().expect("engine pid");
+    assert!(restarted != engine && alive(restarted));
+
+    // A changed recipe swaps instances on the same port; /health never fails.
+    let poller = Poller::start(port);
+    std::thread::sleep(Duration::from_millis(300));
+    write(8);
+    let mut new = Running::start(&["serve", "--replace", "--recipe", recipe_arg], &envs);
+    assert!(new.wait_for("replaced", ready), "{}", new.stderr());
+    assert_eq!(old.wait(Duration::from_secs(20)), Some(0), "{}", old.stderr());
+    std::thread::sleep(Duration::from_millis(300));
+    let seen = poller.finish();
+    let failures: Vec<_> = seen.iter().filter(|r| !matches!(r, Ok((200, _)))).collect();
+    assert!(
+        seen.len() > 20 && failures.is_empty(),
+        "/health during the swap: {failures:?} of {}",
+        seen.len()
+    );
+    assert!(!alive(restarted), "the old engine process is gone");
+    assert_eq!(record()["sous_pid"].as_u64(), Some(u64::from(new.child.id())));
+    let answer = runtime().block_on(async {
+        let body = json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
+        post(
+            &reqwest::Client::new(),
+            &format!("http://127.0.0.1:{port}/v1/completions"),
+            &body.to_string(),
+            None,
+        )
+        .await
+    });
+    assert_eq!(answer.0, 200, "{}", answer.1);
+    new.signal("TERM");
+    assert_eq!(new.wait(Duration::from_secs(20)), Some(0), "{}", new.stderr());
 }

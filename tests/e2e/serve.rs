@@ -272,17 +272,22 @@ fn trtllm_writes_its_options_file_into_the_state_directory() {
 }
 
 #[test]
-fn native_engine_has_no_command_line_and_refuses_what_it_cannot_run() {
-    let (code, _, stderr) = run(sous().args([
+fn native_engine_runs_as_a_sous_process_and_refuses_what_it_cannot_run() {
+    let (code, stdout, stderr) = run(sous().env("SOUS_STATE_DIR", "/state").args([
         "serve",
         "--dry-run",
         "--recipe",
-        "recipes/titan/qwen3.8-flash-next.toml",
-        "--set",
-        "engine.kind=native",
+        "recipes/local/smollm2-135m.toml",
     ]));
-    assert_eq!(code, 1);
-    assert!(stderr.contains("the native engine runs inside sous"), "{stderr}");
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("  --engine-process \\\n  --recipe /state/smollm2-135m/native-recipe.toml"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("repo = \"HuggingFaceTB/SmolLM2-135M-Instruct\""),
+        "the resolved recipe is written for the engine process: {stdout}"
+    );
 
     let (code, _, stderr) = run(sous().args([
         "serve",

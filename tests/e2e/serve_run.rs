@@ -1,13 +1,14 @@
 //! `sous serve` running engines for real, against the fake engine (tests/fake-engine):
 //! the argv it receives equals `--dry-run`'s, readiness and KV capacity are reported,
-//! the DGX Spark OOM fallback, restarts with backoff, signals, and no process left.
+//! the DGX Spark OOM fallback, restarts with backoff, signals, no process left, and
+//! `--replace` (unchanged: nothing; changed: a swap with no gap in `/health`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::util::{Running, alive, fake_engine, free_port, run, sous};
+use crate::util::{Poller, Running, alive, fake_engine, free_port, health, run, sous};
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -48,16 +49,21 @@ fn state_env(setup: &Setup) -> (String, String) {
 }
 
 fn start(setup: &Setup, envs: &[(&str, &str)]) -> Running {
+    start_with(setup, &[], envs)
+}
+
+/// `sous serve [FLAGS] --recipe` on the setup's recipe, recording the fake engine's argv.
+fn start_with(setup: &Setup, flags: &[&str], envs: &[(&str, &str)]) -> Running {
     let (k, v) = state_env(setup);
     let mut all: Vec<(&str, &str)> = vec![
         (k.as_str(), v.as_str()),
         ("FAKE_RECORD", setup.record.to_str().expect("utf-8")),
     ];
     all.extend_from_slice(envs);
-    Running::start(
-        &["serve", "--recipe", setup.recipe.to_str().expect("utf-8")],
-        &all,
-    )
+    let mut args = vec!["serve"];
+    args.extend_from_slice(flags);
+    args.extend(["--recipe", setup.recipe.to_str().expect("utf-8")]);
+    Running::start(&args, &all)
 }
 
 fn dry_run_argv(setup: &Setup) -> Vec<String> {
@@ -352,4 +358,172 @@ fn a_missing_engine_or_model_is_a_clear_error() {
     let (code, _, stderr) = run(sous().args(["serve", "--recipe"]).arg(&s.recipe));
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("does not exist"), "{stderr}");
+}
+
+/// Starts `sous serve --replace` for the setup's recipe.
+fn start_replace(setup: &Setup, envs: &[(&str, &str)]) -> Running {
+    start_with(setup, &["--replace"], envs)
+}
+
+fn instance_state(setup: &Setup, name: &str) -> Value {
+    let path = setup.dir.path().join("state").join(name).join("instance.json");
+    serde_json::from_slice(&std::fs::read(&path).expect("instance.json")).expect("json")
+}
+
+#[test]
+fn replace_with_an_unchanged_recipe_does_nothing_and_a_second_serve_is_refused() {
+    let s = setup("vllm", "[memory]\ngpu_utilization = 0.4\n");
+    let mut first = start(&s, &[]);
+    assert!(first.wait_for("ready http://", READY), "{}", first.stderr());
+    let engine = record(&s.record)["pid"].as_u64().expect("pid");
+
+    let (k, v) = state_env(&s);
+    let (code, _, stderr) = run(sous().env(&k, &v).args(["serve", "--recipe"]).arg(&s.recipe));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("recipe `fake-vllm` is already being served by sous"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("pass --replace"), "{stderr}");
+
+    let (code, _, stderr) = run(sous()
+        .env(&k, &v)
+        .args(["serve", "--replace", "--recipe"])
+        .arg(&s.recipe));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("`fake-vllm` already serves this recipe at http://127.0.0.1:"),
+        "{stderr}"
+    );
+    assert!(alive(engine), "the running engine was left alone");
+    assert_eq!(
+        record(&s.record)["pid"].as_u64(),
+        Some(engine),
+        "no engine started"
+    );
+    assert_eq!(health(s.port).map(|(code, _)| code), Ok(200));
+    first.signal("TERM");
+    assert_eq!(first.wait(Duration::from_secs(10)), Some(0));
+}
+
+#[test]
+fn replace_with_a_changed_recipe_swaps_instances_with_no_gap_in_health() {
+    let s = setup("vllm", "[memory]\ngpu_utilization = 0.4\n");
+    let slow = [("FAKE_LOAD_SECS", "1.5")];
+    let mut old = start(&s, &slow);
+    assert!(old.wait_for("ready http://", READY), "{}", old.stderr());
+    let old_engine = record(&s.record)["pid"].as_u64().expect("pid");
+    let poller = Poller::start(s.port);
+    std::thread::sleep(Duration::from_millis(300));
+
+    let text = std::fs::read_to_string(&s.recipe).expect("recipe");
+    std::fs::write(
+        &s.recipe,
+        text.replace("gpu_utilization = 0.4", "gpu_utilization = 0.45"),
+    )
+    .expect("recipe");
+    let mut new = start_replace(&s, &slow);
+    assert!(new.wait_for("replaced", READY), "{}", new.stderr());
+    let stderr = new.stderr();
+    assert!(
+        stderr.contains("the new instance starts beside it, the old one stops once the new one is ready"),
+        "{stderr}"
+    );
+    assert_eq!(old.wait(Duration::from_secs(10)), Some(0), "{}", old.stderr());
+    std::thread::sleep(Duration::from_millis(300));
+    let seen = poller.finish();
+
+    let new_engine = record(&s.record)["pid"].as_u64().expect("pid");
+    assert_ne!(new_engine, old_engine);
+    let failures: Vec<_> = seen.iter().filter(|r| !matches!(r, Ok((200, _)))).collect();
+    assert!(
+        failures.is_empty(),
+        "/health failed during the swap: {failures:?}"
+    );
+    let pids: Vec<u64> = seen
+        .iter()
+        .filter_map(|r| r.as_ref().ok().and_then(|(_, p)| *p))
+        .collect();
+    assert_eq!(pids.first(), Some(&old_engine), "the old instance answered first");
+    assert_eq!(pids.last(), Some(&new_engine), "the new instance answers last");
+    assert!(!alive(old_engine), "the old engine is gone");
+    let state = instance_state(&s, "fake-vllm");
+    assert_eq!(state["sous_pid"].as_u64(), Some(u64::from(new.child.id())));
+    assert_eq!(state["utilization"].as_f64(), Some(0.45));
+
+    new.signal("TERM");
+    assert_eq!(new.wait(Duration::from_secs(10)), Some(0));
+    assert!(
+        !s.dir.path().join("state/fake-vllm/instance.json").exists(),
+        "a stopped instance leaves no record"
+    );
+}
+
+#[test]
+fn replace_stops_the_old_instance_first_when_both_cannot_run_and_says_why() {
+    for (kind, memory, why) in [
+        (
+            "vllm",
+            "gpu_utilization = 0.8",
+            "the running instance holds 0.8 of the GPU memory and the new one asks for 0.85",
+        ),
+        (
+            "sglang",
+            "gpu_utilization = 0.3",
+            "both instances need port {port}, and SGLang binds it without SO_REUSEPORT",
+        ),
+    ] {
+        let s = setup(kind, &format!("[memory]\n{memory}\n"));
+        let mut old = start(&s, &[]);
+        assert!(old.wait_for("ready http://", READY), "{kind}: {}", old.stderr());
+        let text = std::fs::read_to_string(&s.recipe).expect("recipe");
+        std::fs::write(&s.recipe, text.replace("0.8", "0.85").replace("0.3", "0.35")).expect("recipe");
+        let mut new = start_replace(&s, &[]);
+        assert!(new.wait_for("ready http://", READY), "{kind}: {}", new.stderr());
+        let stderr = new.stderr();
+        let why = why.replace("{port}", &s.port.to_string());
+        assert!(stderr.contains(&why), "{kind}: {stderr}");
+        assert!(
+            stderr.contains("stopping the running instance")
+                && stderr.contains("does not answer until the new one is ready"),
+            "{kind}: {stderr}"
+        );
+        assert_eq!(old.wait(Duration::from_secs(10)), Some(0), "{kind}");
+        new.signal("TERM");
+        assert_eq!(new.wait(Duration::from_secs(10)), Some(0), "{kind}");
+    }
+}
+
+#[test]
+fn a_replacement_that_fails_to_start_leaves_the_old_instance_serving() {
+    let s = setup("vllm", "[memory]\ngpu_utilization = 0.4\n");
+    let mut old = start(&s, &[]);
+    assert!(old.wait_for("ready http://", READY), "{}", old.stderr());
+    let old_engine = record(&s.record)["pid"].as_u64().expect("pid");
+    let text = std::fs::read_to_string(&s.recipe).expect("recipe");
+    std::fs::write(&s.recipe, text.replace("0.4", "0.5")).expect("recipe");
+    let mut new = start_replace(&s, &[("FAKE_OOM_ABOVE", "0.45")]);
+    assert_eq!(new.wait(READY), Some(1), "{}", new.stderr());
+    assert!(new.stderr().contains("CUDA out of memory"), "{}", new.stderr());
+    assert!(alive(old_engine));
+    assert_eq!(health(s.port), Ok((200, Some(old_engine))));
+    let state = instance_state(&s, "fake-vllm");
+    assert_eq!(state["sous_pid"].as_u64(), Some(u64::from(old.child.id())));
+    old.signal("TERM");
+    assert_eq!(old.wait(Duration::from_secs(10)), Some(0));
+}
+
+#[test]
+fn a_port_in_use_by_another_server_is_refused() {
+    let s = setup("vllm", "");
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", s.port)).expect("bind");
+    let (k, v) = state_env(&s);
+    let (code, _, stderr) = run(sous().env(k, v).args(["serve", "--recipe"]).arg(&s.recipe));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("port {} is already in use", s.port)),
+        "{stderr}"
+    );
+    assert!(stderr.contains("hint: set another `server.port`"), "{stderr}");
+    drop(squatter);
 }

@@ -176,16 +176,12 @@ pub fn sha256(path: &std::path::Path) -> String {
     hex::encode(hasher.finalize())
 }
 
-/// The `fake-engine` test double (tests/fake-engine). `cargo test --workspace` builds
-/// it (it has an integration test of its own); other runs build it on first use.
+/// The `fake-engine` test double (tests/fake-engine), built (or found up to date) on
+/// first use: a stale one beside `sous` would test yesterday's behaviour.
 pub fn fake_engine() -> std::path::PathBuf {
     static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let beside = assert_cmd::cargo::cargo_bin("sous").with_file_name("fake-engine");
-            if beside.exists() {
-                return beside;
-            }
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let status = std::process::Command::new(cargo)
                 .args([
@@ -330,4 +326,63 @@ pub fn python(what: &str) -> Option<PathBuf> {
     );
     eprintln!("SKIPPED: {what}: run scripts/python-env.sh to create target/py");
     None
+}
+
+/// What one `/health` poll saw: the status and the answering pid, or what failed.
+pub type Health = Result<(u16, Option<u64>), String>;
+
+/// One `GET /health` on a fresh connection: the status and, from the fake engine, the
+/// pid that answered (its `x-fake-pid` header).
+pub fn health(port: u16) -> Health {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))
+        .map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .map_err(|e| format!("write: {e}"))?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| format!("read: {e}"))?;
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status line in {response:?}"))?;
+    let pid = response
+        .lines()
+        .find_map(|l| l.strip_prefix("x-fake-pid: "))
+        .and_then(|p| p.trim().parse().ok());
+    Ok((status, pid))
+}
+
+/// Polls `/health` every 10 ms on fresh connections until told to stop; every answer.
+pub struct Poller {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Health>>,
+}
+
+impl Poller {
+    pub fn start(port: u16) -> Poller {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                seen.push(health(port));
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            seen
+        });
+        Poller { stop, thread }
+    }
+
+    pub fn finish(self) -> Vec<Health> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("poller")
+    }
 }

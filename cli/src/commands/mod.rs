@@ -86,6 +86,7 @@ pub fn render_context(recipe: &sous_engine::recipe::Recipe) -> sous_engine::laun
     sous_engine::launch::RenderContext {
         instance_dir: sous_engine::paths::instance_dir(&recipe.name),
         hub_cache: crate::hub::config::HubConfig::from_env().cache_dir,
+        sous_exe: std::env::current_exe().unwrap_or_else(|_| "sous".into()),
     }
 }
 

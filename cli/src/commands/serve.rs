@@ -1,6 +1,8 @@
-//! `sous serve --recipe FILE`: make sure the model is there (pull), then run the
-//! recipe's engine under supervision; `--dry-run` prints the exact command line,
-//! environment and option files instead.
+//! `sous serve --recipe FILE`: make sure the model is there (pull, quantize), then run
+//! the recipe's engine under supervision; `--dry-run` prints the exact command line,
+//! environment and option files instead; `--replace` swaps a running instance of the
+//! recipe for this one. The native engine runs under the same supervisor, as a
+//! `sous serve --engine-process` child.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -10,7 +12,7 @@ use clap::Args;
 use sha2::{Digest, Sha256};
 use sous_engine::launch;
 use sous_engine::recipe::{EngineKind, Recipe};
-use sous_engine::serve::{self, Event, Outcome};
+use sous_engine::serve::{self, Event, Outcome, instance};
 
 use super::{OverrideArgs, RecipeArg, display, load_recipe, shutdown_signal};
 use crate::failure::UserError;
@@ -33,6 +35,15 @@ pub struct ServeArgs {
     /// Refuse to start when the model is not already on disk, instead of pulling it.
     #[arg(long)]
     no_build: bool,
+    /// Replace the instance a previous `sous serve` runs for this recipe's name: nothing
+    /// happens if its recipe is unchanged and it is healthy; otherwise this one starts
+    /// and the old one stops once this one is ready (or first, when both cannot run at
+    /// once, which is said).
+    #[arg(long, conflicts_with = "dry_run")]
+    replace: bool,
+    /// Serve the native engine in this process (what `sous serve` runs for a native recipe).
+    #[arg(long, hide = true, conflicts_with_all = ["dry_run", "replace"])]
+    engine_process: bool,
     #[command(flatten)]
     overrides: OverrideArgs,
 }
@@ -43,19 +54,10 @@ pub fn exec(args: ServeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         shell.warn(&w.message);
     }
     let recipe = loaded.recipe;
-    let ctx = super::render_context(&recipe);
-    if recipe.engine.kind == EngineKind::Native {
-        if args.dry_run {
-            return Err(UserError::new(
-                "the native engine runs inside sous: there is no engine command line to print",
-                Some("run `sous serve --recipe` without --dry-run, or `sous recipe check` to validate the recipe"),
-            )
-            .into());
-        }
-        let runtime = super::runtime()?;
-        let dir = runtime.block_on(build(&recipe, args.no_build, shell))?;
-        return serve_native(&runtime, &recipe, &dir, shell);
+    if args.engine_process {
+        return engine_process(&recipe, shell);
     }
+    let ctx = super::render_context(&recipe);
     let rendered =
         launch::render(&recipe, &ctx).with_context(|| format!("recipe {}", display(&args.recipe.recipe)))?;
     for w in &rendered.warnings {
@@ -78,18 +80,93 @@ pub fn exec(args: ServeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     }
 
     let runtime = super::runtime()?;
+    let running = instance::read_live(&ctx.instance_dir)?;
+    if let Some(old) = &running
+        && !args.replace
+    {
+        return Err(UserError::new(
+            format!(
+                "recipe `{}` is already being served by sous (pid {}) at {}",
+                recipe.name, old.sous_pid, old.url
+            ),
+            Some(&format!(
+                "pass --replace to swap it for this recipe, or stop it first (`kill {}`)",
+                old.sous_pid
+            )),
+        )
+        .into());
+    }
     let mut recipe = recipe;
     let dir = runtime.block_on(build(&recipe, args.no_build, shell))?;
-    if recipe.quantize.is_some() {
+    if recipe.quantize.is_some() || recipe.engine.kind == EngineKind::Native {
         // Serve the checkpoint the build step made, as the dry run cannot know it.
         recipe.model.path = Some(dir.display().to_string());
         recipe.model.repo = None;
+        recipe.model.revision = None;
+    }
+    if recipe.engine.kind == EngineKind::Native {
+        // What the engine process would refuse, refused here before it starts.
+        sous_engine::native::Settings::from_recipe(&recipe, &dir).map_err(native_error)?;
+        sous_engine::native::config::ModelConfig::read(&dir).map_err(native_error)?;
     }
     let hash = recipe_hash(&recipe)?;
+    let replacing = match running {
+        None if args.replace => {
+            shell.status(
+                "replace",
+                &format!("no instance of `{}` is running; starting one", recipe.name),
+            );
+            None
+        }
+        None => None,
+        Some(old) => {
+            if old.recipe_hash == hash && runtime.block_on(old.healthy()) {
+                shell.status(
+                    "unchanged",
+                    &format!(
+                        "`{}` already serves this recipe at {} (sous pid {}); nothing to do",
+                        recipe.name, old.url, old.sous_pid
+                    ),
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            match instance::can_overlap(&old, &recipe) {
+                Ok(()) => {
+                    shell.status(
+                        "replacing",
+                        &format!(
+                            "`{}` (sous pid {} at {}): the new instance starts beside it, the old one stops once the new one is ready",
+                            recipe.name, old.sous_pid, old.url
+                        ),
+                    );
+                    Some(old)
+                }
+                Err(why) => {
+                    shell.warn(&format!(
+                        "stopping the running instance (sous pid {}) before starting the new one: {why}; {} does not answer until the new one is ready",
+                        old.sous_pid, old.url
+                    ));
+                    let took = runtime.block_on(old.stop(old.grace()));
+                    shell.status(
+                        "stopped",
+                        &format!("the old instance in {:.1} s", took.as_secs_f64()),
+                    );
+                    None
+                }
+            }
+        }
+    };
     let echo = shell.clone();
     let prefix = recipe.engine.kind.as_str().to_owned();
     let on_event: Arc<dyn Fn(Event) + Send + Sync> = Arc::new(move |event| report(&echo, &prefix, event));
-    let result = runtime.block_on(serve::run(&recipe, &ctx, &hash, on_event, shutdown_signal()));
+    let result = runtime.block_on(serve::run(
+        &recipe,
+        &ctx,
+        &hash,
+        replacing,
+        on_event,
+        shutdown_signal(),
+    ));
     match result {
         Ok(Outcome::Stopped) => {
             shell.status("stopped", &recipe.name);
@@ -118,6 +195,23 @@ fn clamp(code: i32) -> u8 {
     u8::try_from(code).unwrap_or(1).max(1)
 }
 
+/// The native engine's process (`sous serve --engine-process`): serves the model the
+/// resolved recipe names, in this process, until SIGINT/SIGTERM.
+fn engine_process(recipe: &Recipe, shell: &Shell) -> anyhow::Result<ExitCode> {
+    let dir = match (&recipe.model.path, recipe.engine.kind) {
+        (Some(path), EngineKind::Native) => std::path::PathBuf::from(path),
+        _ => {
+            return Err(UserError::new(
+                "--engine-process serves a native recipe with `model.path` set",
+                Some("run `sous serve --recipe FILE`: it builds the model and starts this process itself"),
+            )
+            .into());
+        }
+    };
+    let runtime = super::runtime()?;
+    serve_native(&runtime, recipe, &dir, shell)
+}
+
 /// Runs the native engine in this process until SIGINT/SIGTERM.
 fn serve_native(
     runtime: &tokio::runtime::Runtime,
@@ -130,16 +224,16 @@ fn serve_native(
     let settings = Settings::from_recipe(recipe, dir).map_err(native_error)?;
     shell.status("loading", &format!("{} with the native engine", dir.display()));
     let echo = shell.clone();
-    let log: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |line| echo.engine_line("native", &line));
+    let log: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |line| echo.log_line(&line));
     let engine = Engine::load(settings, log.clone()).map_err(native_error)?;
     let (kv_tokens, concurrency) = (engine.kv_tokens, engine.max_concurrency);
     let echo = shell.clone();
     let on_event: Arc<dyn Fn(http::ServerEvent) + Send + Sync> = Arc::new(move |event| match event {
         http::ServerEvent::Log(line) => log(line),
         http::ServerEvent::Ready { url, .. } => echo.status(
-            "ready",
+            "listening",
             &format!(
-                "{url} after {:.1} s, KV cache {kv_tokens} tokens, max concurrency {concurrency:.2}x",
+                "on {url} after {:.1} s, KV cache {kv_tokens} tokens, max concurrency {concurrency:.2}x",
                 started.elapsed().as_secs_f64()
             ),
         ),
@@ -326,6 +420,12 @@ fn report(shell: &Shell, prefix: &str, event: Event) {
             "the engine exited with code {code}; restarting in {} s ({left} restarts left)",
             after.as_secs()
         )),
+        Event::Replaced { sous_pid, seconds } => shell.status(
+            "replaced",
+            &format!(
+                "the previous instance (sous pid {sous_pid}) stopped {seconds:.1} s after this one was ready"
+            ),
+        ),
         Event::Stopping => shell.status("stopping", "sending SIGTERM to the engine"),
     }
 }

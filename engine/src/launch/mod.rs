@@ -7,6 +7,7 @@
 //! `sous serve` runs exactly that.
 
 mod container;
+pub mod native;
 mod sglang;
 mod shell;
 mod trtllm;
@@ -101,6 +102,8 @@ pub struct RenderContext {
     pub instance_dir: PathBuf,
     /// The Hugging Face cache, mounted into containers.
     pub hub_cache: PathBuf,
+    /// The `sous` executable, which runs the native engine's process.
+    pub sous_exe: PathBuf,
 }
 
 /// A recipe the chosen engine cannot serve as written. Every variant is the user's to
@@ -141,9 +144,6 @@ pub enum RenderError {
         /// The oldest supported release.
         oldest: String,
     },
-    /// The native engine has no command line.
-    #[error("the native engine runs inside sous: there is no engine command line to render")]
-    InProcess,
 }
 
 impl RenderError {
@@ -166,7 +166,6 @@ impl RenderError {
                 Some(format!("known: {}{tail}", names.join(", ")))
             }
             RenderError::TooOld { .. } => Some("set `engine.version` to a newer release".into()),
-            RenderError::InProcess => Some("run `sous serve --recipe FILE` without `--dry-run`".into()),
         }
     }
 
@@ -175,7 +174,6 @@ impl RenderError {
         match self {
             RenderError::Unsupported { key, .. } | RenderError::UnknownValue { key, .. } => Some(key),
             RenderError::TooOld { .. } => Some("engine.version"),
-            RenderError::InProcess => None,
         }
     }
 }
@@ -186,7 +184,13 @@ pub fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, RenderErro
         EngineKind::Vllm => vllm::render(recipe)?,
         EngineKind::Sglang => sglang::render(recipe)?,
         EngineKind::Trtllm => trtllm::render(recipe, ctx)?,
-        EngineKind::Native => return Err(RenderError::InProcess),
+        EngineKind::Native => {
+            let mut launch = native::render(recipe, ctx)?;
+            for (name, value) in &recipe.env {
+                launch.env.insert(name.clone(), Arg::Lit(value.clone()));
+            }
+            return Ok(launch);
+        }
     };
     launch
         .argv

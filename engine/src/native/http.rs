@@ -109,6 +109,26 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Listens on `addr` with `SO_REUSEPORT`, as vLLM does, so that `sous serve --replace`
+/// can start a new instance on the port while the old one still answers.
+async fn listen(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for resolved in tokio::net::lookup_host(addr).await? {
+        let socket = if resolved.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        match socket.bind(resolved).and_then(|()| socket.listen(1024)) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("the address resolves to nothing")))
+}
+
 /// Runs the engine: starts its loop, binds the listen address, serves until `shutdown`
 /// resolves, then lets in-flight requests finish for the recipe's grace period before
 /// aborting them.
@@ -137,12 +157,10 @@ pub async fn serve(
         next_id: AtomicU64::new(0),
     });
     let addr = format!("{}:{}", settings.host, settings.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .map_err(|source| NativeError::Bind {
-            addr: addr.clone(),
-            source,
-        })?;
+    let listener = listen(&addr).await.map_err(|source| NativeError::Bind {
+        addr: addr.clone(),
+        source,
+    })?;
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(settings.port);
     let router = router(app.clone());
     app.ready.store(true, Ordering::SeqCst);

@@ -199,7 +199,7 @@ pub enum EngineKind {
     Sglang,
     /// TensorRT-LLM (`trtllm-serve`).
     Trtllm,
-    /// The engine built into sous (CPU, in-process).
+    /// The engine built into sous (CPU, run as a `sous` process).
     Native,
 }
 

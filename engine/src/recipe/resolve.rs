@@ -345,6 +345,13 @@ fn resolve_engine(raw: EngineSection, invalid: &Invalid<'_>) -> Result<Engine, R
             None,
         ));
     }
+    if kind == EngineKind::Native && !raw.extra_args.is_empty() {
+        return Err(invalid(
+            &["engine", "extra_args"],
+            "the native engine takes no command-line arguments; every setting is a recipe key".into(),
+            Some("remove `engine.extra_args`"),
+        ));
+    }
     Ok(Engine {
         kind,
         version,

@@ -7,6 +7,7 @@
 //! 503 means "still starting" while the process lives; `/health` 200 plus the served
 //! name in `/v1/models` means ready.
 
+pub mod instance;
 pub mod logscan;
 mod process;
 
@@ -15,11 +16,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::launch::{self, Arg, Launch, RenderContext, RenderError};
 use crate::recipe::{EngineKind, RESTART_WINDOW, Recipe};
+pub use instance::InstanceState;
 pub use logscan::Capacity;
 
 /// Something worth telling the user while an engine runs.
@@ -62,6 +63,13 @@ pub enum Event {
         after: Duration,
         /// Restarts left in the window.
         left: u32,
+    },
+    /// The instance this one replaces was stopped, after this one became ready.
+    Replaced {
+        /// The pid of the `sous serve` that ran it.
+        sous_pid: u32,
+        /// How long stopping it took.
+        seconds: f64,
     },
     /// Stopping on request.
     Stopping,
@@ -109,9 +117,15 @@ pub enum ServeError {
         /// Its last lines of output.
         tail: String,
     },
+    /// Something already listens on the recipe's port.
+    #[error("port {0} is already in use")]
+    PortInUse(u16),
     /// Not ready in time.
     #[error("the engine was not ready after {0:?} (`server.startup_timeout`)")]
     StartupTimeout(Duration),
+    /// The instance record could not be written.
+    #[error(transparent)]
+    State(#[from] instance::InstanceError),
     /// A state file could not be written.
     #[error("{action} `{}`", path.display())]
     Io {
@@ -144,36 +158,44 @@ impl ServeError {
             ),
             ServeError::StartupTimeout(_) => Some("raise `server.startup_timeout`, and read the engine log".into()),
             ServeError::MissingEnv(var) => Some(format!("export {var}=... before `sous serve`")),
+            ServeError::PortInUse(_) => Some(
+                "set another `server.port` (or `--set server.port=N`), or stop what listens there".into(),
+            ),
             _ => None,
         }
     }
 }
 
-/// What `sous serve` records about a running instance (`<instance>/instance.json`).
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct InstanceState {
-    /// The recipe's name.
-    pub name: String,
-    /// sous's pid.
-    pub sous_pid: u32,
-    /// The engine's pid.
-    pub engine_pid: Option<u32>,
-    /// Base URL.
-    pub url: String,
-    /// Hash of the resolved recipe.
-    pub recipe_hash: String,
-    /// The memory fraction in use.
-    pub utilization: Option<f64>,
-}
-
 /// Runs `recipe`'s engine until `shutdown` resolves or it gives up.
+///
+/// With `replacing`, another instance of the recipe still serves: the new engine
+/// starts beside it (on the same port when both engines allow it, see [`instance`]),
+/// and the old one is stopped once the new one is ready. If the new one fails to
+/// start, the old one goes on serving.
 pub async fn run(
     recipe: &Recipe,
     ctx: &RenderContext,
     recipe_hash: &str,
+    replacing: Option<InstanceState>,
     on_event: Arc<dyn Fn(Event) + Send + Sync>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<Outcome, ServeError> {
+    let mut replacing = replacing;
+    let sharing = replacing
+        .as_ref()
+        .is_some_and(|old| old.port == Some(recipe.server.port));
+    let (host, port) = (connect_host(recipe), recipe.server.port);
+    // vLLM and the native engine bind with SO_REUSEPORT: a second server on a port in
+    // use would start and share its connections instead of failing.
+    if !sharing
+        && let Ok(Ok(_)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::net::TcpStream::connect((host, port)),
+        )
+        .await
+    {
+        return Err(ServeError::PortInUse(port));
+    }
     tokio::pin!(shutdown);
     let io = |action: &'static str, path: PathBuf| move |source| ServeError::Io { action, path, source };
     std::fs::create_dir_all(&ctx.instance_dir).map_err(io("creating", ctx.instance_dir.clone()))?;
@@ -210,11 +232,14 @@ pub async fn run(
             .map_err(io("opening", log_path.clone()))?;
         let pump = tokio::spawn(pump(rx, log, recipe.engine.kind, watch.clone(), on_event.clone()));
         let started = Instant::now();
+        // While the old instance listens on the same port, a request there may reach
+        // either: readiness also needs the new engine's own listening socket.
+        let own_group = (sharing && replacing.is_some()).then(|| engine.pgid()).flatten();
 
         // Start-up: ready, dead, too slow, or asked to stop.
         let ready = tokio::select! {
             code = engine.wait() => Err(code),
-            ready = wait_ready(recipe) => Ok(ready),
+            ready = wait_ready(recipe, own_group) => Ok(ready),
             _ = tokio::time::sleep(recipe.server.startup_timeout) => {
                 engine.stop(recipe.server.stop_grace).await;
                 return Err(ServeError::StartupTimeout(recipe.server.startup_timeout));
@@ -229,7 +254,11 @@ pub async fn run(
             Err(code) => {
                 let _ = pump.await;
                 let seen = watch.lock().map(|w| w.clone()).unwrap_or_default();
-                if let Some(message) = seen.oom {
+                // The native engine's start-up refusals carry their own numbers and
+                // hint; only a configured fallback list makes them a retry.
+                let fallback =
+                    recipe.engine.kind != EngineKind::Native || !recipe.memory.oom_fallback.is_empty();
+                if let Some(message) = seen.oom.filter(|_| fallback) {
                     if fraction + 1 < fractions.len() {
                         fraction += 1;
                         if let Some(next) = fractions[fraction] {
@@ -263,14 +292,24 @@ pub async fn run(
                 let state = InstanceState {
                     name: recipe.name.clone(),
                     sous_pid: std::process::id(),
+                    sous_started: instance::process_start(std::process::id()),
                     engine_pid: engine.pid(),
+                    engine: Some(recipe.engine.kind),
+                    runtime: Some(recipe.engine.runtime),
+                    port: Some(recipe.server.port),
                     url,
                     recipe_hash: recipe_hash.to_owned(),
                     utilization,
+                    stop_grace_ms: Some(recipe.server.stop_grace.as_millis() as u64),
                 };
-                let state_path = ctx.instance_dir.join("instance.json");
-                let json = serde_json::to_vec_pretty(&state).unwrap_or_default();
-                std::fs::write(&state_path, json).map_err(io("writing", state_path.clone()))?;
+                instance::write(&ctx.instance_dir, &state)?;
+                if let Some(old) = replacing.take() {
+                    let took = old.stop(old.grace()).await;
+                    on_event(Event::Replaced {
+                        sous_pid: old.sous_pid,
+                        seconds: took.as_secs_f64(),
+                    });
+                }
             }
         }
 
@@ -280,13 +319,13 @@ pub async fn run(
             _ = &mut shutdown => {
                 on_event(Event::Stopping);
                 engine.stop(recipe.server.stop_grace).await;
-                let _ = std::fs::remove_file(ctx.instance_dir.join("instance.json"));
+                instance::remove_own(&ctx.instance_dir);
                 return Ok(Outcome::Stopped);
             }
         };
         engine.kill_group();
         let _ = pump.await;
-        let _ = std::fs::remove_file(ctx.instance_dir.join("instance.json"));
+        instance::remove_own(&ctx.instance_dir);
         let now = Instant::now();
         crashes.push_back(now);
         while crashes
@@ -385,13 +424,18 @@ fn resolve(launch: &Launch) -> Result<(Vec<String>, EnvPairs), ServeError> {
     Ok((argv, env))
 }
 
-/// Polls until `/health` answers 200 and `/v1/models` lists the served model.
-async fn wait_ready(recipe: &Recipe) -> String {
-    let host = match recipe.server.host.as_str() {
+/// Where sous reaches the engine: the listen host, or loopback for a wildcard.
+fn connect_host(recipe: &Recipe) -> &str {
+    match recipe.server.host.as_str() {
         "0.0.0.0" | "::" => "127.0.0.1",
         other => other,
-    };
-    let url = format!("http://{host}:{}", recipe.server.port);
+    }
+}
+
+/// Polls until `/health` answers 200 and `/v1/models` lists the served model; with
+/// `own_group`, also until a process of that group listens on the recipe's port.
+async fn wait_ready(recipe: &Recipe, own_group: Option<i32>) -> String {
+    let url = format!("http://{}:{}", connect_host(recipe), recipe.server.port);
     // SGLang's /health runs a one-token generation and may take up to 20 s to answer.
     let timeout = if recipe.engine.kind == EngineKind::Sglang {
         25
@@ -411,6 +455,12 @@ async fn wait_ready(recipe: &Recipe) -> String {
         arg.rsplit('/').next().unwrap_or(arg),
     ];
     loop {
+        if let Some(pgid) = own_group
+            && !instance::group_listens(pgid, recipe.server.port)
+        {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        }
         let healthy = client
             .get(format!("{url}/health"))
             .send()

@@ -75,6 +75,11 @@ impl EngineProcess {
         self.child.id()
     }
 
+    /// The engine's process group (its pid).
+    pub fn pgid(&self) -> Option<i32> {
+        self.pgid
+    }
+
     /// Waits for the engine to exit; its exit code, or 128 + the signal that ended it.
     pub async fn wait(&mut self) -> i32 {
         match self.child.wait().await {

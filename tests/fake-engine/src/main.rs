@@ -23,6 +23,10 @@
 //! - `FAKE_IGNORE_SIGTERM=1`: ignore SIGTERM.
 //! - `FAKE_FORK=1`: start a worker child process (like vLLM's EngineCore), its pid
 //!   in the record as `worker_pid`.
+//!
+//! The port is bound as each engine binds it (vLLM early with `SO_REUSEPORT`,
+//! trtllm-serve early without, SGLang when it listens), and `/health` answers carry an
+//! `x-fake-pid` header naming the process that answered.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -358,6 +362,12 @@ async fn main() {
         ),
         Kind::Trtllm => println!("[TensorRT-LLM] TensorRT LLM version: 1.3.0"),
     }
+    // vLLM and trtllm-serve bind before loading the model and listen after; SGLang's
+    // uvicorn binds when it starts listening.
+    let early = match kind {
+        Kind::Vllm | Kind::Trtllm => Some(bind(kind, &host, port)),
+        Kind::Sglang => None,
+    };
     tokio::time::sleep(Duration::from_secs_f64(env_f64("FAKE_LOAD_SECS").unwrap_or(0.3))).await;
     if let Some(limit) = env_f64("FAKE_OOM_ABOVE")
         && fraction > limit
@@ -404,11 +414,13 @@ async fn main() {
             "/health",
             get(move || {
                 let warming = ready_flag.clone();
+                // Which process answered, for tests of instance swaps.
+                let who = [("x-fake-pid", std::process::id().to_string())];
                 async move {
                     if warming.load(std::sync::atomic::Ordering::Relaxed) {
-                        StatusCode::SERVICE_UNAVAILABLE
+                        (StatusCode::SERVICE_UNAVAILABLE, who)
                     } else {
-                        StatusCode::OK
+                        (StatusCode::OK, who)
                     }
                 }
             }),
@@ -428,20 +440,11 @@ async fn main() {
                     .into_response()
             }),
         );
-    let bind = if host == "0.0.0.0" {
-        "127.0.0.1".to_owned()
-    } else {
-        host.clone()
-    };
-    let listener = match tokio::net::TcpListener::bind((bind.as_str(), port)).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!(
-                "OSError: [Errno 98] error while attempting to bind on address ('{host}', {port}): {e}"
-            );
-            std::process::exit(1);
-        }
-    };
+    let socket = early.unwrap_or_else(|| bind(kind, &host, port));
+    let listener = socket.listen(1024).unwrap_or_else(|e| {
+        eprintln!("OSError: listen on ('{host}', {port}): {e}");
+        std::process::exit(1);
+    });
     match kind {
         Kind::Vllm => println!(
             "(APIServer pid={pid}) INFO 11-29 23:22:23 [entry.py:140] Starting vLLM server on http://{host}:{port}"
@@ -498,6 +501,42 @@ async fn main() {
         let _ = w.kill();
         let _ = w.wait();
     }
+}
+
+/// Binds the listening address the way each engine does: vLLM with `SO_REUSEADDR` and
+/// `SO_REUSEPORT` (`api_server.py` `create_server_socket`), SGLang's uvicorn with
+/// `SO_REUSEADDR`, trtllm-serve with neither; exits with the engine's message when the
+/// port is taken.
+fn bind(kind: Kind, host: &str, port: u16) -> tokio::net::TcpSocket {
+    let ip: std::net::IpAddr = if host == "0.0.0.0" || host == "localhost" {
+        std::net::Ipv4Addr::LOCALHOST.into()
+    } else {
+        host.parse().unwrap_or(std::net::Ipv4Addr::LOCALHOST.into())
+    };
+    let socket = if ip.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    };
+    let bound = socket.and_then(|s| {
+        if kind != Kind::Trtllm {
+            s.set_reuseaddr(true)?;
+        }
+        if kind == Kind::Vllm {
+            s.set_reuseport(true)?;
+        }
+        s.bind((ip, port).into())?;
+        Ok(s)
+    });
+    bound.unwrap_or_else(|e| {
+        match kind {
+            Kind::Trtllm => eprintln!("RuntimeError: Failed to bind socket to {host}:{port}: {e}"),
+            _ => eprintln!(
+                "OSError: [Errno 98] error while attempting to bind on address ('{host}', {port}): {e}"
+            ),
+        }
+        std::process::exit(1);
+    })
 }
 
 /// TensorRT-LLM's fraction: the YAML options file wins over the flag.

@@ -1,0 +1,45 @@
+//! The native engine as a process of its own, so that it runs under the same
+//! supervisor as the other engines (readiness, restarts with backoff, signals, the log
+//! file, `--replace`): `sous serve --engine-process --recipe FILE` serves the model in
+//! that process, from the resolved recipe the supervising `sous serve` writes into the
+//! instance directory. That recipe names the model directory the build step produced,
+//! so the engine process never pulls or quantizes.
+
+use super::{Arg, Launch, LaunchFile, RenderContext};
+use crate::recipe::{EngineKind, Recipe};
+
+/// The resolved recipe the engine process reads.
+pub const RECIPE_FILE: &str = "native-recipe.toml";
+
+pub(super) fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, super::RenderError> {
+    let path = ctx.instance_dir.join(RECIPE_FILE);
+    let contents = toml::to_string(&recipe.to_file()).map_err(|e| super::RenderError::Unsupported {
+        engine: "the native engine".into(),
+        key: "name".into(),
+        message: format!("the resolved recipe cannot be written as TOML: {e}"),
+        hint: None,
+    })?;
+    let argv = [
+        ctx.sous_exe.display().to_string(),
+        "serve".into(),
+        "--engine-process".into(),
+        "--recipe".into(),
+        path.display().to_string(),
+    ];
+    Ok(Launch {
+        engine: EngineKind::Native,
+        version: env!("CARGO_PKG_VERSION").into(),
+        version_assumed: false,
+        argv: argv.into_iter().map(Arg::Lit).collect(),
+        env: Default::default(),
+        files: vec![LaunchFile {
+            path,
+            contents: format!(
+                "# The resolved recipe `{}`, written by `sous serve` for its engine process.\n{contents}",
+                recipe.name
+            ),
+        }],
+        image: None,
+        warnings: Vec::new(),
+    })
+}
