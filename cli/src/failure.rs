@@ -81,6 +81,9 @@ pub fn classify(err: &anyhow::Error) -> (u8, Option<String>) {
         if let Some(e) = cause.downcast_ref::<QuantizeError>() {
             return (if e.is_internal() { INTERNAL } else { USER }, e.hint());
         }
+        if let Some(e) = cause.downcast_ref::<crate::bench::logs::LogsError>() {
+            return (if e.is_internal() { INTERNAL } else { USER }, e.hint());
+        }
     }
     (
         INTERNAL,

@@ -5,6 +5,7 @@
 //! `sous-engine`; terminal output goes through [`shell::Shell`]; exit codes are decided
 //! in [`failure`].
 
+mod bench;
 mod commands;
 mod failure;
 mod hub;

@@ -4,6 +4,7 @@
 // A check that cannot run on this machine says so on stderr.
 #![allow(clippy::print_stderr)]
 
+mod bench;
 mod broken;
 mod hub_python;
 mod native;

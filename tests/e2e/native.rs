@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::util::{Mirror, Poller, Running, alive, free_port, python, root, smollm2};
+use crate::util::{Mirror, Poller, Running, alive, cpu_exclusive, free_port, python, root, smollm2};
 
 struct Server {
     running: Running,
@@ -92,6 +92,7 @@ fn sse_data(body: &str) -> Vec<String> {
 
 #[test]
 fn the_native_engine_speaks_openai_and_vllm() {
+    let _cpu = cpu_exclusive();
     let Some(model) = smollm2() else { return };
     let server = serve(
         &model,
@@ -255,6 +256,7 @@ fn the_native_engine_speaks_openai_and_vllm() {
 
 #[test]
 fn the_nvfp4_recipe_pulls_quantizes_and_answers() {
+    let _cpu = cpu_exclusive();
     let Some(_) = smollm2() else { return };
     let mirror = Mirror::start(&root().join("target/models"), &[], &[]);
     let work = tempfile::tempdir().expect("tempdir");
@@ -328,6 +330,7 @@ impl Lcg {
 
 #[test]
 fn two_hundred_requests_from_thirty_two_clients() {
+    let _cpu = cpu_exclusive();
     let Some(model) = smollm2() else { return };
     let server = serve(
         &model,
@@ -448,6 +451,7 @@ fn two_hundred_requests_from_thirty_two_clients() {
 
 #[test]
 fn a_native_engine_is_restarted_when_killed_and_replaced_without_a_gap() {
+    let _cpu = cpu_exclusive();
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();

@@ -386,3 +386,10 @@ impl Poller {
         self.thread.join().expect("poller")
     }
 }
+
+/// Serializes the tests that load both cores (the native engine's) with the one that
+/// measures latencies to the millisecond, so that neither disturbs the other.
+pub fn cpu_exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,6 +1,7 @@
 //! The command line: one file per command, each with its arguments and an `exec`
 //! that calls into `sous-engine`.
 
+mod bench;
 mod completions;
 mod hub;
 mod import;
@@ -46,6 +47,9 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
     /// Serve a recipe's model (for now: print the engine's exact command line with --dry-run).
     Serve(serve::ServeArgs),
+    /// Measure a server: probe, sweep, prefix, agent workloads; compare reports.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Print a shell completion script.
     Completions(completions::CompletionsArgs),
 }
@@ -59,6 +63,7 @@ pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
         Command::Quantize(args) => quantize::exec(args, shell),
         Command::Hub(cmd) => hub::exec(cmd, shell),
         Command::Import(cmd) => import::exec(cmd, shell),
+        Command::Bench(cmd) => bench::exec(cmd, shell),
         Command::Completions(args) => completions::exec(args, shell),
     }
 }

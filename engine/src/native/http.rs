@@ -200,6 +200,11 @@ pub async fn serve(
         }
     });
     drop(tx);
+    // Tokens go out as they are made: no Nagle delay on small SSE writes (uvicorn, in
+    // front of vLLM, sets TCP_NODELAY on every connection too).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream: &mut tokio::net::TcpStream| {
+        let _ = stream.set_nodelay(true);
+    });
     let result = axum::serve(listener, router).with_graceful_shutdown(signal).await;
     let _ = served_tx.send(());
     let _ = timer.await;

@@ -21,6 +21,8 @@
 //!   becoming ready; `FAKE_CRASH_TIMES=N` with `FAKE_COUNTER=FILE`: only the first N
 //!   launches crash.
 //! - `FAKE_IGNORE_SIGTERM=1`: ignore SIGTERM.
+//! - `FAKE_TTFT_MS`, `FAKE_ITL_MS`, `FAKE_JITTER_MS`, `FAKE_SEED`, `FAKE_DELAYS_LOG`:
+//!   streamed completions with known delays (see `stream.rs`).
 //! - `FAKE_FORK=1`: start a worker child process (like vLLM's EngineCore), its pid
 //!   in the record as `worker_pid`.
 //!
@@ -30,12 +32,13 @@
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod stream;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
 use axum::routing::get;
 use serde_json::json;
 
@@ -408,6 +411,9 @@ async fn main() {
 
     let warming = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(kind == Kind::Sglang));
     let served_for_models = served.clone();
+    let served_for_completions = served.clone();
+    let served_for_chat = served.clone();
+    let root = parsed.model.clone();
     let ready_flag = warming.clone();
     let app = Router::new()
         .route(
@@ -429,15 +435,23 @@ async fn main() {
             "/v1/models",
             get(move || {
                 let id = served_for_models.clone();
-                async move { axum::Json(json!({"object": "list", "data": [{"id": id, "object": "model", "max_model_len": max_len}]})) }
+                let root = root.clone();
+                async move { axum::Json(json!({"object": "list", "data": [{"id": id, "object": "model", "root": root, "max_model_len": max_len}]})) }
             }),
         )
         .route("/metrics", get(|| async { "vllm:num_requests_running{model_name=\"fake\"} 0.0\n" }))
         .route(
             "/v1/completions",
-            axum::routing::post(|| async {
-                axum::Json(json!({"object": "text_completion", "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}]}))
-                    .into_response()
+            axum::routing::post(move |body: axum::Json<serde_json::Value>| {
+                let model = served_for_completions.clone();
+                async move { stream::complete(&model, &body, false) }
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(move |body: axum::Json<serde_json::Value>| {
+                let model = served_for_chat.clone();
+                async move { stream::complete(&model, &body, true) }
             }),
         );
     let socket = early.unwrap_or_else(|| bind(kind, &host, port));
@@ -496,6 +510,10 @@ async fn main() {
             return;
         }
     };
+    // uvicorn (vLLM, SGLang, trtllm-serve) sets TCP_NODELAY on its connections.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream: &mut tokio::net::TcpStream| {
+        let _ = stream.set_nodelay(true);
+    });
     let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
     if let Some(mut w) = worker {
         let _ = w.kill();

@@ -1,0 +1,386 @@
+//! `sous bench` end to end: against the fake engine's streams with injected delays
+//! (what it measures equals what was injected), and against the native engine with
+//! the SmolLM2 test model (every workload, its JSON and CSV, prefix-cache hits from the
+//! engine's own counters).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::util::{Running, cpu_exclusive, fake_engine, free_port, root, run, smollm2, sous};
+
+fn tokenizer() -> Option<PathBuf> {
+    smollm2().map(|dir| dir.join("tokenizer.json"))
+}
+
+/// numpy's linear percentile, written out again here rather than borrowed from sous.
+fn numpy_percentile(values: &[f64], p: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = p / 100.0 * (v.len() - 1) as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (rank - lo as f64)
+}
+
+struct Fake {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+    delays: PathBuf,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fake(envs: &[(&str, &str)]) -> Fake {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("model")).expect("model dir");
+    let port = free_port();
+    let delays = dir.path().join("delays.jsonl");
+    let child = std::process::Command::new(fake_engine())
+        .args(["serve"])
+        .arg(dir.path().join("model"))
+        .args(["--port", &port.to_string(), "--served-model-name", "fake"])
+        .env("FAKE_LOAD_SECS", "0")
+        .env("FAKE_DELAYS_LOG", &delays)
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("fake engine");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Fake {
+        child,
+        port,
+        _dir: dir,
+        delays,
+    }
+}
+
+fn bench(args: &[&str]) -> Value {
+    let (code, stdout, stderr) = run(sous().args(["bench"]).args(args).arg("--json"));
+    assert_eq!(code, 0, "{stderr}");
+    serde_json::from_str(&stdout).expect("JSON report")
+}
+
+#[test]
+fn measured_ttft_itl_and_tpot_equal_the_injected_delays() {
+    let Some(tok) = tokenizer() else { return };
+    let _cpu = cpu_exclusive();
+    let f = fake(&[
+        ("FAKE_TTFT_MS", "40"),
+        ("FAKE_ITL_MS", "8"),
+        ("FAKE_JITTER_MS", "3"),
+        ("FAKE_SEED", "11"),
+    ]);
+    let url = format!("http://127.0.0.1:{}", f.port);
+    let report = bench(&[
+        "sweep",
+        "--url",
+        &url,
+        "--tokenizer",
+        tok.to_str().expect("utf-8"),
+        "--concurrency",
+        "4",
+        "--requests",
+        "24",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--percentiles",
+        "50,90,99",
+    ]);
+    let level = &report["levels"][0];
+    assert_eq!(level["completed"], 24);
+    assert_eq!(level["total_output_tokens"], 24 * 24);
+    assert_eq!(
+        level["total_input_tokens"],
+        24 * 32,
+        "prompts are exactly --input-len tokens"
+    );
+
+    let injected: Vec<Value> = std::fs::read_to_string(&f.delays)
+        .expect("delays log")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(injected.len(), 24);
+    let ttfts: Vec<f64> = injected
+        .iter()
+        .map(|r| r["ttft_ms"].as_f64().expect("ttft"))
+        .collect();
+    let itls: Vec<f64> = injected
+        .iter()
+        .flat_map(|r| {
+            r["itl_ms"]
+                .as_array()
+                .expect("itl")
+                .iter()
+                .map(|v| v.as_f64().expect("f64"))
+        })
+        .collect();
+    // TPOT of a request = the mean of its gaps.
+    let tpots: Vec<f64> = injected
+        .iter()
+        .map(|r| {
+            let gaps = r["itl_ms"].as_array().expect("itl");
+            gaps.iter().map(|v| v.as_f64().expect("f64")).sum::<f64>() / gaps.len() as f64
+        })
+        .collect();
+    for (name, values) in [("ttft", &ttfts), ("itl", &itls), ("tpot", &tpots)] {
+        for p in [50.0, 90.0, 99.0] {
+            let key = format!("p{}_{name}_ms", p as u32);
+            let measured = level[&key].as_f64().unwrap_or_else(|| panic!("{key} in {level}"));
+            let exact = numpy_percentile(values, p);
+            // The median within 1 ms; tails within 1.5 ms (a loaded 2-core CI machine
+            // delays a thread now and then).
+            let tolerance = if p == 50.0 { 1.0 } else { 1.5 };
+            assert!(
+                (measured - exact).abs() <= tolerance,
+                "{key}: measured {measured:.3} ms, injected {exact:.3} ms"
+            );
+        }
+    }
+}
+
+#[test]
+fn errors_and_bad_arguments_are_reported() {
+    let f = fake(&[]);
+    let url = format!("http://127.0.0.1:{}", f.port);
+    let (code, _, stderr) = run(sous().args(["bench", "sweep", "--url", &url, "--slo", "ttft=5"]));
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("--slo: `ttft=5` is not KEY:MILLISECONDS"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(sous().args(["bench", "sweep", "--url", &url]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("no tokenizer found for model `fake`"), "{stderr}");
+    assert!(stderr.contains("hint: pass --tokenizer"), "{stderr}");
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let (code, _, stderr) = run(sous().args(["bench", "probe", "--url", &closed]));
+    assert_eq!(code, 1);
+    assert!(stderr.contains("cannot reach"), "{stderr}");
+}
+
+/// A native-engine recipe for the test model, with or without prefix caching.
+fn recipe(dir: &Path, name: &str, port: u16, prefix_caching: bool, model: &Path) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "name = \"{name}\"\n[model]\npath = \"{}\"\nserved_name = \"smollm2\"\n\n[engine]\nkind = \"native\"\n\n\
+             [memory]\nkv_cache_bytes = \"128MiB\"\n\n[serving]\nmax_model_len = 2048\nmax_num_seqs = 8\nprefix_caching = {prefix_caching}\n\n\
+             [server]\nhost = \"127.0.0.1\"\nport = {port}\nstop_grace = \"3s\"\n",
+            model.display()
+        ),
+    )
+    .expect("recipe");
+    path
+}
+
+#[test]
+fn every_workload_runs_against_the_native_engine() {
+    let _cpu = cpu_exclusive();
+    let Some(model) = smollm2() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let state = state.to_str().expect("utf-8");
+    let envs = [("SOUS_STATE_DIR", state)];
+    let port = free_port();
+    let on = recipe(dir.path(), "bench-on", port, true, &model);
+    let server = Running::start(&["serve", "--recipe", on.to_str().expect("utf-8")], &envs);
+    assert!(
+        server.wait_for("ready http://", Duration::from_secs(120)),
+        "{}",
+        server.stderr()
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let out = dir.path().join("out");
+    let out_arg = out.to_str().expect("utf-8");
+    let common = ["--url", url.as_str(), "--out", out_arg, "--seed", "3"];
+
+    let sweep = bench(
+        &[
+            &["sweep"][..],
+            &common,
+            &[
+                "--concurrency",
+                "1,2,4,8",
+                "--requests",
+                "8",
+                "--input-len",
+                "32",
+                "--output-len",
+                "8",
+            ],
+        ]
+        .concat(),
+    );
+    let levels = sweep["levels"].as_array().expect("levels");
+    assert_eq!(levels.len(), 4);
+    for (level, c) in levels.iter().zip([1, 2, 4, 8]) {
+        assert_eq!(level["max_concurrency"], c);
+        assert_eq!(level["completed"], 8, "{level}");
+        assert_eq!(level["total_output_tokens"], 64);
+        assert_eq!(level["total_input_tokens"], 256);
+        assert!(level["output_throughput"].as_f64().expect("throughput") > 0.0);
+        assert!(level["median_ttft_ms"].as_f64().expect("ttft") > 0.0);
+        assert!(level["max_concurrent_requests"].as_u64().expect("peak") <= c);
+    }
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).expect("sweep.csv");
+    assert_eq!(csv.lines().count(), 5, "{csv}");
+    assert!(
+        csv.starts_with("max_concurrency,num_prompts,completed,failed,"),
+        "{csv}"
+    );
+
+    let probe = bench(
+        &[
+            &["probe"][..],
+            &common,
+            &["-n", "2", "--input-len", "100", "--output-len", "8"],
+        ]
+        .concat(),
+    );
+    let reps = probe["levels"][0]["probe"]["repetitions"]
+        .as_array()
+        .expect("repetitions");
+    assert_eq!(reps.len(), 2);
+    assert!(
+        reps.iter()
+            .all(|r| r["decode_tok_s"].as_f64().expect("speed") > 0.0)
+    );
+    // Cold prompts: nothing came from the prefix cache.
+    assert_eq!(
+        probe["levels"][0]["server"]["prefix_cache_hits"].as_f64(),
+        Some(0.0)
+    );
+
+    let prefix_args = [
+        "--prefixes",
+        "2",
+        "--prefix-len",
+        "64",
+        "--suffix-len",
+        "8",
+        "--requests",
+        "8",
+        "--output-len",
+        "4",
+    ];
+    let prefix = bench(&[&["prefix"][..], &common, &prefix_args].concat());
+    let rate = prefix["levels"][0]["server"]["prefix_cache_hit_rate"]
+        .as_f64()
+        .expect("hit rate");
+    assert!(rate > 0.3, "shared 64-token prefixes hit the cache: {rate}");
+    assert!(
+        prefix["levels"][0]["usage_cached_fraction"]
+            .as_f64()
+            .expect("cached")
+            > 0.3
+    );
+
+    let agent = bench(
+        &[
+            &["agent"][..],
+            &common,
+            &[
+                "--sessions",
+                "2",
+                "--steps",
+                "3",
+                "--output-len",
+                "4",
+                "--ratio",
+                "20",
+            ],
+        ]
+        .concat(),
+    );
+    let a = &agent["levels"][0];
+    assert_eq!(a["completed"], 6);
+    let ratio = a["agent"]["prompt_to_generation_ratio"].as_f64().expect("ratio");
+    assert!((ratio - 20.0).abs() < 1.0, "{ratio}");
+    assert!(
+        a["server"]["prefix_cache_hit_rate"].as_f64().expect("hit rate") > 0.3,
+        "each step resends the previous context: {a}"
+    );
+    for name in ["sweep", "probe", "prefix", "agent"] {
+        assert!(out.join(format!("{name}.json")).is_file() && out.join(format!("{name}.csv")).is_file());
+        let cdf = std::fs::read_to_string(out.join(format!("{name}-ttft-cdf.svg"))).expect("TTFT CDF chart");
+        assert!(
+            cdf.starts_with("<svg") && cdf.contains("TTFT distribution"),
+            "{name}"
+        );
+    }
+    for chart in ["sweep-throughput.svg", "sweep-latency.svg"] {
+        let svg = std::fs::read_to_string(out.join(chart)).expect("sweep chart");
+        assert!(
+            svg.contains("concurrent requests") && svg.contains("<path") || svg.contains("<polyline"),
+            "{chart}"
+        );
+    }
+    drop(server);
+
+    // Prefix caching off, served by `sous bench --recipe`: no hits, from the engine's counters.
+    let off = recipe(dir.path(), "bench-off", free_port(), false, &model);
+    let (code, stdout, stderr) = run(sous()
+        .env("SOUS_STATE_DIR", state)
+        .args(["bench", "prefix", "--recipe"])
+        .arg(&off)
+        .args(prefix_args)
+        .arg("--json"));
+    assert_eq!(code, 0, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(
+        report["levels"][0]["server"]["prefix_cache_hits"].as_f64(),
+        Some(0.0),
+        "{stdout}"
+    );
+    assert!(stderr.contains("serving bench-off"), "{stderr}");
+
+    let (code, table, stderr) = run(sous()
+        .current_dir(root())
+        .args(["bench", "compare"])
+        .arg(out.join("prefix.json"))
+        .arg(out.join("prefix.json")));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(table.contains("out tok/s") && table.contains("1.00x"), "{table}");
+}
+
+#[test]
+fn logs_of_three_instances_give_the_curves_and_the_cluster_percentiles() {
+    let dir = root().join("tests/fixtures/vllm-logs");
+    let files: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("instance-{i}.log"))).collect();
+    let (code, stdout, stderr) = run(sous()
+        .args(["bench", "logs", "--year", "2026", "--threshold", "600", "--json"])
+        .args(&files));
+    assert_eq!(code, 0, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("json");
+    let text = report.to_string();
+    // Hand-computed in tests/fixtures/vllm-logs/README.md.
+    for expected in ["732.5", "869.75", "881.95", "899.4"] {
+        assert!(text.contains(expected), "{expected} in {text}");
+    }
+    let (code, table, _) = run(sous().args(["bench", "logs", "--year", "2026"]).args(&files));
+    assert_eq!(code, 0);
+    assert!(
+        table.contains("restarts: 1 (at 2026-09-06 10:01:40, pid 2000 -> 2100)"),
+        "{table}"
+    );
+    assert!(table.contains("prompt:generation 5.0:1"), "{table}");
+
+    let (code, _, stderr) = run(sous().args(["bench", "logs", "/nonexistent/vllm.log"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("/nonexistent/vllm.log"), "{stderr}");
+}
