@@ -384,3 +384,194 @@ fn logs_of_three_instances_give_the_curves_and_the_cluster_percentiles() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("/nonexistent/vllm.log"), "{stderr}");
 }
+
+/// A `/metrics` endpoint on loopback answering the `pages` in turn (the last one
+/// again after them); returns its port and the number of scrapes it answered.
+fn metrics_endpoint(pages: Vec<String>) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let (status, body) = if request.starts_with(b"GET /metrics ") {
+                let k = counted.fetch_add(1, Ordering::SeqCst);
+                ("200 OK", pages[k.min(pages.len() - 1)].clone())
+            } else {
+                ("404 Not Found", String::new())
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (port, calls)
+}
+
+#[test]
+fn scrape_reads_percentiles_and_rates_from_a_metrics_endpoint() {
+    // Scrape k (0, 1, 2) of a vLLM-named exposition; every count grows by a known step.
+    let page = |k: u32| {
+        let f = f64::from(k);
+        let mut text = String::from("# TYPE vllm:time_to_first_token_seconds histogram\n");
+        for (le, base, step) in [
+            ("0.01", 10, 25),
+            ("0.025", 20, 40),
+            ("0.05", 30, 48),
+            ("0.1", 40, 50),
+            ("+Inf", 40, 50),
+        ] {
+            text.push_str(&format!(
+                "vllm:time_to_first_token_seconds_bucket{{engine=\"0\",le=\"{le}\",model_name=\"m\"}} {}\n",
+                base + step * k
+            ));
+        }
+        text.push_str(&format!(
+            "vllm:time_to_first_token_seconds_count{{engine=\"0\",model_name=\"m\"}} {}\n\
+             vllm:time_to_first_token_seconds_sum{{engine=\"0\",model_name=\"m\"}} {}\n",
+            40 + 50 * k,
+            1.0 + 1.25 * f
+        ));
+        for (le, step) in [("1.0", 4), ("5.0", 9), ("+Inf", 10)] {
+            text.push_str(&format!(
+                "vllm:e2e_request_latency_seconds_bucket{{le=\"{le}\",model_name=\"m\"}} {}\n",
+                step * k
+            ));
+        }
+        text.push_str(&format!(
+            "vllm:e2e_request_latency_seconds_count{{model_name=\"m\"}} {}\n\
+             vllm:e2e_request_latency_seconds_sum{{model_name=\"m\"}} {}\n\
+             vllm:generation_tokens_total{{model_name=\"m\"}} {}\n\
+             vllm:prompt_tokens_total{{model_name=\"m\"}} {}\n\
+             vllm:request_success_total{{finished_reason=\"stop\",model_name=\"m\"}} {}\n\
+             vllm:request_success_total{{finished_reason=\"length\",model_name=\"m\"}} {}\n\
+             vllm:prefix_cache_queries_total{{model_name=\"m\"}} {}\n\
+             vllm:prefix_cache_hits_total{{model_name=\"m\"}} {}\n\
+             vllm:num_preemptions_total{{model_name=\"m\"}} {}\n\
+             vllm:num_requests_running{{model_name=\"m\"}} {}\n\
+             vllm:kv_cache_usage_perc{{model_name=\"m\"}} {}\n",
+            10 * k,
+            2.5 * f,
+            1000 + 300 * k,
+            5000 + 1000 * k,
+            10 + 8 * k,
+            2 + 2 * k,
+            5000 + 1000 * k,
+            1000 + 750 * k,
+            3 + k,
+            [2, 6, 4][k as usize],
+            [0.1, 0.5, 0.3][k as usize],
+        ));
+        text
+    };
+    let (port, calls) = metrics_endpoint((0..3).map(page).collect());
+    let url = format!("http://127.0.0.1:{port}");
+    let (code, stdout, stderr) = run(sous().args([
+        "bench",
+        "scrape",
+        &url,
+        "--for",
+        "2s",
+        "--interval",
+        "1s",
+        "--json",
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("scrape 3/3"), "{stderr}");
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "now, after 1 s and after 2 s"
+    );
+    let r: Value = serde_json::from_str(&stdout).expect("JSON report");
+    assert_eq!(
+        r["percentile_method"],
+        "prometheus histogram_quantile (linear within buckets)"
+    );
+    assert_eq!(r["urls"][0], format!("{url}/metrics"));
+    let latency = |name: &str| {
+        r["latency"]
+            .as_array()
+            .expect("latency")
+            .iter()
+            .find(|l| l["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {r}"))
+            .clone()
+    };
+    let near = |v: &Value, expected: f64| {
+        let v = v.as_f64().unwrap_or_else(|| panic!("a number, not {v}"));
+        assert!((v - expected).abs() < 1e-6, "{v} != {expected}");
+    };
+    // TTFT over the window: cumulative 50, 80, 96, 100, 100 of 100, sum 2.5 s.
+    let ttft = latency("ttft");
+    near(&ttft["count"], 100.0);
+    near(&ttft["mean_ms"], 25.0);
+    // P50: rank 50 = all of (0, 10 ms]: 10 ms.
+    near(&ttft["p50_ms"], 10.0);
+    // P90: rank 90 in (25, 50 ms], 16 there, 10 below the rank: 25 + 25 × 10/16.
+    near(&ttft["p90_ms"], 40.625);
+    // P95: 25 + 25 × 15/16.
+    near(&ttft["p95_ms"], 48.4375);
+    // P99: rank 99 in (50, 100 ms], 4 there, 3 below the rank: 50 + 50 × 3/4.
+    near(&ttft["p99_ms"], 87.5);
+    assert_eq!(ttft["beyond_last_bucket"], serde_json::json!([]));
+    // E2E: cumulative 8, 18, 20 of 20 at 1 s, 5 s, +Inf; sum 5 s.
+    let e2e = latency("e2e");
+    near(&e2e["mean_ms"], 250.0);
+    // P50: rank 10 in (1 s, 5 s], 10 there, 2 below the rank: 1 + 4 × 2/10 s.
+    near(&e2e["p50_ms"], 1800.0);
+    // P90: rank 18 is the top of (1 s, 5 s].
+    near(&e2e["p90_ms"], 5000.0);
+    // P99: rank 19.8 is past the 18 of le=5: the +Inf bucket, reported as 5 s.
+    near(&e2e["p99_ms"], 5000.0);
+    assert_eq!(e2e["beyond_last_bucket"], serde_json::json!(["p95", "p99"]));
+
+    let window = r["window_s"].as_f64().expect("window");
+    assert!((1.9..4.0).contains(&window), "{window}");
+    let c = &r["counters"];
+    near(&c["generation_tokens"], 600.0);
+    near(&c["generation_tokens_per_s"], 600.0 / window);
+    near(&c["prompt_tokens"], 2000.0);
+    near(&c["prompt_tokens_per_s"], 2000.0 / window);
+    near(&c["requests_completed"], 20.0);
+    near(&c["prefix_cache_hit_rate"], 0.75);
+    near(&c["preemptions"], 2.0);
+    assert!(c["spec_decode_acceptance_rate"].is_null(), "{c}");
+    let gauge = |name: &str| {
+        r["gauges"]
+            .as_array()
+            .expect("gauges")
+            .iter()
+            .find(|g| g["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {r}"))
+            .clone()
+    };
+    near(&gauge("running_requests")["max"], 6.0);
+    near(&gauge("running_requests")["mean"], 4.0);
+    near(&gauge("kv_cache_usage")["max"], 0.5);
+    near(&gauge("kv_cache_usage")["mean"], 0.3);
+    assert_eq!(r["counter_resets"], serde_json::json!([]));
+
+    // A URL nothing answers at the first scrape is an error naming it.
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let (code, _, stderr) = run(sous().args(["bench", "scrape", &url, &closed, "--for", "1s"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot scrape {closed}/metrics")),
+        "{stderr}"
+    );
+}

@@ -10,5 +10,6 @@ pub mod client;
 pub mod logs;
 pub mod prom;
 pub mod report;
+pub mod scrape;
 pub mod stats;
 pub mod workload;

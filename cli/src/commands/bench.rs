@@ -1,6 +1,7 @@
 //! `sous bench`: measure a server. Active workloads (`probe`, `sweep`, `prefix`,
 //! `agent`) run against `--url`, or against `--recipe R`, which is served first and
-//! stopped after; `compare` puts two reports side by side.
+//! stopped after; `compare` puts two reports side by side; `logs` and `scrape` read
+//! what a production server leaves behind, without sending it a request.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use serde_json::{Map, Value, json};
 use crate::bench::client::{self, Endpoint, Job, Target};
 use crate::bench::prom::{Scrape, ServerFigures};
 use crate::bench::report::{self, Level};
+use crate::bench::scrape::{self, Instance, Taken};
 use crate::bench::stats::{RequestRecord, RunMetrics, Slo};
 use crate::bench::workload::{self, PromptMaker};
 use crate::failure::UserError;
@@ -36,8 +38,29 @@ pub enum BenchCommand {
     /// instance): throughput per number of running requests, peaks, and the cluster
     /// sum aligned per minute with its percentiles.
     Logs(LogsArgs),
+    /// Watch production servers' Prometheus /metrics for a while: latency percentiles
+    /// from the histograms (bucket-interpolated), token and request rates, prefix-cache
+    /// and speculative-decoding figures, running requests and KV usage.
+    Scrape(ScrapeArgs),
     /// Two reports side by side, matched by concurrency, with ratios.
     Compare(CompareArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ScrapeArgs {
+    /// Server base URLs (`/metrics` is appended), or full metrics URLs ending in
+    /// `/metrics` (TensorRT-LLM: http://HOST:PORT/prometheus/metrics).
+    #[arg(required = true, value_name = "URL")]
+    urls: Vec<String>,
+    /// How long to watch: `30s`, `10m`, `1h`, `1h30m`.
+    #[arg(long = "for", value_name = "DURATION", value_parser = scrape::parse_duration)]
+    window: Duration,
+    /// Time between scrapes.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = scrape::parse_duration)]
+    interval: Duration,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -209,6 +232,7 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Compare(args) => compare(&args, shell),
         BenchCommand::Logs(args) => logs(&args, shell),
+        BenchCommand::Scrape(args) => watch(&args, shell),
         BenchCommand::Probe(args) => active(&args.common, Workload::Probe(&args), shell),
         BenchCommand::Sweep(args) => active(&args.common, Workload::Sweep(&args), shell),
         BenchCommand::Prefix(args) => active(&args.common, Workload::Prefix(&args), shell),
@@ -270,6 +294,101 @@ fn logs(args: &LogsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `sous bench scrape`: every URL now, then on the schedule; the first round must
+/// reach them all, later failures are skipped.
+fn watch(args: &ScrapeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
+    let targets: Vec<String> = args.urls.iter().map(|u| scrape::metrics_url(u)).collect();
+    let times = scrape::schedule(args.window, args.interval);
+    let runtime = super::runtime()?;
+    let instances = runtime.block_on(async {
+        let client = reqwest::Client::new();
+        let timeout = args.interval.clamp(Duration::from_secs(1), Duration::from_secs(10));
+        let mut instances: Vec<Instance> = targets
+            .iter()
+            .map(|url| Instance {
+                url: url.clone(),
+                taken: Vec::new(),
+            })
+            .collect();
+        let start = tokio::time::Instant::now();
+        for (round, at) in times.iter().enumerate() {
+            tokio::time::sleep_until(start + *at).await;
+            let at_s = start.elapsed().as_secs_f64();
+            shell.status(
+                "scrape",
+                &format!("{}/{} of {} URL{}", round + 1, times.len(), targets.len(), if targets.len() == 1 { "" } else { "s" }),
+            );
+            let results = futures_util::future::join_all(targets.iter().map(|url| fetch(&client, url, timeout))).await;
+            for (instance, result) in instances.iter_mut().zip(results) {
+                match result {
+                    Ok(scrape) => {
+                        if round == 0 && scrape::families(&scrape).is_empty() {
+                            return Err(UserError::new(
+                                format!("{} has no vLLM, SGLang or TensorRT-LLM metrics", instance.url),
+                                Some("SGLang needs --enable-metrics; TensorRT-LLM serves Prometheus text at /prometheus/metrics"),
+                            ));
+                        }
+                        instance.taken.push(Taken { round, at_s, scrape });
+                    }
+                    Err(e) if round == 0 => {
+                        return Err(UserError::new(
+                            format!("cannot scrape {}: {e}", instance.url),
+                            Some("check the URL, and that the server is up and exposes /metrics"),
+                        ));
+                    }
+                    Err(e) => shell.warn(&format!(
+                        "scrape {}/{}: skipped {}: {e}",
+                        round + 1,
+                        times.len(),
+                        instance.url
+                    )),
+                }
+            }
+        }
+        Ok(instances)
+    })?;
+    let report = scrape::analyze(&instances, times.len()).map_err(|e| UserError::new(e.to_string(), None))?;
+    for r in &report.counter_resets {
+        shell.warn(&format!(
+            "{} restarted before scrape {} (a counter went down); its figures span the restart",
+            r.url, r.scrape
+        ));
+    }
+    if args.json {
+        shell.data(&serde_json::to_string_pretty(&report)?)?;
+    } else {
+        shell.data(&report.to_table())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One scrape of a metrics URL.
+async fn fetch(client: &reqwest::Client, url: &str, timeout: Duration) -> Result<Scrape, String> {
+    let response = client
+        .get(url)
+        .timeout(timeout)
+        .send()
+        .await
+        .map_err(|e| causes(&e.without_url()))?;
+    if !response.status().is_success() {
+        return Err(format!("it answered {}", response.status()));
+    }
+    let text = response.text().await.map_err(|e| causes(&e.without_url()))?;
+    Ok(Scrape::parse(&text))
+}
+
+/// An error and its sources on one line (reqwest's own message says little:
+/// "error sending request").
+fn causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
 fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let read = |path: &Path| -> anyhow::Result<Value> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -304,15 +423,20 @@ impl Drop for Served {
     }
 }
 
-/// Serves `recipe` with `sous serve`, logging to a file; returns its base URL once
-/// /health answers.
+/// Serves `recipe` with `sous serve`, logging to a file; returns its base URL and API
+/// key (from the recipe's `server.api_key_env`) once /health answers.
 async fn serve(
     recipe: &Path,
     overrides: &super::OverrideArgs,
     shell: &Shell,
-) -> anyhow::Result<(Served, String)> {
+) -> anyhow::Result<(Served, String, Option<String>)> {
     let loaded = super::load_recipe(recipe, overrides)?;
     let r = loaded.recipe;
+    let key = r
+        .server
+        .api_key_env
+        .as_deref()
+        .and_then(|v| std::env::var(v).ok());
     let host = match r.server.host.as_str() {
         "0.0.0.0" | "::" => "127.0.0.1".to_owned(),
         h => h.to_owned(),
@@ -332,10 +456,11 @@ async fn serve(
         .stderr(log)
         .spawn()
         .context("starting `sous serve`")?;
-    let mut served = Served { child };
+    let served = Served { child };
     shell.status("serving", &format!("{} (log: {})", r.name, log_path.display()));
     let client = reqwest::Client::new();
     let started = Instant::now();
+    let mut served = served;
     loop {
         if let Ok(Some(status)) = served.child.try_wait() {
             let mut text = String::new();
@@ -356,14 +481,14 @@ async fn serve(
             .send()
             .await
             .is_ok_and(|r| r.status().is_success())
-            && let Ok(info) = models(&client, &url, None).await
+            && let Ok(info) = models(&client, &url, key.as_deref()).await
             && !info.0.is_empty()
         {
             shell.status(
                 "ready",
                 &format!("{url} after {:.1} s", started.elapsed().as_secs_f64()),
             );
-            return Ok((served, url));
+            return Ok((served, url, key));
         }
         if started.elapsed() > r.server.startup_timeout {
             return Err(UserError::new(
@@ -376,8 +501,6 @@ async fn serve(
             .into());
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        // Keep `served` alive across the loop.
-        let _ = &mut served;
     }
 }
 
@@ -490,19 +613,19 @@ fn active(common: &Common, workload: Workload<'_>, shell: &Shell) -> anyhow::Res
     }
     let runtime = super::runtime()?;
     runtime.block_on(async {
-        let (_served, url) = match (&common.recipe, &common.url) {
+        let (_served, url, recipe_key) = match (&common.recipe, &common.url) {
             (Some(recipe), _) => {
-                let (served, url) = serve(recipe, &common.overrides, shell).await?;
-                (Some(served), url)
+                let (served, url, key) = serve(recipe, &common.overrides, shell).await?;
+                (Some(served), url, key)
             }
-            (None, Some(url)) => (None, url.trim_end_matches('/').to_owned()),
+            (None, Some(url)) => (None, url.trim_end_matches('/').to_owned(), None),
             (None, None) => return Err(UserError::new("pass --url URL or --recipe FILE", None).into()),
         };
         let key = match &common.api_key_env {
             Some(var) => Some(std::env::var(var).map_err(|_| {
                 UserError::new(format!("--api-key-env: `{var}` is not set"), Some(&format!("export {var}=...")))
             })?),
-            None => None,
+            None => recipe_key,
         };
         let probe_client = reqwest::Client::new();
         let (id, root, max_len) = models(&probe_client, &url, key.as_deref()).await?;
