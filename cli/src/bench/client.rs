@@ -113,13 +113,42 @@ pub async fn send(client: &reqwest::Client, target: &Target, job: &Job, run_star
         prompt_len: job.prompt_len,
         ..Default::default()
     };
-    let started = Instant::now();
-    record.start = started.duration_since(run_start).as_secs_f64();
-    if let Err(error) = stream(client, target, job, started, &mut record).await {
-        record.success = false;
-        record.error = Some(error);
+    // A server may close a kept-alive connection just as it is reused (llama.cpp's
+    // cpp-httplib does after a few requests): a request that failed before any response
+    // came back never reached the model, so it is sent once more on a new connection,
+    // and timed from then.
+    for attempt in 0..2 {
+        let started = Instant::now();
+        record.start = started.duration_since(run_start).as_secs_f64();
+        match stream(client, target, job, started, &mut record).await {
+            Ok(()) => return record,
+            Err(Failure::NotSent(_)) if attempt == 0 => continue,
+            Err(Failure::NotSent(error) | Failure::Failed(error)) => {
+                record.success = false;
+                record.error = Some(error);
+                return record;
+            }
+        }
     }
     record
+}
+
+/// Why a request failed: before the server answered at all, or after.
+enum Failure {
+    NotSent(String),
+    Failed(String),
+}
+
+impl From<String> for Failure {
+    fn from(error: String) -> Failure {
+        Failure::Failed(error)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(error: &str) -> Failure {
+        Failure::Failed(error.to_owned())
+    }
 }
 
 async fn stream(
@@ -128,14 +157,21 @@ async fn stream(
     job: &Job,
     started: Instant,
     record: &mut RequestRecord,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let mut request = client
         .post(format!("{}{}", target.base, target.endpoint.path()))
         .json(&body(target, job));
     if let Some(key) = &target.api_key {
         request = request.bearer_auth(key);
     }
-    let response = request.send().await.map_err(|e| format!("request failed: {e}"))?;
+    let response = request.send().await.map_err(|e| {
+        let error = format!("request failed: {e}");
+        if e.is_request() || e.is_connect() {
+            Failure::NotSent(error)
+        } else {
+            Failure::Failed(error)
+        }
+    })?;
     let status = response.status();
     if !status.is_success() {
         let text = response.text().await.unwrap_or_default();
@@ -143,7 +179,7 @@ async fn stream(
             .ok()
             .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
             .unwrap_or(text);
-        return Err(format!("HTTP {}: {}", status.as_u16(), message.trim()));
+        return Err(format!("HTTP {}: {}", status.as_u16(), message.trim()).into());
     }
     let mut bytes = response.bytes_stream();
     let mut pending: Vec<u8> = Vec::new();
@@ -168,7 +204,7 @@ async fn stream(
             let chunk: Chunk =
                 serde_json::from_slice(data).map_err(|e| format!("a chunk is not JSON ({e})"))?;
             if let Some(error) = chunk.error {
-                return Err(format!("the server sent an error: {error}"));
+                return Err(format!("the server sent an error: {error}").into());
             }
             if !chunk.choices.is_empty() {
                 // Stamped as each line is read, as vLLM's client stamps each line.

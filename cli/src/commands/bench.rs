@@ -391,7 +391,8 @@ fn causes(err: &dyn std::error::Error) -> String {
 
 fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let read = |path: &Path| -> anyhow::Result<Value> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| UserError::new(format!("cannot read {}: {e}", path.display()), None))?;
         serde_json::from_str(&text)
             .map_err(|e| UserError::new(format!("{} is not JSON: {e}", path.display()), None).into())
     };
@@ -759,7 +760,23 @@ fn active(common: &Common, workload: Workload<'_>, shell: &Shell) -> anyhow::Res
             };
             let flat: Vec<RequestRecord> = records.iter().map(|(_, _, r)| r.clone()).collect();
             let metrics = RunMetrics::compute(&flat, duration, concurrency, &common.percentiles, &slo);
-            let extra = extras(&workload, &records);
+            let mut extra = extras(&workload, &records);
+            // Each distinct failure once, with how often it happened.
+            let mut errors: Vec<(String, usize)> = Vec::new();
+            for error in flat.iter().filter_map(|r| r.error.as_deref()) {
+                match errors.iter_mut().find(|(e, _)| e == error) {
+                    Some(slot) => slot.1 += 1,
+                    None => errors.push((error.to_owned(), 1)),
+                }
+            }
+            extra.insert(
+                "errors".into(),
+                errors
+                    .iter()
+                    .map(|(e, n)| json!({"message": e, "count": n}))
+                    .collect::<Vec<_>>()
+                    .into(),
+            );
             if let Some(first) = flat.iter().find(|r| !r.success) {
                 shell.warn(&format!(
                     "{} of {} requests failed at concurrency {concurrency}; the first: {}",
