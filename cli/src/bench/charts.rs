@@ -32,46 +32,51 @@ fn top(values: impl Iterator<Item = f64>) -> f64 {
     if max > 0.0 { max * 1.1 } else { 1.0 }
 }
 
-fn throughput(path: &Path, levels: &[Level]) -> Result2 {
+/// One line of a chart, with a dot of `marker` pixels at each point (or none).
+struct Line {
+    name: String,
+    color: RGBAColor,
+    points: Vec<(f64, f64)>,
+    marker: Option<u32>,
+}
+
+/// A chart's title, axis names and y range (`None`: from 0 to above the highest point).
+struct Frame<'a> {
+    title: &'a str,
+    x_desc: &'a str,
+    y_desc: &'a str,
+    y_max: Option<f64>,
+}
+
+/// Draws `lines` on one frame, with a legend; every chart here is this.
+fn line_chart(path: &Path, frame: &Frame<'_>, lines: Vec<Line>) -> Result2 {
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE)?;
-    let xs: Vec<f64> = levels.iter().map(|l| l.metrics.max_concurrency as f64).collect();
-    let x_max = top(xs.iter().copied());
-    let y_max = top(levels.iter().map(|l| l.metrics.output_throughput));
+    let x_max = top(lines.iter().flat_map(|l| l.points.iter().map(|p| p.0)));
+    let y_max = frame
+        .y_max
+        .unwrap_or_else(|| top(lines.iter().flat_map(|l| l.points.iter().map(|p| p.1))));
     let mut chart = ChartBuilder::on(&root)
-        .caption("Output throughput vs concurrency", ("sans-serif", 20))
+        .caption(frame.title, ("sans-serif", 20))
         .margin(16)
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
     chart
         .configure_mesh()
-        .x_desc("concurrent requests")
-        .y_desc("tokens/s")
+        .x_desc(frame.x_desc)
+        .y_desc(frame.y_desc)
         .draw()?;
-    let all: Vec<(f64, f64)> = levels
-        .iter()
-        .map(|l| (l.metrics.max_concurrency as f64, l.metrics.output_throughput))
-        .collect();
-    chart
-        .draw_series(LineSeries::new(all.clone(), BLUE.stroke_width(2)))?
-        .label("all requests")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-    chart.draw_series(all.iter().map(|p| Circle::new(*p, 4, BLUE.filled())))?;
-    let per: Vec<(f64, f64)> = levels
-        .iter()
-        .map(|l| {
-            (
-                l.metrics.max_concurrency as f64,
-                l.metrics.mean_request_output_tokens_per_s,
-            )
-        })
-        .collect();
-    chart
-        .draw_series(LineSeries::new(per.clone(), RED.stroke_width(2)))?
-        .label("per request")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-    chart.draw_series(per.iter().map(|p| Circle::new(*p, 4, RED.filled())))?;
+    for line in lines {
+        let color = line.color;
+        chart
+            .draw_series(LineSeries::new(line.points.clone(), color.stroke_width(2)))?
+            .label(line.name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        if let Some(size) = line.marker {
+            chart.draw_series(line.points.iter().map(|p| Circle::new(*p, size, color.filled())))?;
+        }
+    }
     chart
         .configure_series_labels()
         .border_style(BLACK)
@@ -79,101 +84,83 @@ fn throughput(path: &Path, levels: &[Level]) -> Result2 {
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// A line over the levels' concurrency.
+fn per_level(levels: &[Level], name: &str, color: RGBColor, marker: u32, value: fn(&Level) -> f64) -> Line {
+    Line {
+        name: name.to_owned(),
+        color: color.to_rgba(),
+        points: levels
+            .iter()
+            .map(|l| (l.metrics.max_concurrency as f64, value(l)))
+            .collect(),
+        marker: Some(marker),
+    }
+}
+
+fn throughput(path: &Path, levels: &[Level]) -> Result2 {
+    let frame = Frame {
+        title: "Output throughput vs concurrency",
+        x_desc: "concurrent requests",
+        y_desc: "tokens/s",
+        y_max: None,
+    };
+    let lines = vec![
+        per_level(levels, "all requests", BLUE, 4, |l| l.metrics.output_throughput),
+        per_level(levels, "per request", RED, 4, |l| {
+            l.metrics.mean_request_output_tokens_per_s
+        }),
+    ];
+    line_chart(path, &frame, lines)
 }
 
 fn latency(path: &Path, levels: &[Level]) -> Result2 {
-    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let x_max = top(levels.iter().map(|l| l.metrics.max_concurrency as f64));
-    type Pick = fn(&Level) -> f64;
-    let picks: [(&str, RGBColor, Pick); 5] = [
-        ("TTFT p50", BLUE, |l: &Level| l.metrics.ttft.median),
-        ("TTFT p99", CYAN, |l: &Level| {
+    let frame = Frame {
+        title: "Latency percentiles vs concurrency",
+        x_desc: "concurrent requests",
+        y_desc: "milliseconds",
+        y_max: None,
+    };
+    let lines = vec![
+        per_level(levels, "TTFT p50", BLUE, 3, |l| l.metrics.ttft.median),
+        per_level(levels, "TTFT p99", CYAN, 3, |l| {
             l.metrics.ttft.at(99.0).unwrap_or(l.metrics.ttft.median)
         }),
-        ("ITL p50", RED, |l: &Level| l.metrics.itl.median),
-        ("ITL p99", MAGENTA, |l: &Level| {
+        per_level(levels, "ITL p50", RED, 3, |l| l.metrics.itl.median),
+        per_level(levels, "ITL p99", MAGENTA, 3, |l| {
             l.metrics.itl.at(99.0).unwrap_or(l.metrics.itl.median)
         }),
-        ("TPOT p50", GREEN, |l: &Level| l.metrics.tpot.median),
+        per_level(levels, "TPOT p50", GREEN, 3, |l| l.metrics.tpot.median),
     ];
-    type Series<'a> = (&'a str, RGBColor, Vec<(f64, f64)>);
-    let series: Vec<Series> = picks
-        .into_iter()
-        .map(|(name, color, f)| {
-            (
-                name,
-                color,
-                levels
-                    .iter()
-                    .map(|l| (l.metrics.max_concurrency as f64, f(l)))
-                    .collect(),
-            )
-        })
-        .collect();
-    let y_max = top(series.iter().flat_map(|(_, _, s)| s.iter().map(|p| p.1)));
-    let mut chart = ChartBuilder::on(&root)
-        .caption("Latency percentiles vs concurrency", ("sans-serif", 20))
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
-    chart
-        .configure_mesh()
-        .x_desc("concurrent requests")
-        .y_desc("milliseconds")
-        .draw()?;
-    for (name, color, points) in series {
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))?;
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    line_chart(path, &frame, lines)
 }
 
 fn ttft_cdf(path: &Path, levels: &[Level]) -> Result2 {
-    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let x_max = top(levels.iter().flat_map(|l| l.ttfts_ms.iter().copied()));
-    let mut chart = ChartBuilder::on(&root)
-        .caption("TTFT distribution (CDF)", ("sans-serif", 20))
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_max, 0.0..1.0)?;
-    chart
-        .configure_mesh()
-        .x_desc("time to first token, ms")
-        .y_desc("fraction of requests")
-        .draw()?;
-    for (i, level) in levels.iter().enumerate() {
-        let mut sorted = level.ttfts_ms.clone();
-        sorted.sort_by(f64::total_cmp);
-        let n = sorted.len().max(1) as f64;
-        let points: Vec<(f64, f64)> = sorted
-            .iter()
-            .enumerate()
-            .map(|(k, v)| (*v, (k + 1) as f64 / n))
-            .collect();
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-            .label(format!("concurrency {}", level.metrics.max_concurrency))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    let frame = Frame {
+        title: "TTFT distribution (CDF)",
+        x_desc: "time to first token, ms",
+        y_desc: "fraction of requests",
+        y_max: Some(1.0),
+    };
+    let lines = levels
+        .iter()
+        .enumerate()
+        .map(|(i, level)| {
+            let mut sorted = level.ttfts_ms.clone();
+            sorted.sort_by(f64::total_cmp);
+            let n = sorted.len().max(1) as f64;
+            Line {
+                name: format!("concurrency {}", level.metrics.max_concurrency),
+                color: Palette99::pick(i).to_rgba(),
+                points: sorted
+                    .iter()
+                    .enumerate()
+                    .map(|(k, v)| (*v, (k + 1) as f64 / n))
+                    .collect(),
+                marker: None,
+            }
+        })
+        .collect();
+    line_chart(path, &frame, lines)
 }

@@ -438,11 +438,7 @@ async fn serve(
         .api_key_env
         .as_deref()
         .and_then(|v| std::env::var(v).ok());
-    let host = match r.server.host.as_str() {
-        "0.0.0.0" | "::" => "127.0.0.1".to_owned(),
-        h => h.to_owned(),
-    };
-    let url = format!("http://{host}:{}", r.server.port);
+    let url = r.server.local_url();
     let dir = sous_engine::paths::instance_dir(&r.name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let log_path = dir.join("bench-serve.log");
@@ -812,8 +808,10 @@ fn active(common: &Common, workload: Workload<'_>, shell: &Shell) -> anyhow::Res
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             let json_path = dir.join(format!("{}.json", workload.name()));
             let csv_path = dir.join(format!("{}.csv", workload.name()));
-            write_atomic(&json_path, text.as_bytes())?;
-            write_atomic(&csv_path, report::csv(&results, &common.percentiles).as_bytes())?;
+            crate::hub::cache::write_atomic(&json_path, text.as_bytes())
+                .with_context(|| format!("writing {}", json_path.display()))?;
+            crate::hub::cache::write_atomic(&csv_path, report::csv(&results, &common.percentiles).as_bytes())
+                .with_context(|| format!("writing {}", csv_path.display()))?;
             let charts = crate::bench::charts::draw(dir, workload.name(), &results)
                 .map_err(|e| anyhow::anyhow!("drawing the charts: {e}"))?;
             let names: Vec<String> = charts.iter().map(|p| p.display().to_string()).collect();
@@ -947,12 +945,6 @@ fn summary(workload: &Workload<'_>, levels: &[Level]) -> String {
         out.push_str("(output tok/s: all requests' tokens over the level's wall time)\n");
     }
     out
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The UTC date and time, `YYYYMMDD-HHMMSS`, as `vllm bench serve` writes `date`.

@@ -133,6 +133,22 @@ pub struct Server {
     pub stop_grace: std::time::Duration,
 }
 
+impl Server {
+    /// Where a client on this machine reaches the server: the listen host, or loopback
+    /// for a wildcard address.
+    pub fn connect_host(&self) -> &str {
+        match self.host.as_str() {
+            "0.0.0.0" | "::" => "127.0.0.1",
+            other => other,
+        }
+    }
+
+    /// `http://HOST:PORT` with [`Server::connect_host`].
+    pub fn local_url(&self) -> String {
+        format!("http://{}:{}", self.connect_host(), self.port)
+    }
+}
+
 /// Something legal but probably not what the author meant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Warning {

@@ -184,7 +184,7 @@ pub async fn run(
     let sharing = replacing
         .as_ref()
         .is_some_and(|old| old.port == Some(recipe.server.port));
-    let (host, port) = (connect_host(recipe), recipe.server.port);
+    let (host, port) = (recipe.server.connect_host(), recipe.server.port);
     // vLLM and the native engine bind with SO_REUSEPORT: a second server on a port in
     // use would start and share its connections instead of failing.
     if !sharing
@@ -424,18 +424,10 @@ fn resolve(launch: &Launch) -> Result<(Vec<String>, EnvPairs), ServeError> {
     Ok((argv, env))
 }
 
-/// Where sous reaches the engine: the listen host, or loopback for a wildcard.
-fn connect_host(recipe: &Recipe) -> &str {
-    match recipe.server.host.as_str() {
-        "0.0.0.0" | "::" => "127.0.0.1",
-        other => other,
-    }
-}
-
 /// Polls until `/health` answers 200 and `/v1/models` lists the served model; with
 /// `own_group`, also until a process of that group listens on the recipe's port.
 async fn wait_ready(recipe: &Recipe, own_group: Option<i32>) -> String {
-    let url = format!("http://{}:{}", connect_host(recipe), recipe.server.port);
+    let url = recipe.server.local_url();
     // SGLang's /health runs a one-token generation and may take up to 20 s to answer.
     let timeout = if recipe.engine.kind == EngineKind::Sglang {
         25

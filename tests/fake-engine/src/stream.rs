@@ -22,10 +22,7 @@ use serde_json::{Value, json};
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
 
 fn env_ms(name: &str) -> f64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    super::env_f64(name).unwrap_or(0.0)
 }
 
 /// A small xorshift generator: the jitter needs reproducible numbers, not a crate.
