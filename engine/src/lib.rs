@@ -9,6 +9,7 @@
 //! - [`serve`]: running an engine: launch, readiness, OOM fallback, restarts, stop.
 //! - [`version`]: engine release numbers.
 //! - [`paths`]: where sous keeps per-deployment state.
+//! - [`reporter`]: how long operations report status, warnings, output and progress.
 //!
 //! This crate never prints: it returns values and typed errors, and logs through
 //! `tracing`. The `sous` binary decides what reaches the terminal.
@@ -18,5 +19,6 @@ pub mod launch;
 pub mod native;
 pub mod paths;
 pub mod recipe;
+pub mod reporter;
 pub mod serve;
 pub mod version;
