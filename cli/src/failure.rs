@@ -1,26 +1,19 @@
-//! Exit codes and the one place errors are rendered.
+//! The one place errors are rendered, and exit codes decided.
 //!
 //! 0: success. 1: the user's input or environment is wrong (a recipe, a flag, a file
-//! that is not there). 2: sous itself failed (a bug, or an I/O error it cannot explain).
-//! Later, `serve` passes an engine's own exit code through.
+//! that is not there). 2: sous itself failed (a bug, or an I/O error it cannot
+//! explain). `sous serve` passes an engine's own exit code through. Which of these an
+//! error means, and its hint, is the error type's own [`Diagnose`] implementation;
+//! this module only finds and prints it.
 
 use std::process::ExitCode;
 
-use sous_engine::launch::RenderError;
-use sous_engine::recipe::RecipeError;
+use sous::error::{Class, Diagnose, diagnosis};
 
-use crate::hub::api::HubError;
-use crate::hub::pull::PullError;
-use crate::quantize::QuantizeError;
 use crate::shell::Shell;
 
-/// The user's input or environment is wrong.
-pub const USER: u8 = 1;
-/// sous failed.
-pub const INTERNAL: u8 = 2;
-
-/// An error the user can fix, with an optional next step. Commands return it (inside
-/// `anyhow`) for mistakes that are not recipe or rendering errors.
+/// An error the user can fix, with an optional next step: the binary's own mistakes
+/// about flags and arguments, which belong to no library operation.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct UserError {
@@ -40,6 +33,16 @@ impl UserError {
     }
 }
 
+impl Diagnose for UserError {
+    fn class(&self) -> Class {
+        Class::User
+    }
+
+    fn hint(&self) -> Option<String> {
+        self.hint.clone()
+    }
+}
+
 /// An error already reported in detail (e.g. `recipe check` listed every failing file);
 /// only the exit code, and an optional summary line, remain to be given.
 #[derive(Debug, thiserror::Error)]
@@ -52,43 +55,51 @@ pub fn report(shell: &Shell, err: &anyhow::Error) -> ExitCode {
         if !reported.0.is_empty() {
             shell.error(&reported.0, None);
         }
-        return ExitCode::from(USER);
+        return ExitCode::from(Class::User.exit_code());
     }
-    let (code, hint) = classify(err);
-    // `{:#}` prints the context chain on one line: "loading x: cannot read ...".
-    shell.error(&format!("{err:#}"), hint.as_deref());
-    ExitCode::from(code)
+    ExitCode::from(print(shell, err).exit_code())
 }
 
-/// The exit code and hint for an error, from the first cause sous recognises.
-pub fn classify(err: &anyhow::Error) -> (u8, Option<String>) {
+/// Renders `err` on stderr (`error:` and `hint:` lines) and returns its class, for a
+/// command that reports a failure and goes on (`recipe check` of several files).
+pub fn print(shell: &Shell, err: &anyhow::Error) -> Class {
+    let (class, hint) = classify(err);
+    shell.error(&message(err), hint.as_deref());
+    class
+}
+
+/// The class and hint of an error, from the first cause sous knows.
+pub fn classify(err: &anyhow::Error) -> (Class, Option<String>) {
     for cause in err.chain() {
-        if let Some(e) = cause.downcast_ref::<RecipeError>() {
-            return (USER, e.hint().map(str::to_owned));
-        }
-        if let Some(e) = cause.downcast_ref::<RenderError>() {
-            return (USER, e.hint());
-        }
-        if let Some(e) = cause.downcast_ref::<UserError>() {
-            return (USER, e.hint.clone());
-        }
-        if let Some(e) = cause.downcast_ref::<PullError>() {
-            return (if e.is_internal() { INTERNAL } else { USER }, e.hint());
-        }
-        if let Some(e) = cause.downcast_ref::<HubError>() {
-            return (USER, e.hint());
-        }
-        if let Some(e) = cause.downcast_ref::<QuantizeError>() {
-            return (if e.is_internal() { INTERNAL } else { USER }, e.hint());
-        }
-        if let Some(e) = cause.downcast_ref::<crate::bench::logs::LogsError>() {
-            return (if e.is_internal() { INTERNAL } else { USER }, e.hint());
+        let known = match cause.downcast_ref::<UserError>() {
+            Some(e) => Some(e as &dyn Diagnose),
+            None => diagnosis(cause),
+        };
+        if let Some(e) = known {
+            return (e.class(), e.hint());
         }
     }
     (
-        INTERNAL,
+        Class::Internal,
         Some("this is a bug in sous; please report it with the command you ran".into()),
     )
+}
+
+/// The chain on one line, "loading x: cannot read y: No such file", each cause once:
+/// errors that already print their source (`{path}: {source}`) are not repeated.
+pub fn message(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let part = cause.to_string();
+        if part.is_empty() || text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 /// A command line clap could not parse: help and version go to stdout with code 0,
@@ -99,9 +110,41 @@ pub fn usage(err: clap::Error) -> ExitCode {
         ErrorKind::DisplayHelp
         | ErrorKind::DisplayVersion
         | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => 0,
-        _ => USER,
+        _ => Class::User.exit_code(),
     };
     // clap picks stdout or stderr itself.
     let _ = err.print();
     ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read {path}: {source}")]
+    struct Read {
+        path: &'static str,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let err = anyhow::Error::new(Read {
+            path: "x",
+            source: io,
+        })
+        .context("loading y");
+        assert_eq!(message(&err), "loading y: cannot read x: No such file");
+    }
+
+    #[test]
+    fn an_unknown_error_is_a_bug_and_a_user_error_is_not() {
+        let (class, hint) = classify(&anyhow::anyhow!("boom"));
+        assert_eq!(class, Class::Internal);
+        assert!(hint.is_some_and(|h| h.contains("bug")));
+        let err = anyhow::Error::new(UserError::new("bad flag", Some("fix it"))).context("running");
+        assert_eq!(classify(&err), (Class::User, Some("fix it".into())));
+    }
 }

@@ -1,17 +1,16 @@
 //! `sous`: one recipe file to a running, measured LLM server.
 //!
-//! The binary is glue: parse the command line, run the command, render the outcome
-//! once. Each command lives in `commands/<name>.rs` and does its work through
-//! `sous-engine`; terminal output goes through [`shell::Shell`]; exit codes are decided
-//! in [`failure`].
+//! The binary is glue: parse the command line, call the `sous` library, render the
+//! outcome once. Each command lives in `commands/<name>.rs`; terminal output,
+//! progress included, goes through [`shell::Shell`]; errors are rendered and exit
+//! codes decided in [`failure`].
 
-mod bench;
 mod commands;
 mod failure;
-mod hub;
-mod import;
-mod quantize;
 mod shell;
+
+// The library's modules under the names the commands use.
+use sous::{bench, hub, import, quantize};
 
 use std::process::ExitCode;
 
@@ -27,7 +26,7 @@ fn main() -> ExitCode {
     match std::panic::catch_unwind(|| commands::run(cli, &shell)) {
         Ok(Ok(code)) => code,
         Ok(Err(err)) => failure::report(&shell, &err),
-        Err(_) => ExitCode::from(failure::INTERNAL),
+        Err(_) => ExitCode::from(sous::error::Class::Internal.exit_code()),
     }
 }
 

@@ -1,14 +1,26 @@
 //! All terminal output: data on stdout, talk on stderr (uv's rule), colour only on a
 //! terminal and never with `NO_COLOR`. Nothing else in the binary prints.
+//!
+//! The shell is also the [`Reporter`] every library operation reports through:
+//! statuses and warnings as lines, engine output prefixed with the engine's name, and
+//! progress drawn by `progress` (bars on a terminal, a line every few seconds
+//! elsewhere, nothing with `--quiet`).
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod progress;
+
 use std::io::{IsTerminal, Write};
+
+use sous_engine::reporter::{self, Reporter, Task};
+
+pub use progress::Draw;
 
 /// The terminal.
 #[derive(Debug, Clone)]
 pub struct Shell {
     color: bool,
+    draw: Draw,
 }
 
 const RED: &str = "\x1b[1;31m";
@@ -21,8 +33,19 @@ impl Shell {
     /// From the process's environment and stderr.
     pub fn from_env() -> Shell {
         let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        let terminal = std::io::stderr().is_terminal();
         Shell {
-            color: !no_color && std::io::stderr().is_terminal(),
+            color: !no_color && terminal,
+            draw: if terminal { Draw::Bars } else { Draw::Lines },
+        }
+    }
+
+    /// The same shell without progress (`--quiet`): statuses, warnings and errors
+    /// are still shown.
+    pub fn quiet(&self) -> Shell {
+        Shell {
+            draw: Draw::Off,
+            ..self.clone()
         }
     }
 
@@ -71,5 +94,26 @@ impl Shell {
     /// A status line on stderr, e.g. `ok recipes/x.toml`.
     pub fn status(&self, word: &str, message: &str) {
         eprintln!("{} {message}", self.paint(GREEN, word));
+    }
+}
+
+impl Reporter for Shell {
+    fn status(&self, word: &str, message: &str) {
+        Shell::status(self, word, message);
+    }
+
+    fn warn(&self, message: &str) {
+        Shell::warn(self, message);
+    }
+
+    fn output(&self, source: Option<&str>, line: &str) {
+        match source {
+            Some(engine) => self.engine_line(engine, line),
+            None => self.log_line(line),
+        }
+    }
+
+    fn progress(&self, task: Task) -> Box<dyn reporter::Progress> {
+        progress::start(self.draw, task)
     }
 }

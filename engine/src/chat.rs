@@ -448,6 +448,13 @@ pub fn python_float_repr(f: f64) -> String {
     format!("{sign}{body}")
 }
 
+impl crate::diagnose::Diagnose for ChatError {
+    /// A chat template from the model, or a conversation from a client.
+    fn class(&self) -> crate::diagnose::Class {
+        crate::diagnose::Class::User
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,11 +2,13 @@
 //!
 //! - [`recipe`]: the recipe format, loading (`extends`, environment, `--set`),
 //!   validation, and the generated schema and reference.
+//! - [`diagnose`]: the exit class and hint of every error type.
 //! - [`chat`]: chat templates rendered as transformers renders them (minijinja).
 //! - [`launch`]: engine adapters that turn a [`recipe::Recipe`] into the exact command
 //!   line, environment and option files of vLLM, SGLang or TensorRT-LLM.
 //! - [`native`]: the built-in CPU engine (candle + axum) with an OpenAI-compatible API.
 //! - [`serve`]: running an engine: launch, readiness, OOM fallback, restarts, stop.
+//! - [`size`]: byte sizes as users write them (`5GB`, `14.5GiB`) and as sous shows them.
 //! - [`version`]: engine release numbers.
 //! - [`paths`]: where sous keeps per-deployment state.
 //! - [`reporter`]: how long operations report status, warnings, output and progress.
@@ -15,10 +17,12 @@
 //! `tracing`. The `sous` binary decides what reaches the terminal.
 
 pub mod chat;
+pub mod diagnose;
 pub mod launch;
 pub mod native;
 pub mod paths;
 pub mod recipe;
 pub mod reporter;
 pub mod serve;
+pub mod size;
 pub mod version;

@@ -49,7 +49,12 @@ pub fn cache_dir_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathB
 
 /// Where `sous quantize --recipe` writes a recipe's checkpoint by default.
 pub fn quantized_dir(name: &str) -> PathBuf {
-    cache_dir().join("quantized").join(name)
+    quantized_dir_in(&cache_dir(), name)
+}
+
+/// Where a recipe's checkpoint goes in the cache `cache`.
+pub fn quantized_dir_in(cache: &std::path::Path, name: &str) -> PathBuf {
+    cache.join("quantized").join(name)
 }
 
 /// The state directory of one deployment.

@@ -99,6 +99,13 @@ impl fmt::Display for Version {
     }
 }
 
+impl crate::diagnose::Diagnose for VersionError {
+    /// A release number the user wrote.
+    fn class(&self) -> crate::diagnose::Class {
+        crate::diagnose::Class::User
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use sous_engine::diagnose::Diagnose;
 use sous_engine::launch::{self, RenderContext};
 use sous_engine::recipe::{self, EngineKind, Overrides};
 
@@ -40,7 +41,13 @@ fn render(path: &Path, kind: EngineKind) -> String {
     let ctx = RenderContext {
         instance_dir: PathBuf::from("/state").join(&recipe.name),
         hub_cache: PathBuf::from("/hub"),
-        sous_exe: PathBuf::from("sous"),
+        native_command: vec![
+            "sous".into(),
+            "serve".into(),
+            "--engine-process".into(),
+            "--recipe".into(),
+        ],
+        weights: None,
     };
     match launch::render(&recipe, &ctx) {
         Ok(launch) => {

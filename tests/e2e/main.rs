@@ -8,6 +8,7 @@ mod bench;
 mod broken;
 mod hub_python;
 mod native;
+mod pipeline;
 mod pull;
 mod quantize;
 mod recipe;

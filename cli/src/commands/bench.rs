@@ -826,7 +826,7 @@ fn active(common: &Common, workload: Workload<'_>, shell: &Shell) -> anyhow::Res
             shell.data(&summary(&workload, &results))?;
         }
         let failed: usize = results.iter().map(|l| l.metrics.failed).sum();
-        Ok(if failed > 0 { ExitCode::from(crate::failure::USER) } else { ExitCode::SUCCESS })
+        Ok(if failed > 0 { ExitCode::from(sous::error::Class::User.exit_code()) } else { ExitCode::SUCCESS })
     })
 }
 

@@ -1,15 +1,17 @@
 //! `sous import gguf FILE --out DIR`: a GGUF file to a Hugging Face model directory.
-//! The work is in [`crate::import`]; this file parses the flags, shows progress on
-//! stderr and prints the `--json` summary on stdout.
+//! The work is in [`crate::import`]; this file parses the flags, says what happened
+//! and prints the `--json` summary on stdout.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
+use sous::error::Diagnose;
+use sous_engine::recipe::ByteSize;
 
-use crate::failure::UserError;
-use crate::import::{self, Dtype, ImportOptions, Progress};
+use crate::import::{self, Dtype, ImportOptions};
+use crate::quantize::DEFAULT_MAX_SHARD_SIZE;
 use crate::shell::Shell;
 
 #[derive(Debug, Subcommand)]
@@ -30,10 +32,10 @@ pub struct GgufArgs {
     out: PathBuf,
     /// Dtype of the written weights.
     #[arg(long, value_enum, default_value = "bf16")]
-    dtype: Dtype,
+    dtype: DtypeArg,
     /// Largest safetensors file before the weights are split into shards with an index,
     /// e.g. `5GB`, `500MB`, or a byte count.
-    #[arg(long, value_name = "SIZE", default_value = "5GB", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_MAX_SHARD_SIZE, value_parser = shard_size)]
     max_shard_size: u64,
     /// Replace DIR if it already exists.
     #[arg(long)]
@@ -53,38 +55,21 @@ fn gguf(args: GgufArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let options = ImportOptions {
         file: args.file,
         out: args.out,
-        dtype: args.dtype,
+        dtype: args.dtype.into(),
         max_shard_bytes: args.max_shard_size,
         replace: args.force,
     };
     let started = Instant::now();
-    let mut on_progress = |p: Progress<'_>| match p {
-        Progress::Opened { arch, tensors } => {
-            shell.status(
-                "reading",
-                &format!("{} ({arch}, {tensors} tensors)", options.file.display()),
-            );
+    // Mistakes in the file or the output are the user's and say so themselves; a
+    // failure of sous gets the file as context.
+    let file = options.file.display().to_string();
+    let summary = import::import_gguf(&options, shell).map_err(|e| {
+        if e.is_internal() {
+            anyhow::Error::new(e).context(format!("importing {file}"))
+        } else {
+            e.into()
         }
-        Progress::Shard {
-            index,
-            count,
-            file,
-            bytes,
-        } => shell.status(
-            "writing",
-            &format!("{file} ({index}/{count}, {:.1} MB)", bytes as f64 / 1e6),
-        ),
-    };
-    let summary = match import::import_gguf(&options, &mut on_progress) {
-        Ok(summary) => summary,
-        Err(err) if err.is_user_error() => {
-            let hint = err.hint();
-            return Err(UserError::new(err.to_string(), hint).into());
-        }
-        Err(err) => {
-            return Err(anyhow::Error::new(err).context(format!("importing {}", options.file.display())));
-        }
-    };
+    })?;
     shell.status(
         "imported",
         &format!(
@@ -102,41 +87,35 @@ fn gguf(args: GgufArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `5GB`, `500MB`, `64KiB`, `1000`: decimal units as transformers' `max_shard_size`,
-/// binary ones with `i`.
-fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size like 5GB or 500MB"))?;
-    let factor: u64 = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "KIB" => 1 << 10,
-        "MIB" => 1 << 20,
-        "GIB" => 1 << 30,
-        other => {
-            return Err(format!(
-                "unknown size unit `{other}` (use B, KB, MB, GB, KiB, MiB, GiB)"
-            ));
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DtypeArg {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl From<DtypeArg> for Dtype {
+    fn from(arg: DtypeArg) -> Dtype {
+        match arg {
+            DtypeArg::Bf16 => Dtype::Bf16,
+            DtypeArg::F16 => Dtype::F16,
+            DtypeArg::F32 => Dtype::F32,
         }
-    };
-    let size = n
-        .checked_mul(factor)
-        .ok_or_else(|| format!("`{text}` is too large"))?;
-    if size == 0 {
-        return Err("the shard size must be positive".to_owned());
     }
-    Ok(size)
+}
+
+/// A shard size: any size sous reads (`5GB`, `500MB`, `64KiB`, bytes), but not zero.
+fn shard_size(text: &str) -> Result<u64, String> {
+    match text.parse::<ByteSize>() {
+        Ok(ByteSize(0)) => Err("the shard size must be positive".to_owned()),
+        Ok(size) => Ok(size.bytes()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::shard_size as parse_size;
 
     #[test]
     fn sizes() {

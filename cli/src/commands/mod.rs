@@ -1,5 +1,5 @@
 //! The command line: one file per command, each with its arguments and an `exec`
-//! that calls into `sous-engine`.
+//! that calls the `sous` library (or `sous-engine`) and says what happened.
 
 mod bench;
 mod completions;
@@ -45,7 +45,8 @@ enum Command {
     Hub(hub::HubCommand),
     /// Quantize a model's weights to NVFP4 (compressed-tensors or ModelOpt checkpoint).
     Quantize(quantize::QuantizeArgs),
-    /// Serve a recipe's model (for now: print the engine's exact command line with --dry-run).
+    /// Serve a recipe's model: pull and quantize it if needed, then run its engine until
+    /// Ctrl-C (--dry-run prints the exact command line instead).
     Serve(serve::ServeArgs),
     /// Measure a server: probe, sweep, prefix, agent workloads; compare reports.
     #[command(subcommand)]
@@ -84,15 +85,6 @@ pub fn load_recipe(path: &Path, overrides: &OverrideArgs) -> anyhow::Result<Load
         layered.set(arg)?;
     }
     sous_engine::recipe::load(path, &layered).with_context(|| format!("recipe {}", display(path)))
-}
-
-/// Where the engine of a recipe keeps its files, and the Hub cache it reads.
-pub fn render_context(recipe: &sous_engine::recipe::Recipe) -> sous_engine::launch::RenderContext {
-    sous_engine::launch::RenderContext {
-        instance_dir: sous_engine::paths::instance_dir(&recipe.name),
-        hub_cache: crate::hub::config::HubConfig::from_env().cache_dir,
-        sous_exe: std::env::current_exe().unwrap_or_else(|_| "sous".into()),
-    }
 }
 
 /// The async runtime of the commands that talk over the network or run engines.

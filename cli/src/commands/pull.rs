@@ -4,13 +4,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use sous_engine::recipe::DEFAULT_REVISION;
+use sous_engine::size::human;
 
 use super::{OverrideArgs, display, load_recipe};
 use crate::failure::UserError;
 use crate::hub::api::HubClient;
 use crate::hub::config::HubConfig;
-use crate::hub::progress::{Style, human};
-use crate::hub::pull::{PullRequest, pull};
+use crate::hub::pull::{DEFAULT_CONNECTIONS, PullRequest, pull};
 use crate::shell::Shell;
 
 #[derive(Debug, Args)]
@@ -38,7 +39,7 @@ pub struct PullArgs {
     #[arg(long)]
     offline: bool,
     /// Connections at once, over all files.
-    #[arg(long, default_value_t = 16, value_name = "N")]
+    #[arg(long, default_value_t = DEFAULT_CONNECTIONS, value_name = "N")]
     connections: usize,
     /// Print a JSON summary on stdout.
     #[arg(long)]
@@ -53,7 +54,7 @@ pub struct PullArgs {
 pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let (repo, revision, local_dir) = match (&args.repo, &args.recipe) {
         (Some(spec), _) => {
-            let (repo, revision) = spec.split_once('@').unwrap_or((spec, "main"));
+            let (repo, revision) = spec.split_once('@').unwrap_or((spec, DEFAULT_REVISION));
             (repo.to_owned(), revision.to_owned(), args.local_dir.clone())
         }
         (None, Some(file)) => {
@@ -67,7 +68,8 @@ pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             })?;
             // With both, the recipe says where the weights must end up.
             let local = args.local_dir.clone().or(model.path.map(PathBuf::from));
-            (repo, model.revision.unwrap_or_else(|| "main".into()), local)
+            let revision = model.revision.unwrap_or_else(|| DEFAULT_REVISION.to_owned());
+            (repo, revision, local)
         }
         (None, None) => {
             return Err(UserError::new("nothing to pull", Some("give `org/name` or `--recipe FILE`")).into());
@@ -89,11 +91,11 @@ pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         local_dir,
         offline: args.offline || config.offline,
         connections: args.connections,
-        progress: if args.quiet { Style::Quiet } else { Style::detect() },
     };
+    let reporter = if args.quiet { shell.quiet() } else { shell.clone() };
     let runtime = super::runtime()?;
     let client = HubClient::new(config)?;
-    let report = runtime.block_on(pull(&client, &request))?;
+    let report = runtime.block_on(pull(&client, &request, &reporter))?;
     if args.json {
         shell.data(&serde_json::to_string_pretty(&report)?)?;
     } else {

@@ -4,14 +4,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
-use sous_engine::recipe::{ByteSize, QuantFormat, QuantScheme};
+use sous_engine::recipe::{ByteSize, DEFAULT_REVISION, QuantFormat, QuantScheme};
+use sous_engine::size::human;
 
 use super::{OverrideArgs, display, load_recipe};
 use crate::failure::UserError;
 use crate::hub::cache::RepoCache;
 use crate::hub::config::HubConfig;
-use crate::hub::progress::{Style, human};
-use crate::quantize::{DEFAULT_WINDOW, ModelOptExport, Provenance, Request, Summary, run};
+use crate::quantize::{
+    DEFAULT_MAX_SHARD_SIZE, DEFAULT_WINDOW, ModelOptExport, Provenance, Request, Summary, run,
+};
 use crate::shell::Shell;
 
 #[derive(Debug, Args)]
@@ -48,7 +50,7 @@ pub struct QuantizeArgs {
     #[arg(long, short = 'o', value_name = "DIR", required_unless_present = "recipe")]
     out: Option<PathBuf>,
     /// Largest output shard (`5GB`, `2GiB`, bytes).
-    #[arg(long, value_name = "SIZE", default_value = "5GB")]
+    #[arg(long, value_name = "SIZE", default_value = DEFAULT_MAX_SHARD_SIZE)]
     max_shard_size: ByteSize,
     /// Replace the output directory if it holds something else.
     #[arg(long)]
@@ -95,7 +97,6 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         })?,
         Err(_) => DEFAULT_WINDOW,
     };
-    let progress = if args.quiet { Style::Quiet } else { Style::detect() };
     let modelopt_export = match args.modelopt_export {
         ExportArg::Gpu => ModelOptExport::Gpu,
         ExportArg::Cpu => ModelOptExport::Cpu,
@@ -118,17 +119,17 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             force: args.force,
             digests: args.digests,
             provenance: None,
-            progress,
             window_bytes,
         },
-        (None, Some(file)) => from_recipe(file, &args, progress, window_bytes, modelopt_export)?,
+        (None, Some(file)) => from_recipe(file, &args, window_bytes, modelopt_export)?,
         (None, None) => {
             return Err(
                 UserError::new("nothing to quantize", Some("give MODEL_DIR or `--recipe FILE`")).into(),
             );
         }
     };
-    let summary = run(&request)?;
+    let reporter = if args.quiet { shell.quiet() } else { shell.clone() };
+    let summary = run(&request, &reporter)?;
     if args.json {
         shell.data(&serde_json::to_string_pretty(&summary)?)?;
     } else {
@@ -142,7 +143,6 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
 fn from_recipe(
     file: &Path,
     args: &QuantizeArgs,
-    progress: Style,
     window_bytes: u64,
     modelopt_export: ModelOptExport,
 ) -> anyhow::Result<Request> {
@@ -157,7 +157,7 @@ fn from_recipe(
     let (source, provenance) = if let Some(path) = &model.path {
         (PathBuf::from(path), None)
     } else if let Some(repo) = &model.repo {
-        let revision = model.revision.as_deref().unwrap_or("main");
+        let revision = model.revision.as_deref().unwrap_or(DEFAULT_REVISION);
         let cache = RepoCache::new(&HubConfig::from_env().cache_dir, repo);
         let commit = cache.read_ref(revision).ok_or_else(|| {
             UserError::new(
@@ -194,7 +194,6 @@ fn from_recipe(
         force: args.force,
         digests: args.digests,
         provenance,
-        progress,
         window_bytes,
     })
 }

@@ -10,7 +10,7 @@ use sous_engine::launch;
 use sous_engine::recipe::{EngineKind, Loaded, schema};
 
 use super::{OverrideArgs, display, load_recipe};
-use crate::failure::{Reported, classify};
+use crate::failure::{self, Reported};
 use crate::shell::Shell;
 
 #[derive(Debug, Subcommand)]
@@ -104,16 +104,16 @@ fn check(args: CheckArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             }
             Err(err) => {
                 failed += 1;
-                let (_, hint) = classify(&err);
                 if args.json {
+                    let (_, hint) = failure::classify(&err);
                     reports.push(json!({
                         "file": file,
                         "ok": false,
-                        "error": { "message": format!("{err:#}"), "hint": hint },
+                        "error": { "message": failure::message(&err), "hint": hint },
                         "warnings": [],
                     }));
                 }
-                shell.error(&format!("{err:#}"), hint.as_deref());
+                failure::print(shell, &err);
             }
         }
     }
@@ -139,7 +139,7 @@ fn check_one(file: &std::path::Path, overrides: &OverrideArgs) -> anyhow::Result
     let loaded = load_recipe(file, overrides)?;
     let mut warnings: Vec<String> = loaded.warnings.iter().map(|w| w.message.clone()).collect();
     if loaded.recipe.engine.kind != EngineKind::Native {
-        let ctx = super::render_context(&loaded.recipe);
+        let ctx = super::serve::setup().render_context(&loaded.recipe, None);
         let rendered =
             launch::render(&loaded.recipe, &ctx).with_context(|| format!("recipe {}", display(file)))?;
         warnings.extend(rendered.warnings.into_iter().map(|w| w.message));

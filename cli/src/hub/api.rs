@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use reqwest::{Client, Response, StatusCode, header};
 use serde::Deserialize;
+use sous_engine::diagnose::{Class, Diagnose};
 
 use super::config::HubConfig;
 
@@ -77,9 +78,13 @@ pub enum HubError {
     },
 }
 
-impl HubError {
-    /// A next step for the user.
-    pub fn hint(&self) -> Option<String> {
+impl Diagnose for HubError {
+    /// The repository, the token, the network or the server: never sous's fault.
+    fn class(&self) -> Class {
+        Class::User
+    }
+
+    fn hint(&self) -> Option<String> {
         match self {
             HubError::RepoNotFound { .. } => Some(
                 "check the repository id; a private repository needs a token (HF_TOKEN or `hf auth login`)".into(),

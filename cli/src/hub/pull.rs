@@ -12,18 +12,24 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
+use sous_engine::diagnose::{Class, Diagnose, user_unless};
+use sous_engine::reporter::Reporter;
+use sous_engine::size::human;
 use tokio::sync::Semaphore;
 
 use super::api::{HubClient, HubError, TreeEntry};
 use super::cache::{Marker, MarkerFile, RepoCache, is_commit};
 use super::download::{self, DownloadError, FileJob};
-use super::progress::{Style, Tracker, human};
+use super::progress::Tracker;
 use super::select::{GlobError, Selection};
 
 /// Files fetched at once.
 const FILES_AT_ONCE: usize = 4;
 /// Ranges of one file fetched at once.
 const RANGES_PER_FILE: usize = 8;
+/// Connections at once over all files, unless the caller says otherwise
+/// (`sous pull --connections`).
+pub const DEFAULT_CONNECTIONS: usize = 16;
 
 /// What to pull.
 #[derive(Debug, Clone)]
@@ -42,8 +48,6 @@ pub struct PullRequest {
     pub offline: bool,
     /// Connections at once, over all files.
     pub connections: usize,
-    /// How to show progress.
-    pub progress: Style,
 }
 
 /// What a pull did (`sous pull --json`).
@@ -132,32 +136,72 @@ impl PullError {
         let path = path.to_path_buf();
         move |source| PullError::Io { action, path, source }
     }
+}
 
-    /// A next step, when there is one.
-    pub fn hint(&self) -> Option<String> {
+/// Whether a local I/O error is sous's fault: not when it is about permissions, a
+/// full disk, a read-only filesystem or a missing path, which the user can fix.
+fn io_is_internal(source: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    !matches!(
+        source.kind(),
+        ErrorKind::PermissionDenied
+            | ErrorKind::StorageFull
+            | ErrorKind::ReadOnlyFilesystem
+            | ErrorKind::NotFound
+    ) && source.raw_os_error() != Some(28)
+}
+
+impl Diagnose for DownloadError {
+    fn class(&self) -> Class {
         match self {
-            PullError::Hub(e) | PullError::Download(DownloadError::Hub(e)) => e.hint(),
-            PullError::Download(DownloadError::Corrupt { .. }) => {
-                Some("the mirror or a proxy served wrong bytes; run the pull again, and check the server if it repeats".into())
-            }
-            PullError::Download(DownloadError::Io { source, .. }) | PullError::Io { source, .. }
-                if source.raw_os_error() == Some(28) =>
-            {
-                Some("the disk is full: free space and run the same command again; finished files are kept".into())
-            }
-            PullError::NothingSelected { .. } => Some("check `--include` / `--exclude`".into()),
-            PullError::DiskFull { .. } => Some("free space, or pull elsewhere with HF_HUB_CACHE or --local-dir".into()),
-            PullError::NotCached { .. } => Some("run the pull once with the network (without --offline / HF_HUB_OFFLINE)".into()),
-            _ => None,
+            DownloadError::Io { source, .. } => user_unless(io_is_internal(source)),
+            DownloadError::Hub(e) => e.class(),
+            _ => Class::User,
         }
     }
 
-    /// Whether sous itself is at fault (exit code 2) rather than the input, the
-    /// network or the machine (exit code 1).
-    pub fn is_internal(&self) -> bool {
-        matches!(self, PullError::Io { source, .. } | PullError::Download(DownloadError::Io { source, .. })
-            if !matches!(source.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::StorageFull | std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::NotFound)
-                && source.raw_os_error() != Some(28))
+    fn hint(&self) -> Option<String> {
+        match self {
+            DownloadError::Hub(e) => e.hint(),
+            DownloadError::Corrupt { .. } => Some(
+                "the mirror or a proxy served wrong bytes; run the pull again, and check the server if it repeats"
+                    .into(),
+            ),
+            DownloadError::Io { source, .. } if source.raw_os_error() == Some(28) => Some(DISK_FULL.into()),
+            _ => None,
+        }
+    }
+}
+
+/// What to do when the disk filled up during a pull.
+const DISK_FULL: &str =
+    "the disk is full: free space and run the same command again; finished files are kept";
+
+impl Diagnose for PullError {
+    /// sous is at fault (exit code 2) only for a local I/O error it cannot explain;
+    /// the input, the network or the machine otherwise (exit code 1).
+    fn class(&self) -> Class {
+        match self {
+            PullError::Io { source, .. } => user_unless(io_is_internal(source)),
+            PullError::Download(e) => e.class(),
+            _ => Class::User,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            PullError::Hub(e) => e.hint(),
+            PullError::Download(e) => e.hint(),
+            PullError::Io { source, .. } if source.raw_os_error() == Some(28) => Some(DISK_FULL.into()),
+            PullError::NothingSelected { .. } => Some("check `--include` / `--exclude`".into()),
+            PullError::DiskFull { .. } => {
+                Some("free space, or pull elsewhere with HF_HUB_CACHE or --local-dir".into())
+            }
+            PullError::NotCached { .. } => {
+                Some("run the pull once with the network (without --offline / HF_HUB_OFFLINE)".into())
+            }
+            _ => None,
+        }
     }
 }
 
@@ -218,8 +262,12 @@ impl Target {
     }
 }
 
-/// Runs a pull.
-pub async fn pull(client: &HubClient, request: &PullRequest) -> Result<PullReport, PullError> {
+/// Runs a pull, reporting its progress to `reporter`.
+pub async fn pull(
+    client: &HubClient,
+    request: &PullRequest,
+    reporter: &dyn Reporter,
+) -> Result<PullReport, PullError> {
     let started = Instant::now();
     let config = client.config();
     let target = match &request.local_dir {
@@ -329,7 +377,7 @@ pub async fn pull(client: &HubClient, request: &PullRequest) -> Result<PullRepor
     let already: u64 = present.iter().map(|f| f.size).sum();
     let cached_files = present.len();
     let cached_bytes = already;
-    let tracker = Tracker::new(request.progress, total, already);
+    let tracker = Tracker::new(reporter, total, already);
     let ticker = tracker.spawn_ticker();
     let connections = Arc::new(Semaphore::new(request.connections.max(1)));
     let files_at_once = Arc::new(Semaphore::new(FILES_AT_ONCE));

@@ -37,6 +37,13 @@ pub struct GlobError {
     source: globset::Error,
 }
 
+impl sous_engine::diagnose::Diagnose for GlobError {
+    /// A glob the user wrote.
+    fn class(&self) -> sous_engine::diagnose::Class {
+        sous_engine::diagnose::Class::User
+    }
+}
+
 /// The selection rules of one pull.
 #[derive(Debug)]
 pub struct Selection {

@@ -7,7 +7,7 @@
 //! hyperparameters, [`tensors`] names, un-permutes and dequantizes, [`tokenizer`]
 //! rebuilds the tokenizer ([`sentencepiece`] for SentencePiece vocabularies),
 //! [`write`] lays the directory out atomically. This module only sequences them and
-//! reports progress through a callback; it never prints.
+//! reports each step to a [`Reporter`]; it never prints.
 
 pub mod config;
 pub mod gguf;
@@ -19,13 +19,15 @@ pub mod write;
 use std::path::PathBuf;
 
 use serde::Serialize;
+use sous_engine::diagnose::{Class, Diagnose, user_unless};
+use sous_engine::reporter::Reporter;
 
 use self::config::LlamaConfig;
 use self::gguf::Gguf;
 use self::write::Staging;
 
 /// The dtype of the written weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     /// bfloat16: what Llama-family checkpoints ship in, half the size of f32.
@@ -68,29 +70,6 @@ pub struct ImportOptions {
     pub max_shard_bytes: u64,
     /// Replace `out` if it exists.
     pub replace: bool,
-}
-
-/// Steps of an import, for progress display.
-#[derive(Debug, Clone)]
-pub enum Progress<'a> {
-    /// The header was read.
-    Opened {
-        /// `general.architecture`.
-        arch: &'a str,
-        /// Tensors in the file.
-        tensors: usize,
-    },
-    /// A shard is about to be written.
-    Shard {
-        /// 1-based index.
-        index: usize,
-        /// Number of shards.
-        count: usize,
-        /// Its file name.
-        file: &'a str,
-        /// Tensor bytes in it.
-        bytes: u64,
-    },
 }
 
 /// What an import produced.
@@ -255,9 +234,20 @@ pub enum ImportError {
     },
 }
 
+impl Diagnose for ImportError {
+    /// Only candle failing on a tensor is sous's fault; the file or the output
+    /// directory otherwise.
+    fn class(&self) -> Class {
+        user_unless(matches!(self, ImportError::Tensor { .. }))
+    }
+
+    fn hint(&self) -> Option<String> {
+        self.hint_text().map(str::to_owned)
+    }
+}
+
 impl ImportError {
-    /// What the user can do about it, when there is an obvious next step.
-    pub fn hint(&self) -> Option<&'static str> {
+    fn hint_text(&self) -> Option<&'static str> {
         match self {
             ImportError::NotGguf { .. } => {
                 Some("pass the .gguf file itself (llama.cpp and Ollama model files)")
@@ -272,19 +262,11 @@ impl ImportError {
             _ => None,
         }
     }
-
-    /// Whether the error is about the user's input or environment (exit code 1) rather
-    /// than a failure of sous itself.
-    pub fn is_user_error(&self) -> bool {
-        !matches!(self, ImportError::Tensor { .. })
-    }
 }
 
-/// Imports a GGUF file. Nothing exists at `options.out` unless this returns `Ok`.
-pub fn import_gguf(
-    options: &ImportOptions,
-    progress: &mut dyn FnMut(Progress<'_>),
-) -> Result<Summary, ImportError> {
+/// Imports a GGUF file, reporting each step to `reporter`. Nothing exists at
+/// `options.out` unless this returns `Ok`.
+pub fn import_gguf(options: &ImportOptions, reporter: &dyn Reporter) -> Result<Summary, ImportError> {
     if options.out.exists() && !options.replace {
         // Checked again when the staging directory is made; this only fails fast.
         return Err(ImportError::OutputExists {
@@ -293,10 +275,14 @@ pub fn import_gguf(
     }
     let mut gguf = Gguf::open(&options.file)?;
     let arch = gguf.string("general.architecture")?.to_owned();
-    progress(Progress::Opened {
-        arch: &arch,
-        tensors: gguf.tensor_names().len(),
-    });
+    reporter.status(
+        "reading",
+        &format!(
+            "{} ({arch}, {} tensors)",
+            options.file.display(),
+            gguf.tensor_names().len()
+        ),
+    );
     let config = LlamaConfig::from_gguf(&gguf)?;
     let planned = tensors::plan(&gguf, &config)?;
     let tok = tokenizer::Rebuilt::from_gguf(&gguf)?;
@@ -319,12 +305,16 @@ pub fn import_gguf(
 
     let shards = write::shard(&planned, options.dtype, options.max_shard_bytes);
     for (i, shard) in shards.iter().enumerate() {
-        progress(Progress::Shard {
-            index: i + 1,
-            count: shards.len(),
-            file: &shard.file,
-            bytes: shard.bytes,
-        });
+        reporter.status(
+            "writing",
+            &format!(
+                "{} ({}/{}, {:.1} MB)",
+                shard.file,
+                i + 1,
+                shards.len(),
+                shard.bytes as f64 / 1e6
+            ),
+        );
         let mut converted = Vec::with_capacity(shard.tensors.len());
         for &t in &shard.tensors {
             let tensor = &planned[t];

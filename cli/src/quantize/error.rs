@@ -3,6 +3,8 @@
 use std::io;
 use std::path::PathBuf;
 
+use sous_engine::diagnose::{Class, Diagnose, user_unless};
+
 /// A quantization that cannot run or finish.
 #[derive(Debug, thiserror::Error)]
 pub enum QuantizeError {
@@ -105,14 +107,13 @@ pub enum QuantizeError {
     },
 }
 
-impl QuantizeError {
-    /// Whether this is sous's fault rather than the input's or the environment's.
-    pub fn is_internal(&self) -> bool {
-        matches!(self, QuantizeError::Bug(_))
+impl Diagnose for QuantizeError {
+    /// Only a bug is sous's fault; the input or the environment otherwise.
+    fn class(&self) -> Class {
+        user_unless(matches!(self, QuantizeError::Bug(_)))
     }
 
-    /// The next step for the user.
-    pub fn hint(&self) -> Option<String> {
+    fn hint(&self) -> Option<String> {
         match self {
             QuantizeError::NeedsCalibration => Some(
                 "use `--scheme nvfp4a16` (FP4 weights, 16-bit activations: no calibration); \

@@ -10,7 +10,7 @@
 //! - `layout`: output shards, offsets and headers, planned up front.
 //! - `write`: the work, window by window, through `sous-kernels`.
 //! - `staging`: the temporary directory, completion marker and final rename.
-//! - `progress`: bars or lines on stderr.
+//! - `progress`: what the work reports to the caller's [`Reporter`].
 //!
 //! Not here: the command line (`commands/quantize.rs`) or the numerics
 //! (`sous-kernels`).
@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sous_engine::recipe::{QuantFormat, QuantScheme};
+use sous_engine::reporter::Reporter;
 
 pub use checkpoint::ModelOptExport;
 pub use error::QuantizeError;
@@ -40,12 +41,18 @@ pub use source::Provenance;
 pub use staging::MARKER;
 pub use write::TensorReport;
 
-use crate::hub::progress::Style;
 use error::io;
 use layout::Layout;
 use select::{Decision, Selector};
 use source::Source;
 use staging::{Marker, Staging};
+
+/// Default largest output shard, as `sous quantize --max-shard-size` and
+/// `sous import gguf --max-shard-size` write it: transformers' default
+/// `max_shard_size` (`5GB`, decimal).
+pub const DEFAULT_MAX_SHARD_SIZE: &str = "5GB";
+/// [`DEFAULT_MAX_SHARD_SIZE`] in bytes, for callers without a flag (the pipeline).
+pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
 
 /// Default largest slice of a tensor mapped at once. `SOUS_QUANTIZE_WINDOW` (bytes)
 /// overrides it, for tests and machines with very little memory.
@@ -74,8 +81,6 @@ pub struct Request {
     pub digests: bool,
     /// Where the weights came from, when the caller knows better than the directory.
     pub provenance: Option<Provenance>,
-    /// Progress on stderr.
-    pub progress: Style,
     /// Largest slice of a tensor mapped at once.
     pub window_bytes: u64,
 }
@@ -130,8 +135,8 @@ pub struct KeptTensor {
     pub reason: String,
 }
 
-/// Runs a quantization, or finds it already done.
-pub fn run(request: &Request) -> Result<Summary, QuantizeError> {
+/// Runs a quantization, or finds it already done, reporting progress to `reporter`.
+pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, QuantizeError> {
     if request.scheme == QuantScheme::Nvfp4 {
         return Err(QuantizeError::NeedsCalibration);
     }
@@ -166,7 +171,7 @@ pub fn run(request: &Request) -> Result<Summary, QuantizeError> {
         &metadata(request, &provenance),
     )?;
     let staging = Staging::create(&request.out)?;
-    let mut progress = progress::Progress::new(request.progress, source.tensors.iter().map(|t| t.len).sum());
+    let mut progress = progress::Progress::new(reporter, source.tensors.iter().map(|t| t.len).sum());
     let options = write::Options {
         window_bytes: request.window_bytes,
         digests: request.digests,
@@ -442,4 +447,17 @@ fn copy_other_files(from: &Path, to: &Path) -> Result<(), QuantizeError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use sous_engine::recipe::ByteSize;
+
+    #[test]
+    fn the_default_shard_size_is_one_size() {
+        assert_eq!(
+            super::DEFAULT_MAX_SHARD_SIZE.parse::<ByteSize>(),
+            Ok(ByteSize(super::DEFAULT_MAX_SHARD_BYTES))
+        );
+    }
 }

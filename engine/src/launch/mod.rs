@@ -13,11 +13,13 @@ mod shell;
 mod trtllm;
 mod vllm;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Serialize, Serializer};
 
+use crate::diagnose::{Class, Diagnose};
 use crate::recipe::{EngineKind, Recipe, Runtime, Warning, closest};
 use crate::version::Version;
 
@@ -95,15 +97,38 @@ impl Launch {
     }
 }
 
-/// Where adapters put the files an engine reads.
+/// What a rendering needs beside the recipe: where the engine's files go, and what
+/// the build step made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderContext {
     /// The instance's state directory (`<state>/<recipe name>`).
     pub instance_dir: PathBuf,
     /// The Hugging Face cache, mounted into containers.
     pub hub_cache: PathBuf,
-    /// The `sous` executable, which runs the native engine's process.
-    pub sous_exe: PathBuf,
+    /// The command that runs the native engine in a process of its own; the path of
+    /// the resolved recipe it serves is appended. Whoever defines that command (the
+    /// `sous` binary) provides it, so the engine crate spells none of its flags.
+    pub native_command: Vec<String>,
+    /// The directory the build step left the served weights in (a quantized
+    /// checkpoint, or the pulled model the native engine loads). `None` renders the
+    /// recipe's model as written, which is what a dry run shows.
+    pub weights: Option<PathBuf>,
+}
+
+/// The recipe as the engine serves it: with [`RenderContext::weights`], its model is
+/// that directory rather than the recipe's repository or path. The caller's recipe is
+/// left as it is.
+pub fn served_recipe<'a>(recipe: &'a Recipe, ctx: &RenderContext) -> Cow<'a, Recipe> {
+    match &ctx.weights {
+        None => Cow::Borrowed(recipe),
+        Some(dir) => {
+            let mut served = recipe.clone();
+            served.model.path = Some(dir.display().to_string());
+            served.model.repo = None;
+            served.model.revision = None;
+            Cow::Owned(served)
+        }
+    }
 }
 
 /// A recipe the chosen engine cannot serve as written. Every variant is the user's to
@@ -146,9 +171,13 @@ pub enum RenderError {
     },
 }
 
-impl RenderError {
-    /// A next step for the user.
-    pub fn hint(&self) -> Option<String> {
+impl Diagnose for RenderError {
+    /// A recipe the engine cannot serve is the author's to fix.
+    fn class(&self) -> Class {
+        Class::User
+    }
+
+    fn hint(&self) -> Option<String> {
         match self {
             RenderError::Unsupported { hint, .. } => hint.clone(),
             RenderError::UnknownValue { value, known, .. } => {
@@ -168,7 +197,9 @@ impl RenderError {
             RenderError::TooOld { .. } => Some("set `engine.version` to a newer release".into()),
         }
     }
+}
 
+impl RenderError {
     /// The recipe key at fault, if any.
     pub fn key(&self) -> Option<&str> {
         match self {
@@ -180,6 +211,7 @@ impl RenderError {
 
 /// Renders the recipe for its engine.
 pub fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, RenderError> {
+    let recipe = &*served_recipe(recipe, ctx);
     let mut launch = match recipe.engine.kind {
         EngineKind::Vllm => vllm::render(recipe)?,
         EngineKind::Sglang => sglang::render(recipe)?,

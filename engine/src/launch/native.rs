@@ -1,9 +1,10 @@
 //! The native engine as a process of its own, so that it runs under the same
 //! supervisor as the other engines (readiness, restarts with backoff, signals, the log
-//! file, `--replace`): `sous serve --engine-process --recipe FILE` serves the model in
-//! that process, from the resolved recipe the supervising `sous serve` writes into the
-//! instance directory. That recipe names the model directory the build step produced,
-//! so the engine process never pulls or quantizes.
+//! file, `--replace`): the command the binary gives as
+//! [`RenderContext::native_command`] (`sous serve --engine-process --recipe`) serves
+//! the model in that process, from the resolved recipe written here into the instance
+//! directory. That recipe names the model directory the build step produced, so the
+//! engine process never pulls or quantizes.
 
 use super::{Arg, Launch, LaunchFile, RenderContext};
 use crate::recipe::{EngineKind, Recipe};
@@ -19,18 +20,16 @@ pub(super) fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, sup
         message: format!("the resolved recipe cannot be written as TOML: {e}"),
         hint: None,
     })?;
-    let argv = [
-        ctx.sous_exe.display().to_string(),
-        "serve".into(),
-        "--engine-process".into(),
-        "--recipe".into(),
-        path.display().to_string(),
-    ];
+    let argv = ctx
+        .native_command
+        .iter()
+        .cloned()
+        .chain([path.display().to_string()]);
     Ok(Launch {
         engine: EngineKind::Native,
         version: env!("CARGO_PKG_VERSION").into(),
         version_assumed: false,
-        argv: argv.into_iter().map(Arg::Lit).collect(),
+        argv: argv.map(Arg::Lit).collect(),
         env: Default::default(),
         files: vec![LaunchFile {
             path,

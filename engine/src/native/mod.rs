@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::DType;
 
+use crate::diagnose::{Class, Diagnose, user_unless};
 use crate::recipe::{ModelDtype, Recipe};
 use config::ModelConfig;
 use metrics::Metrics;
@@ -105,9 +106,12 @@ pub enum NativeError {
     Internal(String),
 }
 
-impl NativeError {
-    /// What the user can do about it.
-    pub fn hint(&self) -> Option<String> {
+impl Diagnose for NativeError {
+    fn class(&self) -> Class {
+        user_unless(matches!(self, NativeError::Candle(_) | NativeError::Internal(_)))
+    }
+
+    fn hint(&self) -> Option<String> {
         match self {
             NativeError::Unsupported { hint, .. } | NativeError::Settings { hint, .. } => Some(hint.clone()),
             NativeError::MissingTensor { .. } => Some(
@@ -116,11 +120,6 @@ impl NativeError {
             NativeError::Bind { .. } => Some("pick another `server.port`, or stop what is using it".into()),
             _ => None,
         }
-    }
-
-    /// Whether this is sous's fault rather than the input's.
-    pub fn is_internal(&self) -> bool {
-        matches!(self, NativeError::Candle(_) | NativeError::Internal(_))
     }
 }
 

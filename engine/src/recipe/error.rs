@@ -9,6 +9,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::diagnose::{Class, Diagnose};
+
 /// Where a recipe value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {
@@ -218,9 +220,20 @@ pub enum RecipeError {
     },
 }
 
+impl Diagnose for RecipeError {
+    /// Every recipe error is the author's to fix.
+    fn class(&self) -> Class {
+        Class::User
+    }
+
+    fn hint(&self) -> Option<String> {
+        self.hint_text().map(str::to_owned)
+    }
+}
+
 impl RecipeError {
     /// A next step for the user, when there is an obvious one.
-    pub fn hint(&self) -> Option<&str> {
+    fn hint_text(&self) -> Option<&str> {
         match self {
             RecipeError::UnknownKey { hint, .. }
             | RecipeError::UnknownVariant { hint, .. }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::bytes::ByteSize;
+use crate::size::ByteSize;
 
 /// A sous recipe: one model, how to build it and how to serve it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

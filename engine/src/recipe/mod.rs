@@ -2,14 +2,13 @@
 //! merged (`load`), and the checked result every other part of sous works from
 //! ([`Recipe`]). Nothing here starts or renders an engine; that is `launch`.
 
-mod bytes;
 mod error;
 mod file;
 mod load;
 mod resolve;
 pub mod schema;
 
-pub use bytes::{ByteSize, ByteSizeError};
+pub use crate::size::{ByteSize, ByteSizeError};
 pub use error::{At, Location, RecipeError, closest};
 pub use file::{
     EngineKind, EngineSection, KvCacheDtype, MemorySection, ModelDtype, ModelSection, QuantFormat,
@@ -22,6 +21,8 @@ pub use resolve::{
 };
 
 use std::path::Path;
+
+use crate::size as bytes;
 
 /// A resolved recipe and what it was built from.
 #[derive(Debug)]

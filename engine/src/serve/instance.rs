@@ -20,6 +20,8 @@ use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+use super::process::terminate;
+use crate::diagnose::{Class, Diagnose};
 use crate::recipe::{EngineKind, Recipe, Runtime};
 
 /// The file name of the record in an instance directory.
@@ -80,6 +82,23 @@ pub enum InstanceError {
     },
 }
 
+impl Diagnose for InstanceError {
+    /// The state directory is the user's (permissions, a full disk, a damaged file).
+    fn class(&self) -> Class {
+        Class::User
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            InstanceError::Corrupt { path, .. } => Some(format!(
+                "remove {} if no `sous serve` of this recipe runs; the next one writes it again",
+                path.display()
+            )),
+            InstanceError::Io { .. } => None,
+        }
+    }
+}
+
 impl InstanceState {
     /// Whether the `sous serve` that wrote this record is still running: its pid exists
     /// and started when the record says.
@@ -115,19 +134,28 @@ impl InstanceState {
             return started.elapsed();
         }
         let sous = Pid::from_raw(self.sous_pid as i32);
-        let _ = kill(sous, Signal::SIGTERM);
-        let deadline = grace + Duration::from_secs(5);
-        while self.alive() && started.elapsed() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if self.alive() {
-            if let Some(engine) = self.engine_pid {
-                let _ = killpg(Pid::from_raw(engine as i32), Signal::SIGKILL);
-            }
-            let _ = kill(sous, Signal::SIGKILL);
-            while self.alive() && started.elapsed() < deadline + Duration::from_secs(5) {
+        let gone = || async {
+            while self.alive() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+        };
+        let killed = terminate(
+            || {
+                let _ = kill(sous, Signal::SIGTERM);
+            },
+            gone(),
+            grace + Duration::from_secs(5),
+            || {
+                if let Some(engine) = self.engine_pid {
+                    let _ = killpg(Pid::from_raw(engine as i32), Signal::SIGKILL);
+                }
+                let _ = kill(sous, Signal::SIGKILL);
+            },
+        )
+        .await
+        .is_none();
+        if killed {
+            let _ = tokio::time::timeout(Duration::from_secs(5), gone()).await;
         }
         started.elapsed()
     }

@@ -1,6 +1,9 @@
 //! One engine process: spawned in its own process group (so a stop reaches the
 //! workers vLLM and SGLang fork), told to die with sous (`PR_SET_PDEATHSIG`), its
 //! output read line by line, and stopped with SIGTERM, a grace period, then SIGKILL.
+//!
+//! [`terminate`] is that stop sequence, the only one in sous: the supervisor stops
+//! its engine with it, and `--replace` stops another `sous serve` with it.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -91,16 +94,26 @@ impl EngineProcess {
     /// SIGTERM to the whole process group, `grace` to exit, then SIGKILL. Returns the
     /// exit code.
     pub async fn stop(&mut self, grace: Duration) -> i32 {
-        if let Some(pgid) = self.pgid {
-            let _ = killpg(Pid::from_raw(pgid), Signal::SIGTERM);
-        }
-        match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(Ok(status)) => {
+        let pgid = self.pgid;
+        let signal = |signal| {
+            if let Some(pgid) = pgid {
+                let _ = killpg(Pid::from_raw(pgid), signal);
+            }
+        };
+        let exited = terminate(
+            || signal(Signal::SIGTERM),
+            self.child.wait(),
+            grace,
+            || signal(Signal::SIGKILL),
+        )
+        .await;
+        match exited {
+            // Workers it forked may outlive it.
+            Some(Ok(status)) => {
                 self.kill_group();
                 exit_code(status)
             }
             _ => {
-                self.kill_group();
                 let _ = self.child.kill().await;
                 self.wait().await
             }
@@ -118,6 +131,25 @@ impl EngineProcess {
 impl Drop for EngineProcess {
     fn drop(&mut self) {
         self.kill_group();
+    }
+}
+
+/// How sous stops a process: `term` (SIGTERM to it or its group), up to `grace` for
+/// `exited` to resolve, then `kill` (SIGKILL). Returns what `exited` gave, or `None`
+/// when the process had to be killed.
+pub(crate) async fn terminate<T>(
+    term: impl FnOnce(),
+    exited: impl std::future::Future<Output = T>,
+    grace: Duration,
+    kill: impl FnOnce(),
+) -> Option<T> {
+    term();
+    match tokio::time::timeout(grace, exited).await {
+        Ok(value) => Some(value),
+        Err(_) => {
+            kill();
+            None
+        }
     }
 }
 

@@ -25,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
+use sous_engine::recipe::DEFAULT_REVISION;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
@@ -103,7 +104,9 @@ async fn route(mirror: &Mirror, method: &Method, uri: &Uri, headers: &HeaderMap)
     let query = uri.query().unwrap_or_default();
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
     match (method, segs.as_slice()) {
-        (&Method::GET, ["api", "models", org, name]) => info(mirror, org, name, "main", query, headers).await,
+        (&Method::GET, ["api", "models", org, name]) => {
+            info(mirror, org, name, DEFAULT_REVISION, query, headers).await
+        }
         (&Method::GET, ["api", "models", org, name, "revision", revision]) => {
             info(mirror, org, name, revision, query, headers).await
         }

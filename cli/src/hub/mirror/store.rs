@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use sha1::Sha1;
 use sha2::Digest;
+use sous_engine::recipe::DEFAULT_REVISION;
 
 /// Extensions the Hub's default `.gitattributes` stores in LFS.
 const LFS_EXTENSIONS: &[&str] = &[
@@ -91,7 +92,7 @@ pub struct RepoIndex {
 impl RepoIndex {
     /// Whether `revision` names this repository's revision.
     pub fn has_revision(&self, revision: &str) -> bool {
-        revision == "main" || revision == self.commit
+        revision == DEFAULT_REVISION || revision == self.commit
     }
 
     /// A file by path.

@@ -1,4 +1,6 @@
-//! Byte sizes in recipes: `15569256448`, `"14.5GiB"`, `"16GB"`.
+//! Byte sizes, the one place sous reads and writes them: as users write them in
+//! recipes and flags (`15569256448`, `"14.5GiB"`, `"16GB"`), exactly, and as progress
+//! and summaries show them ([`human`]: `269.1 MB`), rounded.
 //!
 //! Hand-written rather than taken from a crate because the rules are the recipe's
 //! promise to its readers: decimal (`KB`, `MB`, `GB`, `TB`) and binary (`KiB` ...
@@ -156,6 +158,21 @@ impl fmt::Display for ByteSize {
     }
 }
 
+/// A size for people to read, in decimal units with one or two decimals: `269.1 MB`,
+/// `4.27 GB`. Lossy; never parse it back.
+pub fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.1} kB", b / 1e3)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
 impl Serialize for ByteSize {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_u64(self.0)
@@ -203,6 +220,13 @@ impl JsonSchema for ByteSize {
                 { "type": "string", "pattern": "^\\s*[0-9][0-9_]*(\\.[0-9]+)?\\s*([KMGT]i?B|B)?\\s*$" }
             ]
         })
+    }
+}
+
+impl crate::diagnose::Diagnose for ByteSizeError {
+    /// A size the user wrote.
+    fn class(&self) -> crate::diagnose::Class {
+        crate::diagnose::Class::User
     }
 }
 

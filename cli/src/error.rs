@@ -1,0 +1,61 @@
+//! Which errors sous knows how to diagnose. Every error type of the library and of
+//! `sous-engine` implements [`Diagnose`] next to its definition (its exit class and
+//! hint); [`diagnosis`] finds that implementation for an error met in an `anyhow`
+//! chain, which Rust can only do type by type, so the types are listed once, here.
+//!
+//! A new error type implements [`Diagnose`] and joins the list; the binary's
+//! `failure` module renders what this finds.
+
+use std::error::Error;
+
+pub use sous_engine::diagnose::{Class, Diagnose};
+
+/// The [`Diagnose`] implementation of `cause`, if it is one of sous's error types.
+pub fn diagnosis<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a dyn Diagnose> {
+    macro_rules! known {
+        ($($ty:ty),+ $(,)?) => {
+            $(
+                if let Some(e) = cause.downcast_ref::<$ty>() {
+                    return Some(e);
+                }
+            )+
+        };
+    }
+    known![
+        sous_engine::recipe::RecipeError,
+        sous_engine::launch::RenderError,
+        sous_engine::serve::ServeError,
+        sous_engine::serve::instance::InstanceError,
+        sous_engine::native::NativeError,
+        sous_engine::chat::ChatError,
+        sous_engine::size::ByteSizeError,
+        sous_engine::version::VersionError,
+        crate::pipeline::PipelineError,
+        crate::hub::api::HubError,
+        crate::hub::pull::PullError,
+        crate::hub::download::DownloadError,
+        crate::hub::select::GlobError,
+        crate::quantize::QuantizeError,
+        crate::import::ImportError,
+        crate::bench::logs::LogsError,
+        crate::bench::scrape::ScrapeError,
+    ];
+    None
+}
+
+impl Diagnose for crate::bench::logs::LogsError {
+    fn class(&self) -> Class {
+        sous_engine::diagnose::user_unless(crate::bench::logs::LogsError::is_internal(self))
+    }
+
+    fn hint(&self) -> Option<String> {
+        crate::bench::logs::LogsError::hint(self)
+    }
+}
+
+impl Diagnose for crate::bench::scrape::ScrapeError {
+    /// A flag the user wrote, or servers that gave nothing to analyse.
+    fn class(&self) -> Class {
+        Class::User
+    }
+}

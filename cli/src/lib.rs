@@ -1,0 +1,28 @@
+//! `sous` as a library: everything the `sous` binary does, reachable without the
+//! terminal.
+//!
+//! - [`pipeline`]: a recipe to weights on disk (pull, quantize, up-to-date checks) and
+//!   to a running, ready instance; `serve`, `bench --recipe` and every later command
+//!   go through it.
+//! - [`hub`]: the Hugging Face Hub: a resumable, verified downloader into the shared
+//!   cache, and a local read-only mirror.
+//! - [`quantize`]: safetensors in, an NVFP4 checkpoint out (compressed-tensors or
+//!   ModelOpt layout).
+//! - [`import`]: a GGUF file to a Hugging Face model directory.
+//! - [`bench`]: workloads against an OpenAI-compatible server, `/metrics` scrapes and
+//!   vLLM log analysis, with reports as tables, JSON, CSV and SVG.
+//! - [`error`]: what class of failure each error is (the user's or sous's) and what
+//!   to do about it.
+//!
+//! The recipe model, the engine adapters, the supervisor and the native engine live in
+//! `sous-engine`; the NVFP4 numerics in `sous-kernels`. Nothing here prints: operations
+//! report through [`sous_engine::reporter::Reporter`], which the binary draws.
+
+pub mod bench;
+pub mod error;
+pub mod hub;
+pub mod import;
+pub mod pipeline;
+pub mod quantize;
+
+pub use sous_engine as engine;

@@ -1,0 +1,103 @@
+//! The start step: an instance of a built recipe, supervised, with `--replace`'s
+//! rules for an instance of the same recipe that already runs (unchanged and
+//! healthy: nothing to do; otherwise the new one starts beside the old one, or after
+//! it when both cannot run at once, which is said).
+
+use std::sync::Arc;
+
+use sous_engine::recipe::Recipe;
+use sous_engine::reporter::Reporter;
+use sous_engine::serve::{Instance, InstanceState, instance};
+
+use super::{Built, PipelineError, Setup};
+
+/// What [`start`] did.
+pub enum Started {
+    /// The running instance already serves this recipe and is healthy: nothing was
+    /// started.
+    Unchanged(InstanceState),
+    /// A new instance is starting; [`Instance::ready`] waits for it.
+    Running(Instance),
+}
+
+/// The instance of `recipe` that runs now, if any. Without `replace` a running one is
+/// an error, found before the build so that nothing is pulled for a recipe that
+/// cannot be served.
+pub fn running(
+    recipe: &Recipe,
+    setup: &Setup,
+    replace: bool,
+    reporter: &dyn Reporter,
+) -> Result<Option<InstanceState>, PipelineError> {
+    match instance::read_live(&setup.instance_dir(recipe))? {
+        Some(old) if !replace => Err(PipelineError::AlreadyServed {
+            name: recipe.name.clone(),
+            pid: old.sous_pid,
+            url: old.url,
+        }),
+        None if replace => {
+            reporter.status(
+                "replace",
+                &format!("no instance of `{}` is running; starting one", recipe.name),
+            );
+            Ok(None)
+        }
+        found => Ok(found),
+    }
+}
+
+/// Starts `built` under a supervisor on the current tokio runtime. `running` is what
+/// [`running`] found: it is left alone when it serves this very recipe and is
+/// healthy, replaced otherwise.
+pub async fn start(
+    built: &Built,
+    setup: &Setup,
+    running: Option<InstanceState>,
+    reporter: Arc<dyn Reporter>,
+) -> Result<Started, PipelineError> {
+    let recipe = &built.recipe;
+    let hash = built.hash(setup)?;
+    let replacing = match running {
+        None => None,
+        Some(old) => {
+            if old.recipe_hash == hash && old.healthy().await {
+                reporter.status(
+                    "unchanged",
+                    &format!(
+                        "`{}` already serves this recipe at {} (sous pid {}); nothing to do",
+                        recipe.name, old.url, old.sous_pid
+                    ),
+                );
+                return Ok(Started::Unchanged(old));
+            }
+            match instance::can_overlap(&old, recipe) {
+                Ok(()) => {
+                    reporter.status(
+                        "replacing",
+                        &format!(
+                            "`{}` (sous pid {} at {}): the new instance starts beside it, the old one stops once the new one is ready",
+                            recipe.name, old.sous_pid, old.url
+                        ),
+                    );
+                    Some(old)
+                }
+                Err(why) => {
+                    reporter.warn(&format!(
+                        "stopping the running instance (sous pid {}) before starting the new one: {why}; {} does not answer until the new one is ready",
+                        old.sous_pid, old.url
+                    ));
+                    let took = old.stop(old.grace()).await;
+                    reporter.status(
+                        "stopped",
+                        &format!("the old instance in {:.1} s", took.as_secs_f64()),
+                    );
+                    None
+                }
+            }
+        }
+    };
+    let ctx = built.render_context(setup);
+    Ok(Started::Running(Instance::start(
+        recipe, &ctx, &hash, replacing, reporter,
+    )))
+}

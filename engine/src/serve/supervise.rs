@@ -1,0 +1,328 @@
+//! The supervisor of one instance: launch exactly the rendered command, wait for
+//! readiness, fall back to a lower memory fraction when the engine dies of OOM at
+//! start-up, record the instance and stop the one it replaces once ready, restart the
+//! engine with backoff when it crashes later, and stop it (and everything it forked)
+//! when asked.
+//!
+//! It runs as a task of its own; [`super::Instance`] is its handle. What it does is
+//! told through the [`Reporter`].
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::error::ServeError;
+use super::instance::{self, InstanceState};
+use super::logscan::{self, Capacity};
+use super::process;
+use super::ready::wait_ready;
+use super::{Launched, Ready};
+use crate::launch::{self, Arg, Launch};
+use crate::recipe::{EngineKind, RESTART_WINDOW};
+use crate::reporter::Reporter;
+
+/// Runs the instance until `stop` fires (or its sender is dropped) or the engine
+/// crashes too often. `ready` is told once, when the engine first answers.
+pub(super) async fn supervise(
+    job: Launched,
+    mut stop: oneshot::Receiver<()>,
+    ready: oneshot::Sender<Ready>,
+) -> Result<(), ServeError> {
+    let Launched {
+        recipe,
+        ctx,
+        recipe_hash,
+        replacing,
+        reporter,
+    } = job;
+    let mut ready = Some(ready);
+    let mut replacing = replacing;
+    // What the engine is given: the built weights when there are some.
+    let served = launch::served_recipe(&recipe, &ctx).into_owned();
+    let sharing = replacing
+        .as_ref()
+        .is_some_and(|old| old.port == Some(recipe.server.port));
+    let (host, port) = (recipe.server.connect_host(), recipe.server.port);
+    // vLLM and the native engine bind with SO_REUSEPORT: a second server on a port in
+    // use would start and share its connections instead of failing.
+    if !sharing
+        && let Ok(Ok(_)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::net::TcpStream::connect((host, port)),
+        )
+        .await
+    {
+        return Err(ServeError::PortInUse(port));
+    }
+    let io = |action: &'static str, path: PathBuf| move |source| ServeError::Io { action, path, source };
+    std::fs::create_dir_all(&ctx.instance_dir).map_err(io("creating", ctx.instance_dir.clone()))?;
+    let log_path = ctx.instance_dir.join("engine.log");
+    let prefix = recipe.engine.kind.as_str();
+    let fractions: Vec<Option<f64>> = std::iter::once(recipe.memory.gpu_utilization)
+        .chain(recipe.memory.oom_fallback.iter().copied().map(Some))
+        .collect();
+    let mut fraction = 0;
+    let mut attempt = 0;
+    let mut crashes: VecDeque<Instant> = VecDeque::new();
+    loop {
+        attempt += 1;
+        let utilization = fractions[fraction];
+        let mut current = recipe.clone();
+        current.memory.gpu_utilization = utilization;
+        let launch = launch::render(&current, &ctx)?;
+        write_files(&launch)?;
+        let (argv, env) = resolve(&launch)?;
+        let at = utilization.map_or(String::new(), |u| format!(" at memory fraction {u}"));
+        let again = if attempt > 1 {
+            format!(" (attempt {attempt})")
+        } else {
+            String::new()
+        };
+        reporter.status(
+            "starting",
+            &format!("{prefix}{at}{again}; log: {}", log_path.display()),
+        );
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut engine = process::spawn(&argv, &env, tx).map_err(|source| ServeError::Spawn {
+            program: argv.first().cloned().unwrap_or_default(),
+            source,
+        })?;
+        let watch = Arc::new(Mutex::new(Watch::default()));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io("opening", log_path.clone()))?;
+        let pump = tokio::spawn(pump(rx, log, recipe.engine.kind, watch.clone(), reporter.clone()));
+        let started = Instant::now();
+        // While the old instance listens on the same port, a request there may reach
+        // either: readiness also needs the new engine's own listening socket.
+        let own_group = (sharing && replacing.is_some()).then(|| engine.pgid()).flatten();
+
+        // Start-up: ready, dead, too slow, or asked to stop.
+        let came_up = tokio::select! {
+            code = engine.wait() => Err(code),
+            url = wait_ready(&served, own_group) => Ok(url),
+            _ = tokio::time::sleep(recipe.server.startup_timeout) => {
+                engine.stop(recipe.server.stop_grace).await;
+                return Err(ServeError::StartupTimeout(recipe.server.startup_timeout));
+            }
+            _ = &mut stop => {
+                stopping(reporter.as_ref(), recipe.server.stop_grace);
+                engine.stop(recipe.server.stop_grace).await;
+                return Ok(());
+            }
+        };
+        match came_up {
+            Err(code) => {
+                let _ = pump.await;
+                let seen = watch.lock().map(|w| w.clone()).unwrap_or_default();
+                // The native engine's start-up refusals carry their own numbers and
+                // hint; only a configured fallback list makes them a retry.
+                let fallback =
+                    recipe.engine.kind != EngineKind::Native || !recipe.memory.oom_fallback.is_empty();
+                if let Some(message) = seen.oom.filter(|_| fallback) {
+                    if fraction + 1 < fractions.len() {
+                        fraction += 1;
+                        if let Some(next) = fractions[fraction] {
+                            reporter.warn(&format!(
+                                "the engine ran out of memory at start-up{}; retrying with `memory.gpu_utilization = {next}`",
+                                utilization.map_or(String::new(), |f| format!(" with memory fraction {f}"))
+                            ));
+                        }
+                        continue;
+                    }
+                    let tried = fractions
+                        .iter()
+                        .map(|f| f.map_or("the engine's default".to_owned(), |f| f.to_string()))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    return Err(ServeError::OomExhausted { tried, message });
+                }
+                return Err(ServeError::ExitedEarly {
+                    code,
+                    tail: seen.tail.iter().cloned().collect::<Vec<_>>().join("\n"),
+                });
+            }
+            Ok(url) => {
+                let capacity = watch.lock().ok().and_then(|w| w.capacity.clone());
+                let seconds = started.elapsed().as_secs_f64();
+                reporter.status(
+                    "ready",
+                    &ready_line(&url, seconds, utilization, capacity.as_ref()),
+                );
+                let state = InstanceState {
+                    name: recipe.name.clone(),
+                    sous_pid: std::process::id(),
+                    sous_started: instance::process_start(std::process::id()),
+                    engine_pid: engine.pid(),
+                    engine: Some(recipe.engine.kind),
+                    runtime: Some(recipe.engine.runtime),
+                    port: Some(recipe.server.port),
+                    url: url.clone(),
+                    recipe_hash: recipe_hash.clone(),
+                    utilization,
+                    stop_grace_ms: Some(recipe.server.stop_grace.as_millis() as u64),
+                };
+                instance::write(&ctx.instance_dir, &state)?;
+                if let Some(old) = replacing.take() {
+                    let took = old.stop(old.grace()).await;
+                    reporter.status(
+                        "replaced",
+                        &format!(
+                            "the previous instance (sous pid {}) stopped {:.1} s after this one was ready",
+                            old.sous_pid,
+                            took.as_secs_f64()
+                        ),
+                    );
+                }
+                if let Some(tell) = ready.take() {
+                    let _ = tell.send(Ready {
+                        url,
+                        seconds,
+                        utilization,
+                        capacity,
+                    });
+                }
+            }
+        }
+
+        // Serving: until it crashes or the instance is asked to stop.
+        let code = tokio::select! {
+            code = engine.wait() => code,
+            _ = &mut stop => {
+                stopping(reporter.as_ref(), recipe.server.stop_grace);
+                engine.stop(recipe.server.stop_grace).await;
+                instance::remove_own(&ctx.instance_dir);
+                return Ok(());
+            }
+        };
+        engine.kill_group();
+        let _ = pump.await;
+        instance::remove_own(&ctx.instance_dir);
+        let now = Instant::now();
+        crashes.push_back(now);
+        while crashes
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > RESTART_WINDOW)
+        {
+            crashes.pop_front();
+        }
+        let used = crashes.len() as u32;
+        if used > recipe.engine.restarts {
+            return Err(ServeError::GaveUp {
+                restarts: recipe.engine.restarts,
+                code,
+                log: log_path,
+            });
+        }
+        let after = Duration::from_secs(1 << (used - 1).min(6));
+        reporter.warn(&format!(
+            "the engine exited with code {code}; restarting in {} s ({} restarts left)",
+            after.as_secs(),
+            recipe.engine.restarts - used
+        ));
+        tokio::select! {
+            _ = tokio::time::sleep(after) => {}
+            _ = &mut stop => {
+                reporter.status("stopping", "before the engine's restart");
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn stopping(reporter: &dyn Reporter, grace: Duration) {
+    reporter.status(
+        "stopping",
+        &format!(
+            "the engine: SIGTERM, then SIGKILL if it is still running after {} s",
+            grace.as_secs_f64()
+        ),
+    );
+}
+
+/// `http://… after 12.3 s, memory fraction 0.9, KV cache 450000 tokens, max concurrency 54.93x`.
+fn ready_line(url: &str, seconds: f64, utilization: Option<f64>, capacity: Option<&Capacity>) -> String {
+    let fraction = utilization.map_or(String::new(), |u| format!(", memory fraction {u}"));
+    let kv = capacity.map_or(String::new(), |c| {
+        let concurrency = c
+            .max_concurrency
+            .map_or(String::new(), |x| format!(", max concurrency {x}x"));
+        format!(", KV cache {} tokens{concurrency}", c.tokens)
+    });
+    format!("{url} after {seconds:.1} s{fraction}{kv}")
+}
+
+/// What the output has shown so far.
+#[derive(Debug, Clone, Default)]
+struct Watch {
+    oom: Option<String>,
+    capacity: Option<Capacity>,
+    tail: VecDeque<String>,
+}
+
+async fn pump(
+    mut rx: mpsc::UnboundedReceiver<String>,
+    mut log: std::fs::File,
+    kind: EngineKind,
+    watch: Arc<Mutex<Watch>>,
+    reporter: Arc<dyn Reporter>,
+) {
+    use std::io::Write;
+    while let Some(line) = rx.recv().await {
+        let _ = writeln!(log, "{line}");
+        if let Ok(mut w) = watch.lock() {
+            if w.oom.is_none() && logscan::is_oom(&line) {
+                w.oom = Some(line.trim().to_owned());
+            }
+            if let Some(c) = logscan::capacity(kind, &line) {
+                w.capacity = Some(c);
+            }
+            w.tail.push_back(line.clone());
+            if w.tail.len() > 20 {
+                w.tail.pop_front();
+            }
+        }
+        reporter.output(Some(kind.as_str()), &line);
+    }
+}
+
+fn write_files(launch: &Launch) -> Result<(), ServeError> {
+    for file in &launch.files {
+        if let Some(dir) = file.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| ServeError::Io {
+                action: "creating",
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        std::fs::write(&file.path, &file.contents).map_err(|source| ServeError::Io {
+            action: "writing",
+            path: file.path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Environment variables for a process.
+type EnvPairs = Vec<(String, String)>;
+
+/// The argv and environment with secrets read from sous's environment.
+fn resolve(launch: &Launch) -> Result<(Vec<String>, EnvPairs), ServeError> {
+    let value = |arg: &Arg| match arg {
+        Arg::Lit(s) => Ok(s.clone()),
+        Arg::FromEnv(var) => std::env::var(var).map_err(|_| ServeError::MissingEnv(var.clone())),
+    };
+    let argv = launch.argv.iter().map(value).collect::<Result<_, _>>()?;
+    let env = launch
+        .env
+        .iter()
+        .map(|(k, v)| value(v).map(|v| (k.clone(), v)))
+        .collect::<Result<_, _>>()?;
+    Ok((argv, env))
+}
