@@ -1,0 +1,264 @@
+//! One file from the Hub: parallel ranged GETs written at their offsets into a
+//! preallocated `.incomplete` file, resumable after a kill, verified before it is
+//! moved into place.
+//!
+//! Resume state is an append-only log beside the partial file (`<file>.state`), one
+//! line `chunk offset` per megabyte written, so a killed pull loses at most the last
+//! megabyte of each range in flight: less than one chunk per file. The Hub's own
+//! clients cannot resume across processes: huggingface_hub (since 1.18; see
+//! `_download_to_tmp_and_move` in `src/huggingface_hub/file_download.py`, 2.4.0)
+//! downloads into a partial file with a fresh random name and deletes it on failure,
+//! and hf-hub 1.0 starts an interrupted file again from its first byte
+//! (huggingface/hf-hub issue #196). Ollama keeps per-part state the way we do
+//! (`server/download.go`).
+//!
+//! Verification: the sha256 (LFS files) or the git blob sha1 (others) of the whole
+//! file against the etag the Hub announced, computed by a thread that follows the
+//! ranges in file order as they complete (reading back from the page cache), so the
+//! hash is ready moments after the last byte arrives. A mismatch deletes the partial
+//! file and its state, so bad bytes never reach `blobs/` or `snapshots/`. Like
+//! huggingface_hub, the file is not fsynced: a torn write after a power cut fails the
+//! hash on the next pull instead.
+//!
+//! This file holds the job, its errors and [`fetch`], which prepares the partial
+//! file, runs the ranges and verifies the result; `ranges` is the fetch loop, `state`
+//! the resume log and `hash` the hashing.
+
+mod hash;
+mod ranges;
+mod state;
+
+pub use hash::hash_file;
+use hash::{Chunks, hash_in_order};
+use ranges::fetch_ranges;
+use state::read_state;
+
+use std::collections::HashMap;
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
+
+use super::api::{HubClient, HubError};
+
+/// Size of one ranged request.
+pub const CHUNK: u64 = 16 << 20;
+
+/// A file to fetch.
+#[derive(Debug, Clone)]
+pub struct FileJob {
+    /// Repository id (for messages).
+    pub repo: String,
+    /// Commit (for messages).
+    pub commit: String,
+    /// Path in the repository.
+    pub path: String,
+    /// The `resolve` URL.
+    pub url: String,
+    /// Expected size.
+    pub size: u64,
+    /// Expected sha256 (LFS) or git blob sha1, hex.
+    pub etag: String,
+    /// Whether `etag` is a sha256.
+    pub lfs: bool,
+    /// Where the verified file goes.
+    pub dest: PathBuf,
+}
+
+impl FileJob {
+    /// The partial file.
+    pub fn partial(&self) -> PathBuf {
+        with_suffix(&self.dest, ".sous.incomplete")
+    }
+
+    /// The resume log.
+    pub fn state(&self) -> PathBuf {
+        with_suffix(&self.dest, ".sous.state")
+    }
+
+    fn chunks(&self) -> u64 {
+        self.size.div_ceil(CHUNK).max(1)
+    }
+
+    fn chunk_range(&self, index: u64) -> (u64, u64) {
+        let start = index * CHUNK;
+        (start, ((index + 1) * CHUNK).min(self.size))
+    }
+
+    /// Bytes already on disk from an earlier, interrupted pull.
+    pub fn resumable_bytes(&self) -> u64 {
+        if !self.partial().exists() {
+            return 0;
+        }
+        read_state(&self.state())
+            .iter()
+            .map(|(index, done)| {
+                let (start, end) = self.chunk_range(*index);
+                (*done).min(end - start)
+            })
+            .sum()
+    }
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(suffix);
+    path.with_file_name(name)
+}
+
+/// Why a file could not be fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadError {
+    /// The Hub or the network failed.
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    /// The bytes received do not hash to what the Hub announced.
+    #[error(
+        "`{path}` of `{repo}` is corrupt: expected {algorithm} {expected}, got {actual}; the partial file was deleted"
+    )]
+    Corrupt {
+        /// Repository.
+        repo: String,
+        /// File.
+        path: String,
+        /// `sha256` or `git sha1`.
+        algorithm: &'static str,
+        /// Announced.
+        expected: String,
+        /// Received.
+        actual: String,
+    },
+    /// A local file could not be written or read.
+    #[error("{action} `{}`", path.display())]
+    Io {
+        /// What sous was doing.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+impl DownloadError {
+    fn io(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> DownloadError + use<> {
+        let path = path.to_path_buf();
+        move |source| DownloadError::Io { action, path, source }
+    }
+}
+
+/// What a finished download did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fetched {
+    /// Bytes received over the network in this run.
+    pub downloaded: u64,
+    /// Bytes kept from an interrupted run.
+    pub resumed: u64,
+}
+
+/// Fetches `job` into `job.dest`, using at most `per_file` ranges at once and taking a
+/// permit from `connections` for each. `progress` counts bytes on disk for this file.
+pub async fn fetch(
+    client: &HubClient,
+    job: &FileJob,
+    per_file: usize,
+    connections: Arc<Semaphore>,
+    progress: Arc<AtomicU64>,
+) -> Result<Fetched, DownloadError> {
+    let partial = job.partial();
+    let state_path = job.state();
+    if let Some(dir) = partial.parent() {
+        fs::create_dir_all(dir).map_err(DownloadError::io("creating", dir))?;
+    }
+    // Resume only when both the data and its log are there and the sizes agree.
+    let mut done: HashMap<u64, u64> = HashMap::new();
+    let resuming = partial.metadata().map(|m| m.len() == job.size).unwrap_or(false);
+    if resuming {
+        done = read_state(&state_path);
+    } else {
+        let _ = fs::remove_file(&state_path);
+    }
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&partial)
+        .map_err(DownloadError::io("creating", &partial))?;
+    file.set_len(job.size)
+        .map_err(DownloadError::io("allocating", &partial))?;
+    let file = Arc::new(file);
+    let log = Arc::new(Mutex::new(
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&state_path)
+            .map_err(DownloadError::io("creating", &state_path))?,
+    ));
+
+    let mut resumed = 0;
+    let mut pending = Vec::new();
+    let chunks = Arc::new(Chunks::new(job.chunks() as usize));
+    for index in 0..job.chunks() {
+        let (start, end) = job.chunk_range(index);
+        let have = done.get(&index).copied().unwrap_or(0).min(end - start);
+        resumed += have;
+        if start + have < end || job.size == 0 {
+            pending.push((index, start + have, end));
+        } else {
+            chunks.complete(index as usize);
+        }
+    }
+    progress.store(resumed, Ordering::Relaxed);
+    let hasher = {
+        let (chunks, path, lfs, size) = (chunks.clone(), partial.clone(), job.lfs, job.size);
+        tokio::task::spawn_blocking(move || hash_in_order(&path, lfs, size, &chunks))
+    };
+    let result = fetch_ranges(
+        client,
+        job,
+        per_file,
+        connections,
+        pending,
+        &file,
+        &log,
+        &progress,
+        &chunks,
+    )
+    .await;
+    if result.is_err() {
+        chunks.cancel();
+    }
+    let hashed = hasher.await.map_err(|e| join_error(partial.clone(), e))?;
+    result?;
+    drop(file);
+    let actual = hashed.map_err(DownloadError::io("reading back", &partial))?;
+    if actual != job.etag {
+        let _ = fs::remove_file(&partial);
+        let _ = fs::remove_file(&state_path);
+        return Err(DownloadError::Corrupt {
+            repo: job.repo.clone(),
+            path: job.path.clone(),
+            algorithm: if job.lfs { "sha256" } else { "git sha1" },
+            expected: job.etag.clone(),
+            actual,
+        });
+    }
+    fs::rename(&partial, &job.dest).map_err(DownloadError::io("moving into place", &job.dest))?;
+    let _ = fs::remove_file(&state_path);
+    Ok(Fetched {
+        downloaded: job.size - resumed,
+        resumed,
+    })
+}
+
+fn join_error(path: PathBuf, e: tokio::task::JoinError) -> DownloadError {
+    DownloadError::Io {
+        action: "downloading",
+        path,
+        source: io::Error::other(e.to_string()),
+    }
+}

@@ -1,0 +1,92 @@
+//! The recipe's memory settings: the accelerator fraction, the lower fractions to
+//! fall back to after an out-of-memory start, and the KV-cache type and budgets in
+//! bytes. How an engine spells them is its adapter's concern (`launch/`).
+
+use crate::recipe::{At, KvCacheDtype, MemorySection, Provenance, RecipeError};
+
+use super::Invalid;
+
+/// Memory settings, in bytes where sizes are involved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Memory {
+    /// Fraction of accelerator memory.
+    pub gpu_utilization: Option<f64>,
+    /// Fallback fractions after an OOM at start-up.
+    pub oom_fallback: Vec<f64>,
+    /// KV-cache type.
+    pub kv_cache_dtype: Option<KvCacheDtype>,
+    /// Fixed KV budget per GPU.
+    pub kv_cache_bytes: Option<u64>,
+    /// Host RAM for KV offload.
+    pub kv_offload_bytes: Option<u64>,
+}
+
+pub(super) fn resolve_memory(
+    raw: MemorySection,
+    provenance: &Provenance,
+    invalid: &Invalid<'_>,
+) -> Result<Memory, RecipeError> {
+    let fraction_ok = |f: f64| f > 0.0 && f <= 1.0;
+    if let Some(u) = raw.gpu_utilization
+        && !fraction_ok(u)
+    {
+        return Err(invalid(
+            &["memory", "gpu_utilization"],
+            format!("{u} is outside (0, 1]"),
+            Some("it is a fraction of the GPU's memory: 0.9 means 90 %"),
+        ));
+    }
+    let mut previous = raw.gpu_utilization;
+    for (i, &f) in raw.oom_fallback.iter().enumerate() {
+        if !fraction_ok(f) {
+            return Err(invalid(
+                &["memory", "oom_fallback"],
+                format!("{f} is outside (0, 1]"),
+                None,
+            ));
+        }
+        match previous {
+            None => {
+                return Err(RecipeError::Conflict {
+                    message: "`memory.oom_fallback` lowers `memory.gpu_utilization`, which is not set".into(),
+                    at: At::from(provenance.locate(&["memory", "oom_fallback"], false)),
+                    hint: Some("set `memory.gpu_utilization` to the value to try first".into()),
+                });
+            }
+            Some(p) if f >= p => {
+                let what = if i == 0 {
+                    "`memory.gpu_utilization`".to_owned()
+                } else {
+                    "the value before it".to_owned()
+                };
+                return Err(invalid(
+                    &["memory", "oom_fallback"],
+                    format!("{f} is not below {what} ({p}): a fallback must ask for less memory"),
+                    None,
+                ));
+            }
+            Some(_) => previous = Some(f),
+        }
+    }
+    if raw.kv_cache_bytes.is_some() && !raw.oom_fallback.is_empty() {
+        return Err(RecipeError::Conflict {
+            message: "`memory.kv_cache_bytes` fixes the KV budget, so the utilization values in `memory.oom_fallback` would change nothing".into(),
+            at: At::from(provenance.locate(&["memory", "oom_fallback"], false)),
+            hint: Some("drop `memory.oom_fallback`, or drop `memory.kv_cache_bytes` and size the cache with `memory.gpu_utilization`".into()),
+        });
+    }
+    if raw.kv_cache_bytes.is_some_and(|b| b.bytes() == 0) {
+        return Err(invalid(
+            &["memory", "kv_cache_bytes"],
+            "a KV budget of 0 bytes holds no token".into(),
+            None,
+        ));
+    }
+    Ok(Memory {
+        gpu_utilization: raw.gpu_utilization,
+        oom_fallback: raw.oom_fallback,
+        kv_cache_dtype: raw.kv_cache_dtype,
+        kv_cache_bytes: raw.kv_cache_bytes.map(|b| b.bytes()),
+        kv_offload_bytes: raw.kv_offload_bytes.map(|b| b.bytes()),
+    })
+}

@@ -1,0 +1,119 @@
+//! The recipe's model: where the weights are (a Hub repository at a revision, or a
+//! local directory), the name clients use, and the optional build step that quantizes
+//! them first. Whether the engine can load them is the adapters' concern (`launch/`).
+
+use std::path::Path;
+
+use crate::recipe::{ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeError};
+
+use super::Invalid;
+
+/// Default `model.revision`.
+pub const DEFAULT_REVISION: &str = "main";
+
+/// Where the weights are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Model {
+    /// Hub repository id.
+    pub repo: Option<String>,
+    /// Revision of `repo` (default `main`).
+    pub revision: Option<String>,
+    /// Local directory.
+    pub path: Option<String>,
+    /// Name clients use.
+    pub served_name: String,
+}
+
+impl Model {
+    /// What the engine is given: the local path if there is one, else the repository id.
+    pub fn engine_arg(&self) -> &str {
+        self.path.as_deref().or(self.repo.as_deref()).unwrap_or_default()
+    }
+}
+
+/// The build step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quantize {
+    /// Scheme.
+    pub scheme: QuantScheme,
+    /// Format.
+    pub format: QuantFormat,
+    /// Extra modules kept unquantized.
+    pub ignore: Vec<String>,
+}
+
+pub(super) fn resolve_model(raw: ModelSection, invalid: &Invalid<'_>) -> Result<Model, RecipeError> {
+    if raw.repo.is_none() && raw.path.is_none() {
+        return Err(RecipeError::Missing {
+            key: "model.repo".into(),
+            message: "the recipe names no model".into(),
+            hint: Some("set `model.repo = \"org/name\"` (a Hub repository) or `model.path = \"/models/x\"` (a local directory)".into()),
+        });
+    }
+    if let Some(repo) = &raw.repo {
+        let valid_part = |p: &str| {
+            !p.is_empty()
+                && !p.starts_with(['.', '-'])
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        };
+        let parts: Vec<&str> = repo.split('/').collect();
+        if parts.len() > 2 || !parts.iter().all(|p| valid_part(p)) {
+            return Err(invalid(
+                &["model", "repo"],
+                format!("`{repo}` is not a Hub repository id"),
+                Some("write `org/name`, e.g. `Qwen/Qwen3.8-27B`; for a local directory use `model.path`"),
+            ));
+        }
+    }
+    if raw.revision.is_some() && raw.repo.is_none() {
+        return Err(invalid(
+            &["model", "revision"],
+            "a revision needs `model.repo`: a local `model.path` has no revisions".into(),
+            None,
+        ));
+    }
+    if let Some(path) = &raw.path
+        && path.trim().is_empty()
+    {
+        return Err(invalid(&["model", "path"], "the path is empty".into(), None));
+    }
+    let served_name = match raw.served_name {
+        Some(name) if name.trim().is_empty() => {
+            return Err(invalid(
+                &["model", "served_name"],
+                "the name is empty".into(),
+                None,
+            ));
+        }
+        Some(name) => name,
+        None => match (&raw.repo, &raw.path) {
+            (Some(repo), _) => repo.clone(),
+            (None, Some(path)) => Path::new(path)
+                .file_name()
+                .map_or_else(|| path.clone(), |n| n.to_string_lossy().into_owned()),
+            (None, None) => String::new(),
+        },
+    };
+    let revision = raw
+        .repo
+        .as_ref()
+        .map(|_| raw.revision.unwrap_or_else(|| DEFAULT_REVISION.to_owned()));
+    Ok(Model {
+        repo: raw.repo,
+        revision,
+        path: raw.path,
+        served_name,
+    })
+}
+
+pub(super) fn resolve_quantize(raw: QuantizeSection) -> Result<Quantize, String> {
+    let scheme = raw
+        .scheme
+        .ok_or_else(|| "`[quantize]` needs a `scheme`: `nvfp4a16` or `nvfp4`".to_owned())?;
+    Ok(Quantize {
+        scheme,
+        format: raw.format.unwrap_or(QuantFormat::CompressedTensors),
+        ignore: raw.ignore,
+    })
+}

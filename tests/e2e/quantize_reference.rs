@@ -1,0 +1,284 @@
+//! `sous quantize` on the SmolLM2 test model, byte for byte against the reference
+//! tools: llm-compressor's compressed-tensors output and ModelOpt's CPU export (digest
+//! fixtures made by scripts/reference/nvfp4_reference.py), and the ModelOpt format's
+//! default scales recomputed from the source weights as ModelOpt's GPU export does.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use sous_kernels::{Dtype, Flavor, Matrix, TensorScale, fast};
+
+use crate::quantize_util::{json, path, quantize, sha256};
+use crate::util::{root, smollm2};
+
+/// One tensor of a safetensors file, as stored.
+struct Stored {
+    dtype: String,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+/// Every tensor of every `*.safetensors` file in `dir`, and each file's metadata.
+fn read_tensors(dir: &Path) -> (BTreeMap<String, Stored>, Vec<BTreeMap<String, String>>) {
+    let mut tensors = BTreeMap::new();
+    let mut metadata = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    for path in files {
+        let bytes = std::fs::read(&path).expect("read shard");
+        // The safetensors crate validates the header and the offsets.
+        let parsed = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("metadata");
+        metadata.push(meta.metadata().clone().unwrap_or_default().into_iter().collect());
+        for (name, view) in parsed.tensors() {
+            tensors.insert(
+                name,
+                Stored {
+                    dtype: format!("{:?}", view.dtype()),
+                    shape: view.shape().to_vec(),
+                    data: view.data().to_vec(),
+                },
+            );
+        }
+    }
+    (tensors, metadata)
+}
+
+#[test]
+fn smollm2_is_bit_identical_to_llm_compressor() {
+    let Some(model) = smollm2() else { return };
+    let fixture = fixture("smollm2-135m-instruct.llmcompressor.json", &model);
+    let out = tempfile::tempdir().expect("tempdir");
+    let target = out.path().join("smollm2-nvfp4a16");
+    let (code, stdout, stderr) = quantize(
+        &[
+            path(&model),
+            "--out",
+            path(&target),
+            "--json",
+            "--digests",
+            "--quiet",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let summary = json(&stdout);
+
+    // Every quantized tensor, byte for byte, against llm-compressor 0.14.0.1.
+    let (tensors, metadata) = read_tensors(&target);
+    let expected = fixture["tensors"].as_object().expect("tensors");
+    assert_eq!(expected.len(), 630);
+    let mut same = 0;
+    for (name, want) in expected {
+        let got = tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing from the output"));
+        assert_eq!(got.dtype, want["dtype"].as_str().expect("dtype"), "{name}");
+        assert_eq!(json!(got.shape), want["shape"], "{name}");
+        assert_eq!(sha256(&got.data), want["sha256"].as_str().expect("sha"), "{name}");
+        same += 1;
+    }
+    assert_eq!(same, 630);
+    // Nothing else was quantized, and what was kept is the source's bytes.
+    let (source, _) = read_tensors(&model);
+    for (name, t) in &tensors {
+        if expected.contains_key(name) {
+            continue;
+        }
+        let original = source
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is neither quantized nor in the source"));
+        assert_eq!(sha256(&t.data), sha256(&original.data), "{name} was changed");
+    }
+    assert_eq!(
+        tensors.len() - 630,
+        fixture["unquantized_tensors"].as_array().expect("list").len()
+    );
+    // The summary's digests are the written bytes'.
+    for t in summary["tensors"].as_array().expect("tensors") {
+        for (name, digest) in t["sha256"].as_object().expect("digests") {
+            assert_eq!(Some(digest), expected[name].get("sha256"), "{name}");
+        }
+    }
+
+    // config.json: llm-compressor's quantization_config without scale_dtype and
+    // zp_dtype (left out for compressed-tensors <= 0.12, see checkpoint.rs).
+    let config: Value = serde_json::from_slice(&std::fs::read(target.join("config.json")).expect("config"))
+        .expect("config JSON");
+    let mut want = fixture["quantization_config"].clone();
+    for key in ["scale_dtype", "zp_dtype"] {
+        want["config_groups"]["group_0"]["weights"]
+            .as_object_mut()
+            .expect("weights")
+            .remove(key);
+    }
+    assert_eq!(config["quantization_config"], want);
+    let source_config: Value =
+        serde_json::from_slice(&std::fs::read(model.join("config.json")).expect("config")).expect("JSON");
+    for (key, value) in source_config.as_object().expect("object") {
+        assert_eq!(&config[key], value, "config.json {key}");
+    }
+    // Tokenizer and generation config copied; provenance in every header.
+    for file in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        assert_eq!(
+            crate::util::sha256(&target.join(file)),
+            crate::util::sha256(&model.join(file)),
+            "{file}"
+        );
+    }
+    for meta in &metadata {
+        assert_eq!(meta["format"], "pt");
+        assert_eq!(meta["sous.scheme"], "nvfp4a16");
+        assert_eq!(meta["sous.format"], "compressed-tensors");
+        assert_eq!(meta["sous.version"], env!("CARGO_PKG_VERSION"));
+    }
+    // Statistics are there and plausible for 4-bit weights.
+    for t in summary["tensors"].as_array().expect("tensors") {
+        let rel = t["relative_rms_error"].as_f64().expect("relative error");
+        assert!(rel > 0.01 && rel < 0.2, "{t}");
+        assert!(t["saturated_block_share"].as_f64().expect("share") < 0.01, "{t}");
+    }
+    // q/k/v and gate/up share their global scale.
+    let scale = |n: &str| sha256(&tensors[&format!("model.layers.7.{n}.weight_global_scale")].data);
+    assert_eq!(scale("self_attn.q_proj"), scale("self_attn.k_proj"));
+    assert_eq!(scale("self_attn.q_proj"), scale("self_attn.v_proj"));
+    assert_eq!(scale("mlp.gate_proj"), scale("mlp.up_proj"));
+}
+
+/// The fixture of a real ModelOpt export, checked against the test model.
+fn fixture(name: &str, model: &Path) -> Value {
+    let fixture: Value = serde_json::from_slice(
+        &std::fs::read(root().join("tests/fixtures/nvfp4").join(name)).expect("fixture"),
+    )
+    .expect("fixture JSON");
+    let source_sha = crate::util::sha256(&model.join("model.safetensors"));
+    assert_eq!(
+        fixture["source"]["model.safetensors"].as_str(),
+        Some(source_sha.as_str()),
+        "the test model is not the one {name} was made from: rerun \
+         scripts/reference/nvfp4_reference.py (see its docstring)"
+    );
+    fixture
+}
+
+#[test]
+fn smollm2_modelopt_checkpoint() {
+    let Some(model) = smollm2() else { return };
+    let out = tempfile::tempdir().expect("tempdir");
+
+    // Bit for bit against ModelOpt 0.47's own CPU export of the same weights.
+    let fixture = fixture("smollm2-135m-instruct.modelopt-cpu.json", &model);
+    let cpu = out.path().join("smollm2-modelopt-cpu");
+    let (code, _, stderr) = quantize(
+        &[
+            path(&model),
+            "--format",
+            "modelopt",
+            "--modelopt-export",
+            "cpu",
+            "--out",
+            path(&cpu),
+            "--quiet",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (tensors, _) = read_tensors(&cpu);
+    let expected = fixture["tensors"].as_object().expect("tensors");
+    assert_eq!(expected.len(), 630);
+    for (name, want) in expected {
+        let got = tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing from the output"));
+        assert_eq!(got.dtype, want["dtype"].as_str().expect("dtype"), "{name}");
+        assert_eq!(json!(got.shape), want["shape"], "{name}");
+        assert_eq!(sha256(&got.data), want["sha256"].as_str().expect("sha"), "{name}");
+    }
+    assert_eq!(
+        tensors.len() - 630,
+        fixture["unquantized_tensors"].as_array().expect("list").len()
+    );
+    let read_json =
+        |p: PathBuf| -> Value { serde_json::from_slice(&std::fs::read(p).expect("read")).expect("JSON") };
+    let hf_quant = read_json(cpu.join("hf_quant_config.json"));
+    assert_eq!(
+        hf_quant["quantization"],
+        fixture["hf_quant_config"]["quantization"]
+    );
+    // Everything but the producer, which is sous and says so.
+    let mut config = read_json(cpu.join("config.json"))["quantization_config"].clone();
+    let mut want = fixture["quantization_config"].clone();
+    assert_eq!(config["producer"]["name"], "sous");
+    config.as_object_mut().expect("object").remove("producer");
+    want.as_object_mut().expect("object").remove("producer");
+    assert_eq!(config, want);
+
+    let target = out.path().join("smollm2-modelopt");
+    let (code, stdout, stderr) = quantize(
+        &[
+            path(&model),
+            "--format",
+            "modelopt",
+            "--out",
+            path(&target),
+            "--json",
+            "--quiet",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let summary = json(&stdout);
+    assert_eq!(summary["format"], "modelopt");
+    let hf_quant = read_json(target.join("hf_quant_config.json"));
+    assert_eq!(
+        hf_quant["quantization"],
+        json!({"quant_algo": "W4A16_NVFP4", "kv_cache_quant_algo": null, "group_size": 16,
+               "exclude_modules": ["lm_head", "model.embed_tokens"]})
+    );
+
+    // The default reproduces ModelOpt's GPU export: one weight_scale_2 per fused
+    // group, amax * f32(1/2688), recomputed here from the source weights.
+    let (tensors, _) = read_tensors(&target);
+    let (source, _) = read_tensors(&model);
+    let amax = |name: &str| {
+        let s = &source[name];
+        fast::amax(&Matrix::new(Dtype::Bf16, s.shape[0], s.shape[1], &s.data).expect("matrix"))
+    };
+    let layer = "model.layers.3";
+    let group = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"];
+    let group_amax = group
+        .iter()
+        .map(|m| amax(&format!("{layer}.{m}.weight")))
+        .fold(0.0f32, f32::max);
+    for m in group {
+        let weight = &tensors[&format!("{layer}.{m}.weight")];
+        let source_shape = &source[&format!("{layer}.{m}.weight")].shape;
+        assert_eq!(weight.dtype, "U8");
+        assert_eq!(weight.shape, vec![source_shape[0], source_shape[1] / 2]);
+        assert_eq!(tensors[&format!("{layer}.{m}.weight_scale")].dtype, "F8_E4M3");
+        let s2 = &tensors[&format!("{layer}.{m}.weight_scale_2")];
+        assert_eq!(
+            (s2.dtype.as_str(), s2.shape.len()),
+            ("F32", 0),
+            "a 0-d f32 scalar"
+        );
+        let value = f32::from_le_bytes(s2.data[..4].try_into().expect("4 bytes"));
+        assert_eq!(value, group_amax * f32::from_bits(0x39C3_0C31), "{m}");
+        let s = &source[&format!("{layer}.{m}.weight")];
+        let q = fast::quantize(
+            &Matrix::new(Dtype::Bf16, s.shape[0], s.shape[1], &s.data).expect("matrix"),
+            &TensorScale::from_amax(Flavor::ModelOptGpu, Dtype::Bf16, group_amax),
+        );
+        assert_eq!(sha256(&weight.data), sha256(&q.packed), "{m}");
+    }
+    assert!(!tensors.contains_key(&format!("{layer}.self_attn.q_proj.weight_packed")));
+}
