@@ -22,8 +22,6 @@ pub use resolve::{
 
 use std::path::Path;
 
-use crate::size as bytes;
-
 /// A resolved recipe and what it was built from.
 #[derive(Debug)]
 pub struct Loaded {

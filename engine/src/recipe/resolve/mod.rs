@@ -203,8 +203,8 @@ impl Recipe {
                 gpu_utilization: self.memory.gpu_utilization,
                 oom_fallback: self.memory.oom_fallback.clone(),
                 kv_cache_dtype: self.memory.kv_cache_dtype,
-                kv_cache_bytes: self.memory.kv_cache_bytes.map(super::bytes::ByteSize),
-                kv_offload_bytes: self.memory.kv_offload_bytes.map(super::bytes::ByteSize),
+                kv_cache_bytes: self.memory.kv_cache_bytes.map(crate::size::ByteSize),
+                kv_offload_bytes: self.memory.kv_offload_bytes.map(crate::size::ByteSize),
             },
             serving: self.serving.clone(),
             server: ServerSection {
