@@ -2,6 +2,8 @@
 //!
 //! - [`recipe`]: the recipe format, loading (`extends`, environment, `--set`),
 //!   validation, and the generated schema and reference.
+//! - [`dialect`]: what vLLM, SGLang and TensorRT-LLM call their metrics, and the log
+//!   lines sous writes as vLLM does or reads from an engine.
 //! - [`chat`]: chat templates rendered as transformers renders them (minijinja).
 //! - [`launch`]: engine adapters that turn a [`recipe::Recipe`] into the exact command
 //!   line, environment and option files of vLLM, SGLang or TensorRT-LLM.
@@ -15,6 +17,7 @@
 //! `tracing`. The `sous` binary decides what reaches the terminal.
 
 pub mod chat;
+pub mod dialect;
 pub mod launch;
 pub mod native;
 pub mod paths;
