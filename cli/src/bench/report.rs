@@ -5,8 +5,9 @@
 
 use serde_json::{Map, Value, json};
 
-use super::prom::ServerFigures;
+use super::server::ServerFigures;
 use super::stats::{RunMetrics, Summary};
+use super::table::{self, First};
 
 /// One level of a run (a concurrency level of a sweep, or a whole probe/prefix/agent run).
 #[derive(Debug, Clone)]
@@ -200,32 +201,7 @@ pub fn table(levels: &[Level]) -> String {
                 .map_or("-".into(), |h| format!("{:.1}%", h * 100.0)),
         ]);
     }
-    align(&rows) + "(times in ms; tok/s/req = mean of each request's 1/TPOT)\n"
-}
-
-/// Right-aligned columns.
-pub fn align(rows: &[Vec<String>]) -> String {
-    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let cells: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(c, s)| format!("{s:>width$}", width = widths[c]))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    table::layout(&rows, "", First::Right) + "(times in ms; tok/s/req = mean of each request's 1/TPOT)\n"
 }
 
 /// `sous bench compare A B`: the levels of two reports side by side, matched by
@@ -281,5 +257,5 @@ pub fn compare(a: &Value, b: &Value) -> Result<String, String> {
     if matched == 0 {
         return Err("the two reports have no concurrency level in common".into());
     }
-    Ok(align(&rows))
+    Ok(table::layout(&rows, "", First::Right))
 }

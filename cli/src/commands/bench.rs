@@ -14,9 +14,10 @@ use clap::{Args, Subcommand};
 use serde_json::{Map, Value, json};
 
 use crate::bench::client::{self, Endpoint, Job, Target};
-use crate::bench::prom::{Scrape, ServerFigures};
+use crate::bench::prom::Scrape;
 use crate::bench::report::{self, Level};
 use crate::bench::scrape::{self, Instance, Taken};
+use crate::bench::server::ServerFigures;
 use crate::bench::stats::{RequestRecord, RunMetrics, Slo};
 use crate::bench::workload::{self, PromptMaker};
 use crate::failure::UserError;
