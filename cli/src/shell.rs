@@ -1,9 +1,12 @@
 //! All terminal output: data on stdout, talk on stderr (uv's rule), colour only on a
-//! terminal and never with `NO_COLOR`. Nothing else in the binary prints.
+//! terminal and never with `NO_COLOR`. Nothing else in the binary prints. The shell is
+//! also the [`Reporter`] that library operations report through.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{IsTerminal, Write};
+
+use sous_engine::reporter::{Progress, Reporter, Silent, Task, Unit};
 
 /// The terminal.
 #[derive(Debug, Clone)]
@@ -71,5 +74,76 @@ impl Shell {
     /// A status line on stderr, e.g. `ok recipes/x.toml`.
     pub fn status(&self, word: &str, message: &str) {
         eprintln!("{} {message}", self.paint(GREEN, word));
+    }
+}
+
+/// The shell as a [`Reporter`] for library operations: statuses and warnings as the
+/// shell writes them, engine output with or without the engine's prefix, and a bar on
+/// a terminal for measured progress (nothing elsewhere).
+impl Reporter for Shell {
+    fn status(&self, word: &str, message: &str) {
+        Shell::status(self, word, message);
+    }
+
+    fn warn(&self, message: &str) {
+        Shell::warn(self, message);
+    }
+
+    fn output(&self, source: Option<&str>, line: &str) {
+        match source {
+            Some(engine) => self.engine_line(engine, line),
+            None => self.log_line(line),
+        }
+    }
+
+    fn progress(&self, task: Task) -> Box<dyn Progress> {
+        if !std::io::stderr().is_terminal() {
+            return Box::new(Silent);
+        }
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(task.total),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        let figures = match task.unit {
+            Unit::Bytes => "{bytes}/{total_bytes}".to_owned(),
+            Unit::Count(noun) => format!("{{pos}}/{{len}} {noun}"),
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(&format!(
+                "{{prefix:>12}} [{{bar:30}}] {figures}, {{msg}}"
+            ))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar.set_prefix(task.label);
+        Box::new(Bar(bar))
+    }
+}
+
+/// A bar on the terminal.
+struct Bar(indicatif::ProgressBar);
+
+impl Progress for Bar {
+    fn set(&self, done: u64) {
+        self.0.set_position(done);
+    }
+
+    fn add(&self, n: u64) {
+        self.0.inc(n);
+    }
+
+    fn note(&self, text: &str) {
+        self.0.set_message(text.to_owned());
+    }
+
+    fn part(&self, _: Task) -> Box<dyn Progress> {
+        Box::new(Silent)
+    }
+
+    fn finish(&self, summary: Option<&str>) {
+        self.0.finish_and_clear();
+        if let Some(summary) = summary {
+            eprintln!("{summary}");
+        }
     }
 }

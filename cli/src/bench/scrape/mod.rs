@@ -23,6 +23,7 @@ mod names;
 pub mod quantile;
 mod render;
 pub mod report;
+mod watch;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -32,6 +33,7 @@ use sous_engine::dialect::Family;
 use super::prom::Scrape;
 
 pub use analyze::analyze;
+pub use watch::watch;
 
 /// What the report says about how its percentiles were computed.
 pub const PERCENTILE_METHOD: &str = "prometheus histogram_quantile (linear within buckets)";
@@ -39,7 +41,7 @@ pub const PERCENTILE_METHOD: &str = "prometheus histogram_quantile (linear withi
 /// The quantiles reported for each histogram, with their JSON names.
 pub(crate) const QUANTILES: [(f64, &str); 4] = [(0.5, "p50"), (0.9, "p90"), (0.95, "p95"), (0.99, "p99")];
 
-/// Why a window cannot be analysed or a flag read.
+/// Why a window cannot be watched or analysed, or a flag read.
 #[derive(Debug, thiserror::Error)]
 pub enum ScrapeError {
     /// A duration is not `N` followed by `ms`, `s`, `m` or `h` (repeated, e.g. `1m30s`).
@@ -51,6 +53,35 @@ pub enum ScrapeError {
     /// No URL has a single scrape.
     #[error("no scrape to analyse")]
     NoScrapes,
+    /// A URL's first scrape holds no metric of a known engine.
+    #[error("{url} has no vLLM, SGLang or TensorRT-LLM metrics")]
+    NoMetrics {
+        /// The metrics URL.
+        url: String,
+    },
+    /// A URL cannot be scraped at the first round.
+    #[error("cannot scrape {url}: {error}")]
+    Unreachable {
+        /// The metrics URL.
+        url: String,
+        /// Why, with its causes.
+        error: String,
+    },
+}
+
+impl ScrapeError {
+    /// What the user can do about it, when there is something.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            ScrapeError::NoMetrics { .. } => Some(
+                "SGLang needs --enable-metrics; TensorRT-LLM serves Prometheus text at /prometheus/metrics",
+            ),
+            ScrapeError::Unreachable { .. } => {
+                Some("check the URL, and that the server is up and exposes /metrics")
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Reads `30s`, `10m`, `1h`, `500ms` or a sequence of those (`1h30m`), with `humantime`.
