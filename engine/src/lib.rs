@@ -3,6 +3,8 @@
 //! - [`recipe`]: the recipe format, loading (`extends`, environment, `--set`),
 //!   validation, and the generated schema and reference.
 //! - [`diagnose`]: the exit class and hint of every error type.
+//! - [`dialect`]: what vLLM, SGLang and TensorRT-LLM call their metrics, and the log
+//!   lines sous writes as vLLM does or reads from an engine.
 //! - [`chat`]: chat templates rendered as transformers renders them (minijinja).
 //! - [`launch`]: engine adapters that turn a [`recipe::Recipe`] into the exact command
 //!   line, environment and option files of vLLM, SGLang or TensorRT-LLM.
@@ -18,6 +20,7 @@
 
 pub mod chat;
 pub mod diagnose;
+pub mod dialect;
 pub mod launch;
 pub mod native;
 pub mod paths;

@@ -20,7 +20,7 @@ use tokio::sync::Semaphore;
 use super::stats::RequestRecord;
 
 /// Which OpenAI endpoint to call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Endpoint {
     /// `/v1/completions` with the prompt as text (what `vllm bench serve` uses by default).

@@ -3,13 +3,25 @@
 //! server left behind (vLLM's periodic stats lines, Prometheus histograms).
 //!
 //! Definitions follow `vllm bench serve` (`vllm/benchmarks/serve.py`) so that figures
-//! are comparable with it; see [`stats`].
+//! are comparable with it; see [`stats`]. The active runner is [`run`] (what to run in
+//! [`plan`], the report in [`report`]); the passive ones are [`logs`] and [`scrape`];
+//! engines' metric names and log lines come from `sous_engine::dialect`. Nothing here
+//! prints: progress and warnings go to a `Reporter`, and the command prints the rest.
 
 pub mod charts;
 pub mod client;
+pub mod discover;
+mod error;
 pub mod logs;
+pub mod plan;
 pub mod prom;
+pub mod ratio;
 pub mod report;
+pub mod run;
 pub mod scrape;
+pub mod server;
 pub mod stats;
+pub mod table;
 pub mod workload;
+
+pub use error::BenchError;

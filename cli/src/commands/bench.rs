@@ -6,19 +6,19 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Args, Subcommand};
-use serde_json::{Map, Value, json};
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::Value;
 
-use crate::bench::client::{self, Endpoint, Job, Target};
-use crate::bench::prom::{Scrape, ServerFigures};
-use crate::bench::report::{self, Level};
-use crate::bench::scrape::{self, Instance, Taken};
-use crate::bench::stats::{RequestRecord, RunMetrics, Slo};
-use crate::bench::workload::{self, PromptMaker};
+use crate::bench::client::Endpoint;
+use crate::bench::plan::{self, Workload};
+use crate::bench::report;
+use crate::bench::run::{self, Target};
+use crate::bench::scrape;
+use crate::bench::stats::Slo;
+use crate::bench::{BenchError, discover};
 use crate::failure::UserError;
 use crate::shell::Shell;
 
@@ -103,8 +103,8 @@ pub struct Common {
     #[arg(long)]
     model: Option<String>,
     /// The endpoint.
-    #[arg(long, value_enum, default_value_t = Endpoint::Completions)]
-    endpoint: Endpoint,
+    #[arg(long, value_enum, default_value_t = EndpointArg::Completions)]
+    endpoint: EndpointArg,
     /// The tokenizer (a tokenizer.json or a model directory) that prompts are measured
     /// with (default: the served model's, from its directory or the Hugging Face cache).
     #[arg(long)]
@@ -134,6 +134,24 @@ pub struct Common {
     /// Print the JSON report on stdout instead of the table.
     #[arg(long)]
     json: bool,
+}
+
+/// `--endpoint`: [`Endpoint`] for the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EndpointArg {
+    /// `/v1/completions` with the prompt as text (what `vllm bench serve` uses by default).
+    Completions,
+    /// `/v1/chat/completions` with the prompt as one user message.
+    Chat,
+}
+
+impl From<EndpointArg> for Endpoint {
+    fn from(arg: EndpointArg) -> Endpoint {
+        match arg {
+            EndpointArg::Completions => Endpoint::Completions,
+            EndpointArg::Chat => Endpoint::Chat,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -233,28 +251,56 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
         BenchCommand::Compare(args) => compare(&args, shell),
         BenchCommand::Logs(args) => logs(&args, shell),
         BenchCommand::Scrape(args) => watch(&args, shell),
-        BenchCommand::Probe(args) => active(&args.common, Workload::Probe(&args), shell),
-        BenchCommand::Sweep(args) => active(&args.common, Workload::Sweep(&args), shell),
-        BenchCommand::Prefix(args) => active(&args.common, Workload::Prefix(&args), shell),
-        BenchCommand::Agent(args) => active(&args.common, Workload::Agent(&args), shell),
+        BenchCommand::Probe(a) => {
+            let workload = Workload::Probe(plan::Probe {
+                repeat: a.repeat,
+                input_len: a.input_len,
+                output_len: a.output_len,
+            });
+            active(&a.common, &workload, shell)
+        }
+        BenchCommand::Sweep(a) => {
+            let workload = Workload::Sweep(plan::Sweep {
+                concurrency: a.concurrency,
+                requests: a.requests,
+                input_len: a.input_len,
+                output_len: a.output_len,
+                range_ratio: a.range_ratio,
+                eos: a.eos,
+            });
+            active(&a.common, &workload, shell)
+        }
+        BenchCommand::Prefix(a) => {
+            let workload = Workload::Prefix(plan::Prefix {
+                prefixes: a.prefixes,
+                prefix_len: a.prefix_len,
+                suffix_len: a.suffix_len,
+                requests: a.requests,
+                output_len: a.output_len,
+                concurrency: a.concurrency,
+            });
+            active(&a.common, &workload, shell)
+        }
+        BenchCommand::Agent(a) => {
+            let workload = Workload::Agent(plan::Agent {
+                sessions: a.sessions,
+                steps: a.steps,
+                output_len: a.output_len,
+                ratio: a.ratio,
+                max_context: a.max_context,
+            });
+            active(&a.common, &workload, shell)
+        }
     }
 }
 
-enum Workload<'a> {
-    Probe(&'a ProbeArgs),
-    Sweep(&'a SweepArgs),
-    Prefix(&'a PrefixArgs),
-    Agent(&'a AgentArgs),
-}
-
-impl Workload<'_> {
-    fn name(&self) -> &'static str {
-        match self {
-            Workload::Probe(_) => "probe",
-            Workload::Sweep(_) => "sweep",
-            Workload::Prefix(_) => "prefix",
-            Workload::Agent(_) => "agent",
-        }
+/// A benchmark's error as the command reports it: the user's (exit 1, with a hint) or
+/// sous's (exit 2).
+fn cli_error(err: BenchError) -> anyhow::Error {
+    if err.is_internal() {
+        err.into()
+    } else {
+        UserError::new(err.to_string(), err.hint()).into()
     }
 }
 
@@ -297,57 +343,12 @@ fn logs(args: &LogsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
 /// `sous bench scrape`: every URL now, then on the schedule; the first round must
 /// reach them all, later failures are skipped.
 fn watch(args: &ScrapeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
-    let targets: Vec<String> = args.urls.iter().map(|u| scrape::metrics_url(u)).collect();
-    let times = scrape::schedule(args.window, args.interval);
+    let user = |e: scrape::ScrapeError| UserError::new(e.to_string(), e.hint());
     let runtime = super::runtime()?;
-    let instances = runtime.block_on(async {
-        let client = reqwest::Client::new();
-        let timeout = args.interval.clamp(Duration::from_secs(1), Duration::from_secs(10));
-        let mut instances: Vec<Instance> = targets
-            .iter()
-            .map(|url| Instance {
-                url: url.clone(),
-                taken: Vec::new(),
-            })
-            .collect();
-        let start = tokio::time::Instant::now();
-        for (round, at) in times.iter().enumerate() {
-            tokio::time::sleep_until(start + *at).await;
-            let at_s = start.elapsed().as_secs_f64();
-            shell.status(
-                "scrape",
-                &format!("{}/{} of {} URL{}", round + 1, times.len(), targets.len(), if targets.len() == 1 { "" } else { "s" }),
-            );
-            let results = futures_util::future::join_all(targets.iter().map(|url| fetch(&client, url, timeout))).await;
-            for (instance, result) in instances.iter_mut().zip(results) {
-                match result {
-                    Ok(scrape) => {
-                        if round == 0 && scrape::families(&scrape).is_empty() {
-                            return Err(UserError::new(
-                                format!("{} has no vLLM, SGLang or TensorRT-LLM metrics", instance.url),
-                                Some("SGLang needs --enable-metrics; TensorRT-LLM serves Prometheus text at /prometheus/metrics"),
-                            ));
-                        }
-                        instance.taken.push(Taken { round, at_s, scrape });
-                    }
-                    Err(e) if round == 0 => {
-                        return Err(UserError::new(
-                            format!("cannot scrape {}: {e}", instance.url),
-                            Some("check the URL, and that the server is up and exposes /metrics"),
-                        ));
-                    }
-                    Err(e) => shell.warn(&format!(
-                        "scrape {}/{}: skipped {}: {e}",
-                        round + 1,
-                        times.len(),
-                        instance.url
-                    )),
-                }
-            }
-        }
-        Ok(instances)
-    })?;
-    let report = scrape::analyze(&instances, times.len()).map_err(|e| UserError::new(e.to_string(), None))?;
+    let (instances, scheduled) = runtime
+        .block_on(scrape::watch(&args.urls, args.window, args.interval, shell))
+        .map_err(user)?;
+    let report = scrape::analyze(&instances, scheduled).map_err(user)?;
     for r in &report.counter_resets {
         shell.warn(&format!(
             "{} restarted before scrape {} (a counter went down); its figures span the restart",
@@ -360,33 +361,6 @@ fn watch(args: &ScrapeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         shell.data(&report.to_table())?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// One scrape of a metrics URL.
-async fn fetch(client: &reqwest::Client, url: &str, timeout: Duration) -> Result<Scrape, String> {
-    let response = client
-        .get(url)
-        .timeout(timeout)
-        .send()
-        .await
-        .map_err(|e| causes(&e.without_url()))?;
-    if !response.status().is_success() {
-        return Err(format!("it answered {}", response.status()));
-    }
-    let text = response.text().await.map_err(|e| causes(&e.without_url()))?;
-    Ok(Scrape::parse(&text))
-}
-
-/// An error and its sources on one line (reqwest's own message says little:
-/// "error sending request").
-fn causes(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
@@ -478,8 +452,8 @@ async fn serve(
             .send()
             .await
             .is_ok_and(|r| r.status().is_success())
-            && let Ok(info) = models(&client, &url, key.as_deref()).await
-            && !info.0.is_empty()
+            && let Ok(info) = discover::models(&client, &url, key.as_deref()).await
+            && !info.id.is_empty()
         {
             shell.status(
                 "ready",
@@ -501,105 +475,7 @@ async fn serve(
     }
 }
 
-/// The first model of /v1/models: its id, root and max_model_len.
-async fn models(
-    client: &reqwest::Client,
-    url: &str,
-    key: Option<&str>,
-) -> anyhow::Result<(String, Option<String>, Option<usize>)> {
-    let mut request = client
-        .get(format!("{url}/v1/models"))
-        .timeout(Duration::from_secs(10));
-    if let Some(key) = key {
-        request = request.bearer_auth(key);
-    }
-    let response = request.send().await.map_err(|e| {
-        UserError::new(
-            format!("cannot reach {url}/v1/models: {e}"),
-            Some("check --url, and that the server is up"),
-        )
-    })?;
-    if !response.status().is_success() {
-        return Err(UserError::new(
-            format!("{url}/v1/models answered {}", response.status()),
-            Some("pass --api-key-env if the server needs a key"),
-        )
-        .into());
-    }
-    let body: Value = response.json().await.context("reading /v1/models")?;
-    let first = &body["data"][0];
-    Ok((
-        first["id"].as_str().unwrap_or_default().to_owned(),
-        first["root"].as_str().map(str::to_owned),
-        first["max_model_len"].as_u64().map(|n| n as usize),
-    ))
-}
-
-/// The tokenizer: --tokenizer, else the model's root directory, else the Hugging Face
-/// cache entry of the root or the served name.
-fn tokenizer(
-    given: Option<&Path>,
-    root: Option<&str>,
-    id: &str,
-) -> anyhow::Result<(tokenizers::Tokenizer, PathBuf)> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(path) = given {
-        candidates.push(if path.is_dir() {
-            path.join("tokenizer.json")
-        } else {
-            path.to_path_buf()
-        });
-    } else {
-        let cache = crate::hub::config::HubConfig::from_env().cache_dir;
-        for name in root.into_iter().chain([id]) {
-            let path = Path::new(name);
-            if path.is_dir() {
-                candidates.push(path.join("tokenizer.json"));
-            }
-            if name.contains('/') && !name.starts_with('/') {
-                let snapshots = cache
-                    .join(format!("models--{}", name.replace('/', "--")))
-                    .join("snapshots");
-                if let Ok(entries) = std::fs::read_dir(&snapshots) {
-                    candidates.extend(entries.flatten().map(|e| e.path().join("tokenizer.json")));
-                }
-            }
-        }
-    }
-    for path in &candidates {
-        if path.is_file() {
-            let t = tokenizers::Tokenizer::from_file(path).map_err(|e| {
-                UserError::new(format!("cannot read the tokenizer {}: {e}", path.display()), None)
-            })?;
-            return Ok((t, path.clone()));
-        }
-    }
-    Err(UserError::new(
-        format!(
-            "no tokenizer found for model `{id}`{}",
-            root.map_or(String::new(), |r| format!(" (root `{r}`)"))
-        ),
-        Some(
-            "pass --tokenizer DIR_OR_FILE (a model directory with tokenizer.json), or `sous pull` the model",
-        ),
-    )
-    .into())
-}
-
-async fn scrape(client: &reqwest::Client, url: &str) -> Option<Scrape> {
-    let response = client
-        .get(format!("{url}/metrics"))
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await
-        .ok()?;
-    if !response.status().is_success() {
-        return None;
-    }
-    Some(Scrape::parse(&response.text().await.ok()?))
-}
-
-fn active(common: &Common, workload: Workload<'_>, shell: &Shell) -> anyhow::Result<ExitCode> {
+fn active(common: &Common, workload: &Workload, shell: &Shell) -> anyhow::Result<ExitCode> {
     let slo = match &common.slo {
         Some(text) => Slo::parse(text)
             .map_err(|e| UserError::new(format!("--slo: {e}"), Some("e.g. --slo ttft:500,tpot:50")))?,
@@ -620,334 +496,53 @@ fn active(common: &Common, workload: Workload<'_>, shell: &Shell) -> anyhow::Res
         };
         let key = match &common.api_key_env {
             Some(var) => Some(std::env::var(var).map_err(|_| {
-                UserError::new(format!("--api-key-env: `{var}` is not set"), Some(&format!("export {var}=...")))
+                UserError::new(
+                    format!("--api-key-env: `{var}` is not set"),
+                    Some(&format!("export {var}=...")),
+                )
             })?),
             None => recipe_key,
         };
-        let probe_client = reqwest::Client::new();
-        let (id, root, max_len) = models(&probe_client, &url, key.as_deref()).await?;
-        let model = common.model.clone().unwrap_or(id.clone());
-        let (tok, tok_path) = tokenizer(common.tokenizer.as_deref(), root.as_deref(), &id)?;
-        let maker = PromptMaker::new(tok).map_err(|e| UserError::new(e, Some("pass --tokenizer")))?;
-        let salt = common.salt.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        });
         let target = Target {
-            base: url.clone(),
-            model: model.clone(),
-            endpoint: common.endpoint,
+            url,
+            model: common.model.clone(),
             api_key: key,
+            endpoint: common.endpoint.into(),
+            tokenizer: common.tokenizer.clone(),
         };
-        // (concurrency, sessions) per level.
-        let levels: Vec<(usize, Vec<Vec<Job>>)> = match &workload {
-            Workload::Probe(a) => {
-                let lengths = workload::Lengths {
-                    input: a.input_len,
-                    output: a.output_len,
-                    range_ratio: 0.0,
-                    ignore_eos: true,
-                };
-                vec![(1, workload::independent(&maker, common.seed, salt, a.repeat.max(1), &lengths))]
-            }
-            Workload::Sweep(a) => {
-                if a.concurrency.is_empty() || a.concurrency.contains(&0) {
-                    return Err(UserError::new("--concurrency needs levels of at least 1", None).into());
-                }
-                let lengths = workload::Lengths {
-                    input: a.input_len,
-                    output: a.output_len,
-                    range_ratio: a.range_ratio,
-                    ignore_eos: !a.eos,
-                };
-                a.concurrency
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| {
-                        let n = a.requests.unwrap_or((4 * c).max(8));
-                        (*c, workload::independent(&maker, common.seed, salt.wrapping_add(i as u64), n, &lengths))
-                    })
-                    .collect()
-            }
-            Workload::Prefix(a) => {
-                let p = workload::Prefixes {
-                    prefixes: a.prefixes,
-                    prefix_len: a.prefix_len,
-                    suffix_len: a.suffix_len,
-                    requests: a.requests,
-                    output: a.output_len,
-                };
-                vec![(a.concurrency, workload::shared_prefixes(&maker, common.seed, salt, &p))]
-            }
-            Workload::Agent(a) => {
-                let limit = a.max_context.or(max_len).unwrap_or(8192);
-                let spec = workload::Agent {
-                    sessions: a.sessions,
-                    steps: a.steps,
-                    output: a.output_len,
-                    ratio: a.ratio,
-                    max_prompt: limit.saturating_sub(a.output_len + 8).max(16),
-                };
-                vec![(a.sessions, workload::agent(&maker, common.seed, salt, &spec))]
-            }
+        let options = run::Options {
+            seed: common.seed,
+            salt: common.salt,
+            percentiles: common.percentiles.clone(),
+            slo,
+            label: common.label.clone(),
         };
-        if let Some(limit) = max_len {
-            let longest = levels
-                .iter()
-                .flat_map(|(_, s)| s.iter().flatten())
-                .map(|j| j.prompt_len + j.max_tokens)
-                .max()
-                .unwrap_or(0);
-            if longest > limit {
-                return Err(UserError::new(
-                    format!("a request of {longest} tokens (prompt + output) does not fit the server's max_model_len {limit}"),
-                    Some("use shorter --input-len/--output-len (or --prefix-len, --max-context)"),
-                )
-                .into());
-            }
-        }
-        shell.status(
-            "bench",
-            &format!("{} against {url} (model `{model}`, tokenizer {}, seed {}, salt {salt})", workload.name(), tok_path.display(), common.seed),
-        );
-        let mut results = Vec::new();
-        for (concurrency, sessions) in levels {
-            let total: usize = sessions.iter().map(Vec::len).sum();
-            let client = client::http_client(concurrency);
-            let bar = indicatif::ProgressBar::with_draw_target(Some(total as u64), indicatif::ProgressDrawTarget::stderr());
-            bar.set_style(
-                indicatif::ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} requests, {msg}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                    .progress_chars("=> "),
-            );
-            bar.set_prefix(format!("conc {concurrency}"));
-            let tokens = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            let (b, t) = (bar.clone(), tokens.clone());
-            let on_done: Arc<dyn Fn(&RequestRecord) + Send + Sync> = Arc::new(move |r| {
-                let n = t.fetch_add(r.output_tokens, std::sync::atomic::Ordering::Relaxed) + r.output_tokens;
-                b.inc(1);
-                b.set_message(format!("{n} tokens"));
-            });
-            let before = scrape(&probe_client, &url).await;
-            // A scrape a second while it runs, for the KV-usage peak.
-            let during = Arc::new(std::sync::Mutex::new(Vec::new()));
-            let sampling = tokio::spawn({
-                let (c, u, during) = (probe_client.clone(), url.clone(), during.clone());
-                async move {
-                    loop {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        if let Some(s) = scrape(&c, &u).await
-                            && let Ok(mut d) = during.lock()
-                        {
-                            d.push(s);
-                        }
-                    }
-                }
-            });
-            let (records, duration) = client::run(&client, &target, sessions, concurrency, on_done).await;
-            sampling.abort();
-            bar.finish_and_clear();
-            let after = scrape(&probe_client, &url).await;
-            let during = during.lock().map(|d| d.clone()).unwrap_or_default();
-            let server = match (&before, &after) {
-                (Some(b), Some(a)) => ServerFigures::between(b, a, &during),
-                _ => ServerFigures::default(),
-            };
-            let flat: Vec<RequestRecord> = records.iter().map(|(_, _, r)| r.clone()).collect();
-            let metrics = RunMetrics::compute(&flat, duration, concurrency, &common.percentiles, &slo);
-            let mut extra = extras(&workload, &records);
-            // Each distinct failure once, with how often it happened.
-            let mut errors: Vec<(String, usize)> = Vec::new();
-            for error in flat.iter().filter_map(|r| r.error.as_deref()) {
-                match errors.iter_mut().find(|(e, _)| e == error) {
-                    Some(slot) => slot.1 += 1,
-                    None => errors.push((error.to_owned(), 1)),
-                }
-            }
-            extra.insert(
-                "errors".into(),
-                errors
-                    .iter()
-                    .map(|(e, n)| json!({"message": e, "count": n}))
-                    .collect::<Vec<_>>()
-                    .into(),
-            );
-            if let Some(first) = flat.iter().find(|r| !r.success) {
-                shell.warn(&format!(
-                    "{} of {} requests failed at concurrency {concurrency}; the first: {}",
-                    metrics.failed,
-                    metrics.num_prompts,
-                    first.error.as_deref().unwrap_or("?")
-                ));
-            }
-            let ttfts_ms = flat.iter().filter(|r| r.success).map(|r| r.ttft * 1000.0).collect();
-            results.push(Level {
-                metrics,
-                server,
-                extra,
-                ttfts_ms,
-            });
-        }
-        let document = json!({
-            "sous_version": env!("CARGO_PKG_VERSION"),
-            "date": date(),
-            "workload": workload.name(),
-            "label": common.label,
-            "backend": "openai",
-            "endpoint_type": common.endpoint,
-            "base_url": url,
-            "model_id": model,
-            "tokenizer_id": tok_path.display().to_string(),
-            "seed": common.seed,
-            "salt": salt,
-            "levels": results.iter().map(Level::to_json).collect::<Vec<_>>(),
-        });
-        let text = serde_json::to_string_pretty(&document)?;
+        let report = run::run(&target, workload, &options, shell)
+            .await
+            .map_err(cli_error)?;
+        let text = report.to_json()?;
         if let Some(dir) = &common.out {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            let json_path = dir.join(format!("{}.json", workload.name()));
-            let csv_path = dir.join(format!("{}.csv", workload.name()));
-            crate::hub::cache::write_atomic(&json_path, text.as_bytes())
-                .with_context(|| format!("writing {}", json_path.display()))?;
-            crate::hub::cache::write_atomic(&csv_path, report::csv(&results, &common.percentiles).as_bytes())
-                .with_context(|| format!("writing {}", csv_path.display()))?;
-            let charts = crate::bench::charts::draw(dir, workload.name(), &results)
-                .map_err(|e| anyhow::anyhow!("drawing the charts: {e}"))?;
-            let names: Vec<String> = charts.iter().map(|p| p.display().to_string()).collect();
+            let written = report::write(dir, &report, &common.percentiles).map_err(cli_error)?;
+            let charts: Vec<String> = written.charts.iter().map(|p| p.display().to_string()).collect();
             shell.status(
                 "wrote",
-                &format!("{}, {} and {}", json_path.display(), csv_path.display(), names.join(", ")),
+                &format!(
+                    "{}, {} and {}",
+                    written.json.display(),
+                    written.csv.display(),
+                    charts.join(", ")
+                ),
             );
         }
         if common.json {
             shell.data(&text)?;
         } else {
-            shell.data(&summary(&workload, &results))?;
+            shell.data(&report::summary(&report))?;
         }
-        let failed: usize = results.iter().map(|l| l.metrics.failed).sum();
-        Ok(if failed > 0 { ExitCode::from(sous::error::Class::User.exit_code()) } else { ExitCode::SUCCESS })
+        Ok(if report.failed() > 0 {
+            ExitCode::from(sous::error::Class::User.exit_code())
+        } else {
+            ExitCode::SUCCESS
+        })
     })
-}
-
-/// Workload-specific figures: the probe's repetitions, the agent's steps.
-fn extras(workload: &Workload<'_>, records: &[(usize, usize, RequestRecord)]) -> Map<String, Value> {
-    let mut extra = Map::new();
-    match workload {
-        Workload::Probe(_) => {
-            let reps: Vec<(f64, f64)> = records
-                .iter()
-                .filter(|(_, _, r)| r.success)
-                .map(|(_, _, r)| (r.ttft * 1000.0, decode_speed(r)))
-                .collect();
-            let ttft: Vec<f64> = reps.iter().map(|r| r.0).collect();
-            let speed: Vec<f64> = reps.iter().map(|r| r.1).collect();
-            extra.insert(
-                "probe".into(),
-                json!({
-                    "repetitions": reps.iter().map(|(t, s)| json!({"ttft_ms": t, "decode_tok_s": s})).collect::<Vec<_>>(),
-                    "ttft_ms": spread(&ttft),
-                    "decode_tok_s": spread(&speed),
-                }),
-            );
-        }
-        Workload::Agent(_) => {
-            let steps = records.iter().map(|(_, s, _)| *s).max().map_or(0, |s| s + 1);
-            let per_step: Vec<Value> = (0..steps)
-                .map(|step| {
-                    let at: Vec<&RequestRecord> =
-                        records.iter().filter(|(_, s, r)| *s == step && r.success).map(|(_, _, r)| r).collect();
-                    let n = at.len().max(1) as f64;
-                    json!({
-                        "step": step + 1,
-                        "mean_prompt_tokens": at.iter().map(|r| r.prompt_len as f64).sum::<f64>() / n,
-                        "mean_ttft_ms": at.iter().map(|r| r.ttft * 1000.0).sum::<f64>() / n,
-                        "mean_cached_tokens": at.iter().map(|r| r.cached_tokens.unwrap_or(0) as f64).sum::<f64>() / n,
-                    })
-                })
-                .collect();
-            let prompt: u64 = records
-                .iter()
-                .filter(|(_, _, r)| r.success)
-                .map(|(_, _, r)| r.prompt_len as u64)
-                .sum();
-            let output: u64 = records
-                .iter()
-                .filter(|(_, _, r)| r.success)
-                .map(|(_, _, r)| r.output_tokens)
-                .sum();
-            extra.insert(
-                "agent".into(),
-                json!({
-                    "prompt_to_generation_ratio": if output > 0 { prompt as f64 / output as f64 } else { 0.0 },
-                    "steps": per_step,
-                }),
-            );
-        }
-        Workload::Sweep(_) | Workload::Prefix(_) => {}
-    }
-    extra
-}
-
-/// A request's own decode speed, `(tokens - 1) / (E2E - TTFT)`.
-fn decode_speed(r: &RequestRecord) -> f64 {
-    match r.tpot() {
-        Some(t) if t > 0.0 => 1.0 / t,
-        _ => 0.0,
-    }
-}
-
-/// Median, min, max and population std of `values`.
-fn spread(values: &[f64]) -> Value {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len().max(1) as f64;
-    let mean = sorted.iter().sum::<f64>() / n;
-    json!({
-        "median": crate::bench::stats::percentile(&sorted, 50.0),
-        "min": sorted.first(),
-        "max": sorted.last(),
-        "std": (sorted.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt(),
-    })
-}
-
-fn summary(workload: &Workload<'_>, levels: &[Level]) -> String {
-    let mut out = report::table(levels);
-    for level in levels {
-        if let Some(probe) = level.extra.get("probe") {
-            out.push_str(&format!(
-                "probe: TTFT median {:.1} ms (min {:.1}, max {:.1}); decode median {:.1} tok/s (min {:.1}, max {:.1}) over {} runs\n",
-                probe["ttft_ms"]["median"].as_f64().unwrap_or(0.0),
-                probe["ttft_ms"]["min"].as_f64().unwrap_or(0.0),
-                probe["ttft_ms"]["max"].as_f64().unwrap_or(0.0),
-                probe["decode_tok_s"]["median"].as_f64().unwrap_or(0.0),
-                probe["decode_tok_s"]["min"].as_f64().unwrap_or(0.0),
-                probe["decode_tok_s"]["max"].as_f64().unwrap_or(0.0),
-                probe["repetitions"].as_array().map_or(0, Vec::len),
-            ));
-        }
-        if let Some(agent) = level.extra.get("agent") {
-            out.push_str(&format!(
-                "agent: prompt:generation {:.1}:1\n",
-                agent["prompt_to_generation_ratio"].as_f64().unwrap_or(0.0)
-            ));
-        }
-        let s = &level.server;
-        if let (Some(rate), Some(q)) = (s.prefix_cache_hit_rate, s.prefix_cache_queries) {
-            out.push_str(&format!(
-                "server: prefix-cache hit rate {:.1}% ({:.0} of {q:.0} prompt tokens)\n",
-                rate * 100.0,
-                s.prefix_cache_hits.unwrap_or(0.0)
-            ));
-        }
-    }
-    if matches!(workload, Workload::Sweep(_)) {
-        out.push_str("(output tok/s: all requests' tokens over the level's wall time)\n");
-    }
-    out
-}
-
-/// The UTC date and time, `YYYYMMDD-HHMMSS`, as `vllm bench serve` writes `date`.
-fn date() -> String {
-    chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string()
 }

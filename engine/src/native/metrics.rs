@@ -1,10 +1,12 @@
 //! The engine's Prometheus metrics, named and labelled as vLLM's, and its periodic
 //! stats line.
 //!
-//! Names, labels and bucket boundaries mirror `vllm@0.33.0:vllm/v1/metrics/loggers.py`
-//! (`PrometheusStatLogger`) and the line mirrors `LoggingStatLogger.log`
-//! (`shared/reference/engines.md` §3), so that `sous bench`, Grafana dashboards built
-//! for vLLM and anything else that scrapes vLLM read the native engine unchanged.
+//! Labels, help texts and bucket boundaries mirror vLLM 0.33
+//! `vllm/v1/metrics/loggers.py` (`PrometheusStatLogger`); the names and the stats line
+//! (`LoggingStatLogger.log`) are vLLM's as [`crate::dialect`] spells them, so that
+//! `sous bench`, Grafana dashboards built for vLLM and anything else that scrapes vLLM
+//! read the native engine unchanged. Not here: when the line is logged (the engine
+//! loop) or served (`http`).
 //!
 //! The text exposition is written here rather than with a metrics crate: the Rust
 //! clients (`prometheus`, `prometheus-client`) either reject the `vllm:` colon names or
@@ -15,6 +17,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use crate::dialect::log::vllm::StatsLine;
+use crate::dialect::metrics::vllm;
 
 /// TTFT buckets (`loggers.py`, `histogram_time_to_first_token`).
 const TTFT_BUCKETS: &[f64] = &[
@@ -276,33 +281,22 @@ impl Metrics {
             let secs = elapsed.as_secs_f64();
             let idle =
                 s.interval_prompt == 0 && s.interval_generation == 0 && s.running == 0 && s.waiting == 0;
-            let mut parts = vec![
-                format!(
-                    "Avg prompt throughput: {:.1} tokens/s",
-                    s.interval_prompt as f64 / secs
-                ),
-                format!(
-                    "Avg generation throughput: {:.1} tokens/s",
-                    s.interval_generation as f64 / secs
-                ),
-                format!("Running: {} reqs", s.running),
-                format!("Waiting: {} reqs", s.waiting),
-            ];
-            if s.preemptions > 0 {
-                parts.push(format!("Preemptions: {}", s.preemptions));
-            }
-            parts.push(format!("{device} KV cache usage: {:.1}%", s.kv_usage * 100.0));
             let (q, h) = s.recent.iter().fold((0, 0), |(q, h), r| (q + r.0, h + r.1));
-            if q > 0 {
-                parts.push(format!(
-                    "Prefix cache hit rate: {:.1}%",
-                    h as f64 / q as f64 * 100.0
-                ));
-            }
+            let line = StatsLine {
+                engine: 0,
+                prompt_tok_s: s.interval_prompt as f64 / secs,
+                generation_tok_s: s.interval_generation as f64 / secs,
+                running: s.running,
+                waiting: s.waiting,
+                preemptions: s.preemptions,
+                device,
+                kv_usage: s.kv_usage,
+                prefix_hit_rate: (q > 0).then(|| h as f64 / q as f64),
+            };
             s.interval_start = Instant::now();
             s.interval_prompt = 0;
             s.interval_generation = 0;
-            (!idle).then(|| format!("Engine 000: {}", parts.join(", ")))
+            (!idle).then(|| line.to_string())
         })
     }
 
@@ -318,17 +312,17 @@ impl Metrics {
                 );
             };
             gauge(
-                "vllm:num_requests_running",
+                vllm::NUM_REQUESTS_RUNNING,
                 "Number of requests in model execution batches.",
                 s.running as f64,
             );
             gauge(
-                "vllm:num_requests_waiting",
+                vllm::NUM_REQUESTS_WAITING,
                 "Number of requests waiting to be processed.",
                 s.waiting as f64,
             );
             gauge(
-                "vllm:kv_cache_usage_perc",
+                vllm::KV_CACHE_USAGE_PERC,
                 "KV-cache usage. 1 means 100 percent usage.",
                 s.kv_usage,
             );
@@ -337,45 +331,46 @@ impl Metrics {
                 .iter()
                 .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
                 .collect();
+            let name = vllm::CACHE_CONFIG_INFO;
             let _ = writeln!(
                 out,
-                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
-                 # TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{{},{labels}}} 1.0",
+                "# HELP {name} Information of the LLMEngine CacheConfig\n\
+                 # TYPE {name} gauge\n{name}{{{},{labels}}} 1.0",
                 info.join(",")
             );
             let mut counter = |name: &str, help: &str, series: &[(String, u64)]| {
-                let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter");
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
                 for (extra, value) in series {
-                    let _ = writeln!(out, "{name}_total{{{extra}{labels}}} {value}.0");
+                    let _ = writeln!(out, "{name}{{{extra}{labels}}} {value}.0");
                 }
             };
             counter(
-                "vllm:num_preemptions",
+                vllm::NUM_PREEMPTIONS,
                 "Cumulative number of preemption from the engine.",
                 &[(String::new(), s.preemptions)],
             );
             counter(
-                "vllm:prompt_tokens",
+                vllm::PROMPT_TOKENS,
                 "Number of prefill tokens processed.",
                 &[(String::new(), s.prompt_tokens)],
             );
             counter(
-                "vllm:prompt_tokens_cached",
+                vllm::PROMPT_TOKENS_CACHED,
                 "Number of cached prompt tokens (local prefix cache).",
                 &[(String::new(), s.cached_prompt_tokens)],
             );
             counter(
-                "vllm:generation_tokens",
+                vllm::GENERATION_TOKENS,
                 "Number of generation tokens processed.",
                 &[(String::new(), s.generation_tokens)],
             );
             counter(
-                "vllm:prefix_cache_queries",
+                vllm::PREFIX_CACHE_QUERIES,
                 "Prefix cache queries, in terms of number of queried tokens.",
                 &[(String::new(), s.prefix_queries)],
             );
             counter(
-                "vllm:prefix_cache_hits",
+                vllm::PREFIX_CACHE_HITS,
                 "Prefix cache hits, in terms of number of cached tokens.",
                 &[(String::new(), s.prefix_hits)],
             );
@@ -383,54 +378,54 @@ impl Metrics {
                 .iter()
                 .map(|r| {
                     (
-                        format!("finished_reason=\"{}\",", r.as_str()),
+                        format!("{}=\"{}\",", vllm::FINISHED_REASON, r.as_str()),
                         s.success.get(r).copied().unwrap_or(0),
                     )
                 })
                 .collect();
             counter(
-                "vllm:request_success",
+                vllm::REQUEST_SUCCESS,
                 "Count of successfully processed requests.",
                 &success,
             );
             for (name, help, h) in [
                 (
-                    "vllm:time_to_first_token_seconds",
+                    vllm::TIME_TO_FIRST_TOKEN,
                     "Histogram of time to first token in seconds.",
                     &s.ttft,
                 ),
                 (
-                    "vllm:inter_token_latency_seconds",
+                    vllm::INTER_TOKEN_LATENCY,
                     "Histogram of inter-token latency in seconds.",
                     &s.itl,
                 ),
                 (
-                    "vllm:request_time_per_output_token_seconds",
+                    vllm::REQUEST_TIME_PER_OUTPUT_TOKEN,
                     "Histogram of time_per_output_token_seconds per request.",
                     &s.tpot,
                 ),
                 (
-                    "vllm:e2e_request_latency_seconds",
+                    vllm::E2E_REQUEST_LATENCY,
                     "Histogram of e2e request latency in seconds.",
                     &s.e2e,
                 ),
                 (
-                    "vllm:request_queue_time_seconds",
+                    vllm::REQUEST_QUEUE_TIME,
                     "Histogram of time spent in WAITING phase for request.",
                     &s.queue,
                 ),
                 (
-                    "vllm:request_prefill_time_seconds",
+                    vllm::REQUEST_PREFILL_TIME,
                     "Histogram of time spent in PREFILL phase for request.",
                     &s.prefill,
                 ),
                 (
-                    "vllm:request_decode_time_seconds",
+                    vllm::REQUEST_DECODE_TIME,
                     "Histogram of time spent in DECODE phase for request.",
                     &s.decode,
                 ),
                 (
-                    "vllm:request_inference_time_seconds",
+                    vllm::REQUEST_INFERENCE_TIME,
                     "Histogram of time spent in RUNNING phase for request.",
                     &s.inference,
                 ),

@@ -230,19 +230,6 @@ pub fn host_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Formats an integer with `,` every three digits, as vLLM's capacity line does.
-pub fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 impl Engine {
     /// Loads the model and sizes the KV cache. `log` receives vLLM-style start-up lines.
     pub fn load(settings: Settings, log: Arc<dyn Fn(String) + Send + Sync>) -> Result<Engine, NativeError> {
@@ -333,11 +320,11 @@ impl Engine {
             });
         }
         let max_concurrency = kv_tokens as f64 / (max_model_len.div_ceil(BLOCK_SIZE) * BLOCK_SIZE) as f64;
-        log(format!(
-            "CPU KV cache size: {} tokens, Maximum concurrency for {} tokens per request: {:.2}x",
-            thousands(kv_tokens),
-            thousands(max_model_len),
-            max_concurrency
+        log(crate::dialect::log::vllm::capacity_line(
+            "CPU",
+            kv_tokens,
+            max_model_len,
+            max_concurrency,
         ));
         let cache_info = vec![
             ("block_size".to_owned(), BLOCK_SIZE.to_string()),

@@ -1,31 +1,18 @@
 //! Reading an engine's output for what sous needs to know: that it ran out of memory at
 //! start-up, and how many tokens of KV cache it got.
 //!
-//! Patterns come from the engines' sources (shared/reference/engines.md §4.1, §7, §8):
-//! vLLM `vllm/v1/core/kv_cache_planning.py`, `vllm/v1/worker/utils.py`,
-//! `vllm/v1/core/kv_cache_utils.py`; SGLang `mem_cache/memory_pool.py`,
-//! `managers/scheduler.py`; TensorRT-LLM's `[MemUsageChange]` and KV lines; and the
-//! CUDA/PyTorch and NVIDIA driver out-of-memory messages every engine can hit.
+//! What the lines look like, and which upstream file each comes from, is in
+//! [`crate::dialect::log`]; here is only how a line is searched for them. Not here:
+//! what the supervisor does with the answers.
 
 use serde::Serialize;
 
+use crate::dialect::log::{OUT_OF_MEMORY, sglang, trtllm, vllm};
 use crate::recipe::EngineKind;
-
-/// Messages that mean "not enough memory" at start-up.
-const OOM_PATTERNS: &[&str] = &[
-    "CUDA out of memory",
-    "torch.OutOfMemoryError",
-    "torch.cuda.OutOfMemoryError",
-    "No available memory for the cache blocks",
-    "is larger than the available KV cache memory",
-    "less than desired GPU memory utilization",
-    "NV_ERR_NO_MEMORY",
-    "cudaErrorMemoryAllocation",
-];
 
 /// Whether a line of engine output reports running out of memory.
 pub fn is_oom(line: &str) -> bool {
-    OOM_PATTERNS.iter().any(|p| line.contains(p))
+    OUT_OF_MEMORY.iter().any(|p| line.contains(p))
 }
 
 /// The KV-cache capacity an engine reported at start-up.
@@ -55,9 +42,9 @@ pub fn capacity(kind: EngineKind, line: &str) -> Option<Capacity> {
         // "GPU KV cache size: 46,592 tokens, Maximum concurrency for 2,048 tokens per request: 22.75x"
         // (the device word is CPU, GPU, XPU ...).
         EngineKind::Vllm | EngineKind::Native => {
-            let tokens = number_after("KV cache size:")?;
-            let max_concurrency = line.find("per request:").and_then(|i| {
-                let rest = line[i + "per request:".len()..].trim_start();
+            let tokens = number_after(vllm::KV_CACHE_SIZE)?;
+            let max_concurrency = line.find(vllm::PER_REQUEST).and_then(|i| {
+                let rest = line[i + vllm::PER_REQUEST.len()..].trim_start();
                 rest.trim_end_matches(|c: char| !c.is_ascii_digit())
                     .trim_end_matches('x')
                     .parse()
@@ -70,17 +57,17 @@ pub fn capacity(kind: EngineKind, line: &str) -> Option<Capacity> {
             })
         }
         // "max_total_num_tokens=N, chunked_prefill_size=..."
-        EngineKind::Sglang => number_after("max_total_num_tokens=").map(|tokens| Capacity {
+        EngineKind::Sglang => number_after(sglang::MAX_TOTAL_NUM_TOKENS).map(|tokens| Capacity {
             tokens,
             max_concurrency: None,
             line: line.to_owned(),
         }),
         // "[MemUsageChange] Allocated 1.01 GiB for max tokens in paged KV cache (8256)."
         EngineKind::Trtllm => {
-            if !line.contains("max tokens in paged KV cache") {
+            if !line.contains(trtllm::PAGED_KV_CACHE) {
                 return None;
             }
-            number_after("paged KV cache (").map(|tokens| Capacity {
+            number_after(trtllm::PAGED_KV_CACHE_TOKENS).map(|tokens| Capacity {
                 tokens,
                 max_concurrency: None,
                 line: line.to_owned(),
@@ -95,9 +82,27 @@ mod tests {
 
     #[test]
     fn reads_real_capacity_lines() {
-        let vllm = "(EngineCore pid=13411) INFO 11-29 23:22:19 [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, Maximum concurrency for 2,048 tokens per request: 22.75x";
-        let c = capacity(EngineKind::Vllm, vllm).expect("vLLM line");
-        assert_eq!((c.tokens, c.max_concurrency), (46_592, Some(22.75)));
+        // A real vLLM 0.32 log (`tests/fixtures/vllm-logs/README.md` says where from).
+        let log = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/vllm-logs/vllm-0.32-cpu-serve.log"
+        ))
+        .expect("the vLLM 0.32 sample log");
+        let found: Vec<Capacity> = log
+            .lines()
+            .filter_map(|l| capacity(EngineKind::Vllm, l))
+            .collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!((found[0].tokens, found[0].max_concurrency), (46_592, Some(22.75)));
+        assert!(
+            found[0]
+                .line
+                .starts_with("(EngineCore pid=13411) INFO 11-29 23:22:19")
+        );
+        // The native engine's line, written by the same dialect, reads back.
+        let native = vllm::capacity_line("CPU", 1_234_567, 32_768, 37.68);
+        let c = capacity(EngineKind::Native, &native).expect("native line");
+        assert_eq!((c.tokens, c.max_concurrency), (1_234_567, Some(37.68)));
         let sglang = "max_total_num_tokens=604705, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=16, context_len=524288, available_gpu_mem=12.1 GB";
         assert_eq!(
             capacity(EngineKind::Sglang, sglang).map(|c| c.tokens),

@@ -2,14 +2,26 @@
 //! for tests on machines without a GPU. It is not an engine: it answers `/health`,
 //! `/v1/models`, a canned completion and `/metrics`.
 //!
-//! What it imitates, from the engines' sources (shared/reference/engines.md):
-//! - the command lines: `vllm serve MODEL --flag ...` (argparse: unknown arguments exit
-//!   2 with "unrecognized arguments"), `python3 -m sglang.launch_server --model-path ...`
-//!   (argparse), `trtllm-serve MODEL --flag ...` (click: "No such option", exit 2),
-//!   accepting the flags of vLLM 0.33, SGLang 0.5.23 and trtllm-serve listed there;
-//! - start-up: connection refused while "loading" (vLLM binds before the engine is
-//!   up but only listens after), SGLang's 503 during warm-up, the start-up log lines
-//!   with the KV capacity, the out-of-memory messages above a memory fraction.
+//! What it imitates, from the engines' sources:
+//! - the command lines: `vllm serve MODEL --flag ...` (argparse, vLLM 0.33
+//!   `vllm/utils/argparse_utils.py` and `vllm/engine/arg_utils.py`: unknown arguments
+//!   exit 2 with "unrecognized arguments"), `python3 -m sglang.launch_server
+//!   --model-path ...` (argparse, SGLang 0.5.23 `python/sglang/srt/server_args.py`),
+//!   `trtllm-serve MODEL --flag ...` (click, TensorRT-LLM
+//!   `tensorrt_llm/commands/serve.py`: "No such option", exit 2), accepting the flags
+//!   those parsers declare that sous renders, and common others;
+//! - start-up: connection refused while "loading" (vLLM 0.33
+//!   `vllm/entrypoints/launchers/api_server/entry.py` binds before the engine is up but
+//!   only listens after), SGLang's 503 during warm-up (SGLang 0.5.23
+//!   `python/sglang/srt/entrypoints/http_server.py`), the start-up log lines with the KV
+//!   capacity (vLLM 0.33 `vllm/v1/core/kv_cache_utils.py`, SGLang
+//!   `python/sglang/srt/managers/scheduler.py`, TensorRT-LLM's `[MemUsageChange]`), the
+//!   out-of-memory messages above a memory fraction.
+//!
+//! Its lines and metric names are typed out here rather than taken from
+//! `sous_engine::dialect`: a test double that shared sous's spelling would agree with a
+//! wrong spelling, and the engine crate would add candle and tokenizers to a binary
+//! that needs neither.
 //!
 //! Controlled by the environment:
 //! - `FAKE_RECORD=FILE`: write `{"argv": [...], "env": {...}, "pid": N}` there at start.

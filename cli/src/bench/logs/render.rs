@@ -1,0 +1,262 @@
+//! `sous bench logs`'s report for a terminal: per instance its counts and curve, then the
+//! cluster. Not here: the JSON (the report's own serialization).
+
+use super::report::{ClusterReport, ClusterSummary, InstanceReport, LogsReport};
+use crate::bench::table::{self, First};
+
+impl LogsReport {
+    /// The report as plain text: per instance its counts and curve, then the cluster.
+    pub fn to_table(&self) -> String {
+        let mut sections: Vec<String> = Vec::with_capacity(self.instances.len() + 1);
+        for instance in &self.instances {
+            let mut out = String::new();
+            render_instance(&mut out, instance, self.idle_gap_s);
+            sections.push(out);
+        }
+        if let Some(cluster) = &self.cluster {
+            let mut out = String::new();
+            render_cluster(&mut out, cluster);
+            sections.push(out);
+        }
+        // A blank line between sections.
+        sections.join("\n")
+    }
+}
+
+fn render_instance(out: &mut String, i: &InstanceReport, idle_gap_s: u32) {
+    out.push_str(&format!(
+        "{}: {} samples from {} to {} ({})\n",
+        i.name,
+        i.samples,
+        i.first,
+        i.last,
+        duration(i.span_s)
+    ));
+    out.push_str(&format!(
+        "  lines: {} read, {} stats, {} malformed{}, {} other\n",
+        i.lines,
+        i.samples,
+        i.malformed_lines,
+        if i.malformed_examples.is_empty() {
+            String::new()
+        } else {
+            let lines: Vec<String> = i.malformed_examples.iter().map(ToString::to_string).collect();
+            format!(" (line {})", lines.join(", "))
+        },
+        i.other_lines
+    ));
+    out.push_str(&format!(
+        "  idle: {} gaps over {idle_gap_s}s, {} idle in all, longest gap {}\n",
+        i.idle.gaps,
+        duration(i.idle.idle_s),
+        duration(i.idle.longest_gap_s)
+    ));
+    if i.restarts.is_empty() {
+        out.push_str("  restarts: none\n");
+    } else {
+        let list: Vec<String> = i
+            .restarts
+            .iter()
+            .map(|r| match (r.pid_before, r.pid_after) {
+                (Some(a), Some(b)) if a != b => format!("at {}, pid {a} -> {b}", r.at),
+                _ => format!("at {}", r.at),
+            })
+            .collect();
+        out.push_str(&format!("  restarts: {} ({})\n", list.len(), list.join("; ")));
+    }
+    let rows: Vec<Vec<String>> = i
+        .curve
+        .iter()
+        .map(|p| {
+            vec![
+                p.running.to_string(),
+                p.samples.to_string(),
+                format!("{:.1}", p.mean_generation_tok_s),
+                format!("{:.1}", p.max_generation_tok_s),
+                p.per_request_tok_s
+                    .map_or_else(|| "-".into(), |v| format!("{v:.1}")),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        "  ",
+        &[
+            "running",
+            "samples",
+            "mean gen tok/s",
+            "max gen tok/s",
+            "per request tok/s",
+        ],
+        &rows,
+        First::Right,
+    );
+    out.push_str(&format!(
+        "  peak: {:.1} tok/s generation at {} with {} running\n",
+        i.peak.generation_tok_s, i.peak.at, i.peak.running
+    ));
+    out.push_str(&format!(
+        "  active samples: {}, mean prompt {:.1} tok/s, mean generation {:.1} tok/s\n",
+        i.active_samples, i.mean_prompt_tok_s, i.mean_generation_tok_s
+    ));
+    out.push_str(&format!(
+        "  prompt:generation {}; max KV cache usage {:.1}%, max waiting {}, preemptions {}\n",
+        i.prompt_generation_ratio
+            .map_or_else(|| "-".into(), |r| format!("{r:.1}:1")),
+        i.max_kv_cache_usage_pct,
+        i.max_waiting,
+        i.preemptions
+    ));
+}
+
+fn render_cluster(out: &mut String, c: &ClusterReport) {
+    out.push_str(&format!(
+        "cluster: {} instances, per minute the highest sample of each, summed (tok/s)\n",
+        c.instances.len()
+    ));
+    let threshold = format!("> {}", c.threshold_tok_s);
+    let summary_row = |label: &str, s: &ClusterSummary| {
+        let mut row = vec![label.to_owned(), s.minutes.to_string()];
+        match &s.distribution {
+            Some(d) => row.extend([d.mean, d.p50, d.p95, d.p99, d.max].map(|v| format!("{v:.1}"))),
+            None => row.extend(std::iter::repeat_n("-".to_owned(), 5)),
+        }
+        row.push(s.above_threshold.to_string());
+        row
+    };
+    table(
+        out,
+        "  ",
+        &[
+            "minutes with",
+            "count",
+            "mean",
+            "P50",
+            "P95",
+            "P99",
+            "max",
+            &threshold,
+        ],
+        &[
+            summary_row("all active", &c.all_active),
+            summary_row("any active", &c.any_active),
+        ],
+        First::Left,
+    );
+    for (label, summary) in [("all instances", &c.all_active), ("any instance", &c.any_active)] {
+        if summary.top.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("  largest minutes with {label} active:\n"));
+        let mut header = vec!["minute", "total"];
+        header.extend(c.instances.iter().map(String::as_str));
+        let rows: Vec<Vec<String>> = summary
+            .top
+            .iter()
+            .map(|m| {
+                let mut row = vec![m.minute.minute_text(), format!("{:.1}", m.total_tok_s)];
+                row.extend(m.contributions.iter().map(|v| format!("{v:.1}")));
+                row
+            })
+            .collect();
+        table(out, "    ", &header, &rows, First::Left);
+    }
+}
+
+/// Appends a table with `header` above `rows`.
+fn table(out: &mut String, indent: &str, header: &[&str], rows: &[Vec<String>], first: First) {
+    let mut all = vec![table::header(header)];
+    all.extend_from_slice(rows);
+    out.push_str(&table::layout(&all, indent, first));
+}
+
+/// `45s`, `4m40s`, `1h02m`, `5d03h`.
+fn duration(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::analyze;
+    use super::super::testing::*;
+
+    #[test]
+    fn json_and_table() {
+        let report = analyze(&fixtures(), &options()).expect("analyze");
+        let json = serde_json::to_value(&report).expect("json");
+        assert_eq!(json["instances"][0]["first"], "2026-09-06T10:00:05");
+        assert_eq!(
+            json["instances"][0]["curve"][0]["per_request_tok_s"],
+            serde_json::Value::Null
+        );
+        assert_eq!(
+            json["cluster"]["any_active"]["top"][0]["minute"],
+            "2026-09-06T10:01:00"
+        );
+        assert_eq!(json["cluster"]["all_active"]["distribution"]["p95"], 869.75);
+        insta::assert_snapshot!(report.to_table(), @r"
+        instance-0: 11 samples from 2026-09-06 10:00:05 to 2026-09-06 10:04:45 (4m40s)
+          lines: 32 read, 11 stats, 0 malformed, 21 other
+          idle: 2 gaps over 15s, 3m00s idle in all, longest gap 2m10s
+          restarts: none
+          running  samples  mean gen tok/s  max gen tok/s  per request tok/s
+                0        1            18.0           18.0                  -
+                1        4            83.0           88.0               83.0
+                2        3           160.0          170.0               80.0
+                3        2           235.0          240.0               78.3
+                4        1           300.0          300.0               75.0
+          peak: 300.0 tok/s generation at 2026-09-06 10:01:05 with 4 running
+          active samples: 11, mean prompt 727.3 tok/s, mean generation 145.5 tok/s
+          prompt:generation 5.0:1; max KV cache usage 11.8%, max waiting 1, preemptions 0
+
+        instance-1: 9 samples from 2026-09-06 10:00:08 to 2026-09-06 10:04:28 (4m20s)
+          lines: 21 read, 9 stats, 1 malformed (line 15), 11 other
+          idle: 3 gaps over 15s, 3m00s idle in all, longest gap 2m10s
+          restarts: none
+          running  samples  mean gen tok/s  max gen tok/s  per request tok/s
+                1        2            87.5           90.0               87.5
+                2        1           170.0          170.0               85.0
+                4        2           335.0          340.0               83.8
+                6        2           475.0          480.0               79.2
+                8        2           590.0          600.0               73.8
+          peak: 600.0 tok/s generation at 2026-09-06 10:01:08 with 8 running
+          active samples: 9, mean prompt 1048.3 tok/s, mean generation 349.4 tok/s
+          prompt:generation 3.0:1; max KV cache usage 31.6%, max waiting 2, preemptions 0
+
+        instance-2: 8 samples from 2026-09-06 10:00:02 to 2026-09-06 10:04:40 (4m38s)
+          lines: 23 read, 8 stats, 1 malformed (line 7), 14 other
+          idle: 3 gaps over 15s, 3m28s idle in all, longest gap 1m58s
+          restarts: 1 (at 2026-09-06 10:01:40, pid 2000 -> 2100)
+          running  samples  mean gen tok/s  max gen tok/s  per request tok/s
+                1        2            82.5           85.0               82.5
+                2        2           162.5          165.0               81.2
+                3        2           247.5          250.0               82.5
+                4        2           325.0          330.0               81.2
+          peak: 330.0 tok/s generation at 2026-09-06 10:03:20 with 4 running
+          active samples: 8, mean prompt 817.5 tok/s, mean generation 204.4 tok/s
+          prompt:generation 4.0:1; max KV cache usage 35.6%, max waiting 2, preemptions 1
+
+        cluster: 3 instances, per minute the highest sample of each, summed (tok/s)
+          minutes with  count   mean    P50    P95    P99    max  > 1000
+          all active        2  732.5  732.5  869.8  882.0  885.0       0
+          any active        5  636.0  580.0  897.0  899.4  900.0       0
+          largest minutes with all instances active:
+            minute            total  instance-0  instance-1  instance-2
+            2026-09-06 10:00  885.0       240.0       480.0       165.0
+            2026-09-06 10:04  580.0        80.0       340.0       160.0
+          largest minutes with any instance active:
+            minute            total  instance-0  instance-1  instance-2
+            2026-09-06 10:01  900.0       300.0       600.0         0.0
+            2026-09-06 10:00  885.0       240.0       480.0       165.0
+            2026-09-06 10:04  580.0        80.0       340.0       160.0
+            2026-09-06 10:03  480.0       150.0         0.0       330.0
+            2026-09-06 10:02  335.0         0.0        85.0       250.0
+        ");
+    }
+}

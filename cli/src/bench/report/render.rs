@@ -1,0 +1,144 @@
+//! A run's report for a terminal (the level table and the lines about the probe, the
+//! agent and the server's prefix cache) and `sous bench compare`. Not here: the JSON or
+//! the CSV.
+
+use serde_json::Value;
+
+use super::{Level, Report};
+use crate::bench::table::{self, First};
+
+/// The terminal table of a run's levels.
+pub fn table(levels: &[Level]) -> String {
+    let mut rows = vec![vec![
+        "conc".to_owned(),
+        "reqs".into(),
+        "err".into(),
+        "out tok/s".into(),
+        "tok/s/req".into(),
+        "TTFT p50".into(),
+        "TTFT p99".into(),
+        "TPOT p50".into(),
+        "ITL p50".into(),
+        "ITL p99".into(),
+        "E2E p50".into(),
+        "goodput".into(),
+        "prefix hit".into(),
+    ]];
+    for level in levels {
+        let m = &level.metrics;
+        let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+        rows.push(vec![
+            m.max_concurrency.to_string(),
+            m.num_prompts.to_string(),
+            m.failed.to_string(),
+            format!("{:.1}", m.output_throughput),
+            format!("{:.1}", m.mean_request_output_tokens_per_s),
+            format!("{:.1}", m.ttft.median),
+            ms(m.ttft.at(99.0)),
+            format!("{:.1}", m.tpot.median),
+            format!("{:.1}", m.itl.median),
+            ms(m.itl.at(99.0)),
+            format!("{:.1}", m.e2el.median),
+            m.request_goodput.map_or("-".into(), |g| format!("{g:.2}/s")),
+            level
+                .server
+                .prefix_cache_hit_rate
+                .map_or("-".into(), |h| format!("{:.1}%", h * 100.0)),
+        ]);
+    }
+    table::layout(&rows, "", First::Right) + "(times in ms; tok/s/req = mean of each request's 1/TPOT)\n"
+}
+
+/// The text `sous bench probe|sweep|prefix|agent` prints: the level table, then the
+/// probe's and the agent's lines and the server's prefix-cache hit rate per level.
+pub fn summary(report: &Report) -> String {
+    let mut out = table(&report.levels);
+    for level in &report.levels {
+        if let Some(probe) = &level.probe {
+            out.push_str(&format!(
+                "probe: TTFT median {:.1} ms (min {:.1}, max {:.1}); decode median {:.1} tok/s (min {:.1}, max {:.1}) over {} runs\n",
+                probe.ttft_ms.median,
+                probe.ttft_ms.min.unwrap_or(0.0),
+                probe.ttft_ms.max.unwrap_or(0.0),
+                probe.decode_tok_s.median,
+                probe.decode_tok_s.min.unwrap_or(0.0),
+                probe.decode_tok_s.max.unwrap_or(0.0),
+                probe.repetitions.len(),
+            ));
+        }
+        if let Some(agent) = &level.agent {
+            out.push_str(&format!(
+                "agent: prompt:generation {:.1}:1\n",
+                agent.prompt_to_generation_ratio
+            ));
+        }
+        let s = &level.server;
+        if let (Some(rate), Some(q)) = (s.prefix_cache_hit_rate, s.prefix_cache_queries) {
+            out.push_str(&format!(
+                "server: prefix-cache hit rate {:.1}% ({:.0} of {q:.0} prompt tokens)\n",
+                rate * 100.0,
+                s.prefix_cache_hits.unwrap_or(0.0)
+            ));
+        }
+    }
+    if report.workload == "sweep" {
+        out.push_str("(output tok/s: all requests' tokens over the level's wall time)\n");
+    }
+    out
+}
+
+/// `sous bench compare A B`: the levels of two reports side by side, matched by
+/// concurrency, with B/A ratios.
+pub fn compare(a: &Value, b: &Value) -> Result<String, String> {
+    let levels = |v: &Value, which: &str| -> Result<Vec<Value>, String> {
+        v["levels"]
+            .as_array()
+            .cloned()
+            .ok_or_else(|| format!("{which} is not a `sous bench` report (no `levels`)"))
+    };
+    let (la, lb) = (levels(a, "the first file")?, levels(b, "the second file")?);
+    let label = |v: &Value| v["label"].as_str().map(str::to_owned).unwrap_or_default();
+    let (name_a, name_b) = (label(a), label(b));
+    let mut rows = vec![vec![
+        "conc".to_owned(),
+        "metric".into(),
+        if name_a.is_empty() { "A".into() } else { name_a },
+        if name_b.is_empty() { "B".into() } else { name_b },
+        "B/A".into(),
+    ]];
+    const METRICS: [(&str, &str); 6] = [
+        ("output_throughput", "out tok/s"),
+        ("mean_request_output_tokens_per_s", "tok/s/req"),
+        ("median_ttft_ms", "TTFT p50 ms"),
+        ("median_tpot_ms", "TPOT p50 ms"),
+        ("median_itl_ms", "ITL p50 ms"),
+        ("median_e2el_ms", "E2E p50 ms"),
+    ];
+    let mut matched = 0;
+    for x in &la {
+        let Some(y) = lb.iter().find(|y| y["max_concurrency"] == x["max_concurrency"]) else {
+            continue;
+        };
+        matched += 1;
+        for (key, name) in METRICS {
+            let (Some(va), Some(vb)) = (x[key].as_f64(), y[key].as_f64()) else {
+                continue;
+            };
+            rows.push(vec![
+                x["max_concurrency"].to_string(),
+                name.into(),
+                format!("{va:.1}"),
+                format!("{vb:.1}"),
+                if va != 0.0 {
+                    format!("{:.2}x", vb / va)
+                } else {
+                    "-".into()
+                },
+            ]);
+        }
+    }
+    if matched == 0 {
+        return Err("the two reports have no concurrency level in common".into());
+    }
+    Ok(table::layout(&rows, "", First::Right))
+}

@@ -1,0 +1,142 @@
+//! The figures of a window as `sous bench scrape` reports them (the JSON document's
+//! shape). Not here: computing them ([`super::analyze`]) or the terminal text
+//! ([`super::render`]).
+
+use serde::Serialize;
+
+/// One bucket of a histogram's increase.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Bucket {
+    /// The upper bound as the exposition writes it (`+Inf` for the last).
+    pub le: String,
+    /// Observations at or below it during the window (cumulative).
+    pub count: f64,
+}
+
+/// A latency histogram over the window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Latency {
+    /// `ttft`, `itl`, `tpot`, `e2e` or `queue`.
+    pub name: &'static str,
+    /// The metric, without `_bucket`.
+    pub metric: String,
+    /// Observations (Δ`_count`).
+    pub count: f64,
+    /// Their sum in seconds (Δ`_sum`).
+    pub sum_s: f64,
+    /// Δsum / Δcount.
+    pub mean_ms: Option<f64>,
+    /// Bucket-interpolated median.
+    pub p50_ms: Option<f64>,
+    /// Bucket-interpolated 90th percentile.
+    pub p90_ms: Option<f64>,
+    /// Bucket-interpolated 95th percentile.
+    pub p95_ms: Option<f64>,
+    /// Bucket-interpolated 99th percentile.
+    pub p99_ms: Option<f64>,
+    /// The percentiles that fell in the `+Inf` bucket: they are the largest finite
+    /// bound, and the true values are above it.
+    pub beyond_last_bucket: Vec<&'static str>,
+    /// The increase of every bucket, summed over the other labels and the URLs.
+    pub buckets: Vec<Bucket>,
+    #[serde(skip)]
+    pub(super) label: &'static str,
+}
+
+impl Latency {
+    pub(super) fn percentile(&self, key: &str) -> Option<f64> {
+        match key {
+            "p50" => self.p50_ms,
+            "p90" => self.p90_ms,
+            "p95" => self.p95_ms,
+            _ => self.p99_ms,
+        }
+    }
+}
+
+/// Counter increases over the window and their rates; absent when no scrape has the
+/// counter.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Counters {
+    /// Tokens generated.
+    pub generation_tokens: Option<f64>,
+    /// Per second of the window.
+    pub generation_tokens_per_s: Option<f64>,
+    /// Prompt tokens (cached ones included).
+    pub prompt_tokens: Option<f64>,
+    /// Per second of the window.
+    pub prompt_tokens_per_s: Option<f64>,
+    /// Requests finished.
+    pub requests_completed: Option<f64>,
+    /// Per second of the window.
+    pub requests_per_s: Option<f64>,
+    /// Prompt tokens found in the prefix cache (TensorRT-LLM: blocks reused).
+    pub prefix_cache_hits: Option<f64>,
+    /// Prompt tokens looked up (TensorRT-LLM: blocks reused + missed).
+    pub prefix_cache_queries: Option<f64>,
+    /// hits / queries.
+    pub prefix_cache_hit_rate: Option<f64>,
+    /// Requests preempted.
+    pub preemptions: Option<f64>,
+    /// Draft tokens proposed.
+    pub spec_decode_draft_tokens: Option<f64>,
+    /// Of those, accepted.
+    pub spec_decode_accepted_tokens: Option<f64>,
+    /// accepted / draft tokens.
+    pub spec_decode_acceptance_rate: Option<f64>,
+    /// 1 + accepted / drafts.
+    pub spec_decode_acceptance_length: Option<f64>,
+}
+
+/// A gauge over the scrapes, per instance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Gauge {
+    /// `running_requests`, `waiting_requests`, `kv_cache_usage`, ...
+    pub name: &'static str,
+    /// The metrics read.
+    pub metrics: Vec<String>,
+    /// The largest value of any instance at any scrape.
+    pub max: f64,
+    /// The mean over every instance's scrapes.
+    pub mean: f64,
+    /// Values averaged.
+    pub samples: usize,
+    #[serde(skip)]
+    pub(super) label: &'static str,
+}
+
+/// A counter seen going down: the server restarted between two scrapes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reset {
+    /// The URL.
+    pub url: String,
+    /// The first scrape after the restart, from 1.
+    pub scrape: usize,
+    /// When it was taken, seconds into the window.
+    pub at_s: f64,
+}
+
+/// The figures of a window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// How the percentiles were computed: [`super::PERCENTILE_METHOD`].
+    pub percentile_method: &'static str,
+    /// The URLs scraped.
+    pub urls: Vec<String>,
+    /// Whose metric names were found: `vllm`, `sglang`, `trtllm`.
+    pub families: Vec<&'static str>,
+    /// Scrapes scheduled per URL.
+    pub scrapes: usize,
+    /// Scrapes that failed and were skipped, over all URLs.
+    pub failed_scrapes: usize,
+    /// Seconds from the first scrape to the last.
+    pub window_s: f64,
+    /// The latency histograms found.
+    pub latency: Vec<Latency>,
+    /// Counter increases and rates.
+    pub counters: Counters,
+    /// Gauges over the scrapes.
+    pub gauges: Vec<Gauge>,
+    /// Restarts seen; increases span them.
+    pub counter_resets: Vec<Reset>,
+}
