@@ -37,25 +37,9 @@ pub fn diagnosis<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a dyn Diagnos
         crate::hub::select::GlobError,
         crate::quantize::QuantizeError,
         crate::import::ImportError,
+        crate::bench::BenchError,
         crate::bench::logs::LogsError,
         crate::bench::scrape::ScrapeError,
     ];
     None
-}
-
-impl Diagnose for crate::bench::logs::LogsError {
-    fn class(&self) -> Class {
-        sous_engine::diagnose::user_unless(crate::bench::logs::LogsError::is_internal(self))
-    }
-
-    fn hint(&self) -> Option<String> {
-        crate::bench::logs::LogsError::hint(self)
-    }
-}
-
-impl Diagnose for crate::bench::scrape::ScrapeError {
-    /// A flag the user wrote, or servers that gave nothing to analyse.
-    fn class(&self) -> Class {
-        Class::User
-    }
 }

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use sous_engine::diagnose::{Class, Diagnose, user_unless};
+
 /// Why a benchmark failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -85,9 +87,27 @@ pub enum BenchError {
     Charts(String),
 }
 
+impl Diagnose for BenchError {
+    /// Writing the report is sous's (or the machine's) business; the server, the
+    /// tokenizer and the flags are the user's.
+    fn class(&self) -> Class {
+        user_unless(matches!(
+            self,
+            BenchError::ModelsBody(_)
+                | BenchError::Json(_)
+                | BenchError::Create { .. }
+                | BenchError::Write { .. }
+                | BenchError::Charts(_)
+        ))
+    }
+
+    fn hint(&self) -> Option<String> {
+        self.hint_text().map(str::to_owned)
+    }
+}
+
 impl BenchError {
-    /// What the user can do about it, when there is something.
-    pub fn hint(&self) -> Option<&'static str> {
+    fn hint_text(&self) -> Option<&'static str> {
         match self {
             BenchError::Unreachable { .. } => Some("check --url, and that the server is up"),
             BenchError::ModelsStatus { .. } => Some("pass --api-key-env if the server needs a key"),
@@ -100,17 +120,5 @@ impl BenchError {
             }
             _ => None,
         }
-    }
-
-    /// Whether this is sous's fault (or the machine's) rather than the input's.
-    pub fn is_internal(&self) -> bool {
-        matches!(
-            self,
-            BenchError::ModelsBody(_)
-                | BenchError::Json(_)
-                | BenchError::Create { .. }
-                | BenchError::Write { .. }
-                | BenchError::Charts(_)
-        )
     }
 }

@@ -3,14 +3,16 @@
 //! stopped after; `compare` puts two reports side by side; `logs` and `scrape` read
 //! what a production server leaves behind, without sending it a request.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
+use sous::pipeline;
+use sous_engine::reporter::{Progress, Reporter, Task};
+use sous_engine::serve::Instance;
 
 use crate::bench::client::Endpoint;
 use crate::bench::plan::{self, Workload};
@@ -18,7 +20,6 @@ use crate::bench::report;
 use crate::bench::run::{self, Target};
 use crate::bench::scrape;
 use crate::bench::stats::Slo;
-use crate::bench::{BenchError, discover};
 use crate::failure::UserError;
 use crate::shell::Shell;
 
@@ -294,16 +295,6 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// A benchmark's error as the command reports it: the user's (exit 1, with a hint) or
-/// sous's (exit 2).
-fn cli_error(err: BenchError) -> anyhow::Error {
-    if err.is_internal() {
-        err.into()
-    } else {
-        UserError::new(err.to_string(), err.hint()).into()
-    }
-}
-
 fn logs(args: &LogsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     use crate::bench::logs::{LogInput, LogsOptions, analyze};
     if !args.names.is_empty() && args.names.len() != args.files.len() {
@@ -343,12 +334,10 @@ fn logs(args: &LogsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
 /// `sous bench scrape`: every URL now, then on the schedule; the first round must
 /// reach them all, later failures are skipped.
 fn watch(args: &ScrapeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
-    let user = |e: scrape::ScrapeError| UserError::new(e.to_string(), e.hint());
     let runtime = super::runtime()?;
-    let (instances, scheduled) = runtime
-        .block_on(scrape::watch(&args.urls, args.window, args.interval, shell))
-        .map_err(user)?;
-    let report = scrape::analyze(&instances, scheduled).map_err(user)?;
+    let (instances, scheduled) =
+        runtime.block_on(scrape::watch(&args.urls, args.window, args.interval, shell))?;
+    let report = scrape::analyze(&instances, scheduled)?;
     for r in &report.counter_resets {
         shell.warn(&format!(
             "{} restarted before scrape {} (a counter went down); its figures span the restart",
@@ -377,102 +366,35 @@ fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A server `sous bench --recipe` started; stopped when dropped.
-struct Served {
-    child: std::process::Child,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Serves `recipe` with `sous serve`, logging to a file; returns its base URL and API
-/// key (from the recipe's `server.api_key_env`) once /health answers.
+/// Serves `recipe` through the pipeline (build, start, readiness) for the length of a
+/// benchmark; returns the instance, its base URL and the API key its recipe names.
 async fn serve(
-    recipe: &Path,
+    file: &Path,
     overrides: &super::OverrideArgs,
     shell: &Shell,
-) -> anyhow::Result<(Served, String, Option<String>)> {
-    let loaded = super::load_recipe(recipe, overrides)?;
-    let r = loaded.recipe;
-    let key = r
+) -> anyhow::Result<(Instance, String, Option<String>)> {
+    let recipe = super::load_recipe(file, overrides)?.recipe;
+    let key = recipe
         .server
         .api_key_env
         .as_deref()
         .and_then(|v| std::env::var(v).ok());
-    let url = r.server.local_url();
-    let dir = sous_engine::paths::instance_dir(&r.name);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let log_path = dir.join("bench-serve.log");
-    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-    let exe = std::env::current_exe().context("finding the sous executable")?;
-    let child = std::process::Command::new(exe)
-        .args(["serve", "--recipe"])
-        .arg(recipe)
-        .args(overrides.set.iter().flat_map(|s| ["--set", s.as_str()]))
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone().context("the serve log")?)
-        .stderr(log)
-        .spawn()
-        .context("starting `sous serve`")?;
-    let served = Served { child };
-    shell.status("serving", &format!("{} (log: {})", r.name, log_path.display()));
-    let client = reqwest::Client::new();
-    let started = Instant::now();
-    let mut served = served;
-    loop {
-        if let Ok(Some(status)) = served.child.try_wait() {
-            let mut text = String::new();
-            let _ = std::fs::File::open(&log_path).and_then(|mut f| f.read_to_string(&mut text));
-            let tail: Vec<&str> = text.lines().rev().take(15).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            return Err(UserError::new(
-                format!(
-                    "`sous serve` exited ({status}) before the server was ready:\n{}",
-                    tail.join("\n")
-                ),
-                Some(&format!("read {}", log_path.display())),
-            )
-            .into());
-        }
-        if client
-            .get(format!("{url}/health"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-            && let Ok(info) = discover::models(&client, &url, key.as_deref()).await
-            && !info.id.is_empty()
-        {
-            shell.status(
-                "ready",
-                &format!("{url} after {:.1} s", started.elapsed().as_secs_f64()),
-            );
-            return Ok((served, url, key));
-        }
-        if started.elapsed() > r.server.startup_timeout {
-            return Err(UserError::new(
-                format!(
-                    "the recipe's server was not ready after {:?}",
-                    r.server.startup_timeout
-                ),
-                Some(&format!("read {}", log_path.display())),
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let setup = super::serve::setup();
+    let running = pipeline::running(&recipe, &setup, false, shell)?;
+    shell.status(
+        "serving",
+        &format!(
+            "{} (log: {})",
+            recipe.name,
+            setup.instance_dir(&recipe).join("engine.log").display()
+        ),
+    );
+    // The engine's output goes to its log only: the benchmark's figures are the talk here.
+    let reporter: Arc<dyn Reporter> = Arc::new(WithoutOutput(shell.clone()));
+    let built = pipeline::build(&recipe, &setup, false, &reporter).await?;
+    let mut instance = pipeline::launch(&built, &setup, running, reporter)?;
+    let url = instance.ready().await?.url.clone();
+    Ok((instance, url, key))
 }
 
 fn active(common: &Common, workload: &Workload, shell: &Shell) -> anyhow::Result<ExitCode> {
@@ -484,65 +406,100 @@ fn active(common: &Common, workload: &Workload, shell: &Shell) -> anyhow::Result
     if let Some(bad) = common.percentiles.iter().find(|p| !(0.0..=100.0).contains(*p)) {
         return Err(UserError::new(format!("--percentiles: {bad} is not between 0 and 100"), None).into());
     }
+    let options = run::Options {
+        seed: common.seed,
+        salt: common.salt,
+        percentiles: common.percentiles.clone(),
+        slo,
+        label: common.label.clone(),
+    };
     let runtime = super::runtime()?;
     runtime.block_on(async {
-        let (_served, url, recipe_key) = match (&common.recipe, &common.url) {
+        let (served, url, recipe_key) = match (&common.recipe, &common.url) {
             (Some(recipe), _) => {
-                let (served, url, key) = serve(recipe, &common.overrides, shell).await?;
-                (Some(served), url, key)
+                let (instance, url, key) = serve(recipe, &common.overrides, shell).await?;
+                (Some(instance), url, key)
             }
             (None, Some(url)) => (None, url.trim_end_matches('/').to_owned(), None),
             (None, None) => return Err(UserError::new("pass --url URL or --recipe FILE", None).into()),
         };
-        let key = match &common.api_key_env {
-            Some(var) => Some(std::env::var(var).map_err(|_| {
-                UserError::new(
-                    format!("--api-key-env: `{var}` is not set"),
-                    Some(&format!("export {var}=...")),
-                )
-            })?),
-            None => recipe_key,
-        };
-        let target = Target {
-            url,
-            model: common.model.clone(),
-            api_key: key,
-            endpoint: common.endpoint.into(),
-            tokenizer: common.tokenizer.clone(),
-        };
-        let options = run::Options {
-            seed: common.seed,
-            salt: common.salt,
-            percentiles: common.percentiles.clone(),
-            slo,
-            label: common.label.clone(),
-        };
-        let report = run::run(&target, workload, &options, shell)
-            .await
-            .map_err(cli_error)?;
-        let text = report.to_json()?;
-        if let Some(dir) = &common.out {
-            let written = report::write(dir, &report, &common.percentiles).map_err(cli_error)?;
-            let charts: Vec<String> = written.charts.iter().map(|p| p.display().to_string()).collect();
-            shell.status(
-                "wrote",
-                &format!(
-                    "{}, {} and {}",
-                    written.json.display(),
-                    written.csv.display(),
-                    charts.join(", ")
-                ),
-            );
+        let measured = measure(common, workload, &options, url, recipe_key, shell).await;
+        // The recipe's server stops whether the benchmark succeeded or not.
+        if let Some(instance) = served {
+            instance.stop().await?;
         }
-        if common.json {
-            shell.data(&text)?;
-        } else {
-            shell.data(&report::summary(&report))?;
-        }
-        Ok(if report.failed() > 0 {
-            ExitCode::from(sous::error::Class::User.exit_code())
-        } else {
-            ExitCode::SUCCESS
-        })
+        measured
     })
+}
+
+/// Runs the workload against `url` and reports it.
+async fn measure(
+    common: &Common,
+    workload: &Workload,
+    options: &run::Options,
+    url: String,
+    recipe_key: Option<String>,
+    shell: &Shell,
+) -> anyhow::Result<ExitCode> {
+    let key = match &common.api_key_env {
+        Some(var) => Some(std::env::var(var).map_err(|_| {
+            UserError::new(
+                format!("--api-key-env: `{var}` is not set"),
+                Some(&format!("export {var}=...")),
+            )
+        })?),
+        None => recipe_key,
+    };
+    let target = Target {
+        url,
+        model: common.model.clone(),
+        api_key: key,
+        endpoint: common.endpoint.into(),
+        tokenizer: common.tokenizer.clone(),
+    };
+    let report = run::run(&target, workload, options, shell).await?;
+    let text = report.to_json()?;
+    if let Some(dir) = &common.out {
+        let written = report::write(dir, &report, &common.percentiles)?;
+        let charts: Vec<String> = written.charts.iter().map(|p| p.display().to_string()).collect();
+        shell.status(
+            "wrote",
+            &format!(
+                "{}, {} and {}",
+                written.json.display(),
+                written.csv.display(),
+                charts.join(", ")
+            ),
+        );
+    }
+    if common.json {
+        shell.data(&text)?;
+    } else {
+        shell.data(&report::summary(&report))?;
+    }
+    Ok(if report.failed() > 0 {
+        ExitCode::from(sous::error::Class::User.exit_code())
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A reporter that passes everything on but an engine's output, which goes to the
+/// engine's log file only.
+struct WithoutOutput(Shell);
+
+impl Reporter for WithoutOutput {
+    fn status(&self, word: &str, message: &str) {
+        self.0.status(word, message);
+    }
+
+    fn warn(&self, message: &str) {
+        self.0.warn(message);
+    }
+
+    fn output(&self, _: Option<&str>, _: &str) {}
+
+    fn progress(&self, task: Task) -> Box<dyn Progress> {
+        Reporter::progress(&self.0, task)
+    }
 }

@@ -10,7 +10,8 @@
 //!
 //! - `build`: [`build()`], [`Built`], [`Weights`].
 //! - `start`: [`running()`] (checked before a build, so nothing is pulled for a
-//!   recipe that cannot be served) and [`start()`].
+//!   recipe that cannot be served), [`start()`] (with `--replace`'s rules) and
+//!   [`launch()`].
 //! - `error`: [`PipelineError`].
 //!
 //! Not here: the engines themselves (`sous-engine`'s `launch` and `serve`), or how
@@ -24,7 +25,7 @@ mod start;
 
 pub use build::{Built, Weights, build};
 pub use error::PipelineError;
-pub use start::{Started, running, start};
+pub use start::{Started, launch, running, start};
 
 use std::path::PathBuf;
 

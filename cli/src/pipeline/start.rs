@@ -96,8 +96,19 @@ pub async fn start(
             }
         }
     };
+    Ok(Started::Running(launch(built, setup, replacing, reporter)?))
+}
+
+/// Starts `built` under a supervisor on the current tokio runtime, beside `replacing`
+/// when there is one (stopped once the new instance is ready), without looking for a
+/// running instance: for callers that checked with [`running`] that none runs.
+pub fn launch(
+    built: &Built,
+    setup: &Setup,
+    replacing: Option<InstanceState>,
+    reporter: Arc<dyn Reporter>,
+) -> Result<Instance, PipelineError> {
     let ctx = built.render_context(setup);
-    Ok(Started::Running(Instance::start(
-        recipe, &ctx, &hash, replacing, reporter,
-    )))
+    let hash = built.hash(setup)?;
+    Ok(Instance::start(&built.recipe, &ctx, &hash, replacing, reporter))
 }

@@ -23,6 +23,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use sous_engine::diagnose::{Class, Diagnose, user_unless};
+
 pub use analyze::analyze;
 pub use time::LogTime;
 
@@ -144,9 +146,13 @@ pub enum LogsError {
     Pattern(#[from] regex::Error),
 }
 
-impl LogsError {
-    /// What the user can do about it, when there is something.
-    pub fn hint(&self) -> Option<String> {
+impl Diagnose for LogsError {
+    /// Only a built-in pattern that does not compile is sous's fault.
+    fn class(&self) -> Class {
+        user_unless(matches!(self, LogsError::Pattern(_)))
+    }
+
+    fn hint(&self) -> Option<String> {
         match self {
             LogsError::DuplicateName { .. } => {
                 Some("files with the same name in different directories need distinct labels".into())
@@ -158,11 +164,6 @@ impl LogsError {
             ),
             _ => None,
         }
-    }
-
-    /// Whether this is sous's fault rather than the input's.
-    pub fn is_internal(&self) -> bool {
-        matches!(self, LogsError::Pattern(_))
     }
 }
 

@@ -28,6 +28,7 @@ mod watch;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use sous_engine::diagnose::{Class, Diagnose};
 use sous_engine::dialect::Family;
 
 use super::prom::Scrape;
@@ -69,15 +70,20 @@ pub enum ScrapeError {
     },
 }
 
-impl ScrapeError {
-    /// What the user can do about it, when there is something.
-    pub fn hint(&self) -> Option<&'static str> {
+impl Diagnose for ScrapeError {
+    /// A flag the user wrote, or servers that gave nothing to analyse.
+    fn class(&self) -> Class {
+        Class::User
+    }
+
+    fn hint(&self) -> Option<String> {
         match self {
             ScrapeError::NoMetrics { .. } => Some(
-                "SGLang needs --enable-metrics; TensorRT-LLM serves Prometheus text at /prometheus/metrics",
+                "SGLang needs --enable-metrics; TensorRT-LLM serves Prometheus text at /prometheus/metrics"
+                    .into(),
             ),
             ScrapeError::Unreachable { .. } => {
-                Some("check the URL, and that the server is up and exposes /metrics")
+                Some("check the URL, and that the server is up and exposes /metrics".into())
             }
             _ => None,
         }
