@@ -56,7 +56,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stop_grace: std::time::Duration::from_secs(1),
         log_interval: std::time::Duration::from_secs(3600),
     };
-    let engine = sous_engine::native::Engine::load(settings, std::sync::Arc::new(|_| {}))?;
+    let engine =
+        sous_engine::native::Engine::load(settings, std::sync::Arc::new(sous_engine::reporter::Silent))?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let core = engine.core;
     let thread = std::thread::spawn(move || core.run(rx));

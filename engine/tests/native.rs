@@ -84,7 +84,8 @@ impl Loop {
             stop_grace: Duration::from_secs(1),
             log_interval: Duration::from_secs(3600),
         };
-        let engine = Engine::load(settings, Arc::new(|_| {})).expect("the engine loads");
+        let engine =
+            Engine::load(settings, Arc::new(sous_engine::reporter::Silent)).expect("the engine loads");
         let (tx, rx) = unbounded_channel();
         let metrics = engine.metrics.clone();
         let core = engine.core;

@@ -136,25 +136,11 @@ fn serve_native(
     shell: &Shell,
 ) -> anyhow::Result<ExitCode> {
     use sous_engine::native::{Engine, Settings, http};
-    let started = std::time::Instant::now();
     let settings = Settings::from_recipe(recipe, dir)?;
     shell.status("loading", &format!("{} with the native engine", dir.display()));
-    let echo = shell.clone();
-    let log: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |line| echo.log_line(&line));
-    let engine = Engine::load(settings, log.clone())?;
-    let (kv_tokens, concurrency) = (engine.kv_tokens, engine.max_concurrency);
-    let echo = shell.clone();
-    let on_event: Arc<dyn Fn(http::ServerEvent) + Send + Sync> = Arc::new(move |event| match event {
-        http::ServerEvent::Log(line) => log(line),
-        http::ServerEvent::Ready { url, .. } => echo.status(
-            "listening",
-            &format!(
-                "on {url} after {:.1} s, KV cache {kv_tokens} tokens, max concurrency {concurrency:.2}x",
-                started.elapsed().as_secs_f64()
-            ),
-        ),
-    });
-    runtime.block_on(http::serve(engine, on_event, shutdown_signal()))?;
+    let reporter: Arc<dyn Reporter> = Arc::new(shell.clone());
+    let engine = Engine::load(settings, reporter.clone())?;
+    runtime.block_on(http::serve(engine, reporter, shutdown_signal()))?;
     shell.status("stopped", &recipe.name);
     Ok(ExitCode::SUCCESS)
 }

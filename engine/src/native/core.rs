@@ -29,6 +29,7 @@ use super::blocks::{BlockHash, BlockPool, block_hash};
 use super::metrics::{FinishReason, FinishedRequest, Metrics};
 use super::model::{BatchSeq, KvCache, Logits, Model};
 use super::sampling::{Sampler, SamplingParams, TokenLogprobs, logprobs};
+use crate::reporter::Reporter;
 
 /// What a request's client receives.
 #[derive(Debug)]
@@ -127,7 +128,7 @@ pub struct Core {
     metrics: Arc<Metrics>,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
-    on_log: Box<dyn Fn(String) + Send>,
+    reporter: Arc<dyn Reporter>,
 }
 
 impl Core {
@@ -139,7 +140,7 @@ impl Core {
         prefix_caching: bool,
         limits: Limits,
         metrics: Arc<Metrics>,
-        on_log: Box<dyn Fn(String) + Send>,
+        reporter: Arc<dyn Reporter>,
     ) -> Core {
         let cache = KvCache::new(&model, blocks, block_size);
         Core {
@@ -150,7 +151,7 @@ impl Core {
             metrics,
             waiting: VecDeque::new(),
             running: Vec::new(),
-            on_log,
+            reporter,
         }
     }
 
@@ -215,7 +216,7 @@ impl Core {
         self.metrics
             .gauges(self.running.len(), self.waiting.len(), self.pool.usage());
         if let Some(line) = self.metrics.stats_line(self.limits.log_interval, "CPU") {
-            (self.on_log)(line);
+            self.reporter.output(None, &line);
         }
     }
 
@@ -409,7 +410,7 @@ impl Core {
             Ok(l) => l,
             Err(e) => {
                 let message = format!("the forward pass failed: {e}");
-                (self.on_log)(format!("ERROR {message}"));
+                self.reporter.output(None, &format!("ERROR {message}"));
                 let mut failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
                 failed.sort_unstable();
                 for i in failed.into_iter().rev() {

@@ -28,6 +28,7 @@ use candle_core::DType;
 
 use crate::diagnose::{Class, Diagnose, user_unless};
 use crate::recipe::{ModelDtype, Recipe};
+use crate::reporter::Reporter;
 use config::ModelConfig;
 use metrics::Metrics;
 use model::Model;
@@ -212,6 +213,8 @@ pub struct Engine {
     pub kv_tokens: usize,
     /// How many full-length requests fit at once.
     pub max_concurrency: f64,
+    /// When loading began, for the readiness line.
+    pub started: Instant,
 }
 
 impl std::fmt::Debug for Engine {
@@ -231,9 +234,11 @@ pub fn host_memory() -> Option<u64> {
 }
 
 impl Engine {
-    /// Loads the model and sizes the KV cache. `log` receives vLLM-style start-up lines.
-    pub fn load(settings: Settings, log: Arc<dyn Fn(String) + Send + Sync>) -> Result<Engine, NativeError> {
+    /// Loads the model and sizes the KV cache. `reporter` receives vLLM-style log
+    /// lines as engine output, at start-up and from the running loop.
+    pub fn load(settings: Settings, reporter: Arc<dyn Reporter>) -> Result<Engine, NativeError> {
         let started = Instant::now();
+        let log = |line: String| reporter.output(None, &line);
         let dir = &settings.model_dir;
         let config = ModelConfig::read(dir)?;
         let mut model_limit = config.max_position_embeddings;
@@ -356,7 +361,7 @@ impl Engine {
             settings.prefix_caching,
             limits,
             metrics.clone(),
-            Box::new(move |line| log(line)),
+            reporter.clone(),
         );
         Ok(Engine {
             settings,
@@ -366,6 +371,7 @@ impl Engine {
             max_model_len,
             kv_tokens,
             max_concurrency,
+            started,
         })
     }
 }

@@ -29,7 +29,7 @@ mod routes;
 mod server;
 mod stream;
 
-pub use server::{ServerEvent, serve};
+pub use server::serve;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};

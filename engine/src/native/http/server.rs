@@ -13,20 +13,7 @@ use super::routes::router;
 use super::{App, now_secs};
 use crate::native::core::Command;
 use crate::native::{Engine, NativeError};
-
-/// What the server tells its owner.
-#[derive(Debug, Clone)]
-pub enum ServerEvent {
-    /// A log line, vLLM-style.
-    Log(String),
-    /// Listening and ready.
-    Ready {
-        /// Base URL.
-        url: String,
-        /// The bound port.
-        port: u16,
-    },
-}
+use crate::reporter::Reporter;
 
 /// Listens on `addr` with `SO_REUSEPORT`, as vLLM does, so that `sous serve --replace`
 /// can start a new instance on the port while the old one still answers.
@@ -50,12 +37,14 @@ async fn listen(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
 
 /// Runs the engine: starts its loop, binds the listen address, serves until `shutdown`
 /// resolves, then lets in-flight requests finish for the recipe's grace period before
-/// aborting them.
+/// aborting them. Log lines go to `reporter` as engine output, and a `listening`
+/// status says when it answers.
 pub async fn serve(
     engine: Engine,
-    on_event: Arc<dyn Fn(ServerEvent) + Send + Sync>,
+    reporter: Arc<dyn Reporter>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NativeError> {
+    let (started, kv_tokens, concurrency) = (engine.started, engine.kv_tokens, engine.max_concurrency);
     let settings = engine.settings.clone();
     let (tx, rx) = unbounded_channel();
     let core = engine.core;
@@ -88,25 +77,32 @@ pub async fn serve(
     } else {
         settings.host.clone()
     };
-    on_event(ServerEvent::Log(format!(
-        "Starting vLLM-compatible API server on http://{addr}"
-    )));
-    on_event(ServerEvent::Ready {
-        url: format!("http://{shown_host}:{port}"),
-        port,
-    });
+    reporter.output(
+        None,
+        &format!("Starting vLLM-compatible API server on http://{addr}"),
+    );
+    reporter.status(
+        "listening",
+        &format!(
+            "on http://{shown_host}:{port} after {:.1} s, KV cache {kv_tokens} tokens, max concurrency {concurrency:.2}x",
+            started.elapsed().as_secs_f64()
+        ),
+    );
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let grace = settings.stop_grace;
     let abort = tx.clone();
-    let events = on_event.clone();
+    let events = reporter.clone();
     let ready = app.clone();
     let signal = async move {
         shutdown.await;
         ready.ready.store(false, Ordering::SeqCst);
-        events(ServerEvent::Log(format!(
-            "Shutting down: no new requests; in-flight requests have {} s to finish",
-            grace.as_secs()
-        )));
+        events.output(
+            None,
+            &format!(
+                "Shutting down: no new requests; in-flight requests have {} s to finish",
+                grace.as_secs()
+            ),
+        );
         let _ = stopping_tx.send(());
     };
     let (served_tx, served_rx) = tokio::sync::oneshot::channel::<()>();
