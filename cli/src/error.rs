@@ -30,6 +30,7 @@ pub fn diagnosis<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a dyn Diagnos
         sous_engine::chat::ChatError,
         sous_engine::size::ByteSizeError,
         sous_engine::version::VersionError,
+        sous_engine::repo::RepoIdError,
         crate::pipeline::PipelineError,
         crate::hub::api::HubError,
         crate::hub::pull::PullError,

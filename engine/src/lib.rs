@@ -13,6 +13,7 @@
 //! - [`size`]: byte sizes as users write them (`5GB`, `14.5GiB`) and as sous shows them.
 //! - [`version`]: engine release numbers.
 //! - [`paths`]: where sous keeps per-deployment state.
+//! - [`repo`]: Hub repository ids, checked as the Hub checks them.
 //! - [`reporter`]: how long operations report status, warnings, output and progress.
 //!
 //! This crate never prints: it returns values and typed errors, and logs through
@@ -25,6 +26,7 @@ pub mod launch;
 pub mod native;
 pub mod paths;
 pub mod recipe;
+pub mod repo;
 pub mod reporter;
 pub mod serve;
 pub mod size;

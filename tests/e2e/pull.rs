@@ -287,7 +287,7 @@ fn hub_errors_have_clear_messages_and_exit_code_1() {
             Some("hf_right"),
             "invalid glob `[`",
         ),
-        (&["not-a-repo-id"], None, "`not-a-repo-id` is not a repository id"),
+        (&["not/a/repo-id"], None, "`not/a/repo-id` is not a repository id"),
     ];
     for (args, token, message) in cases {
         let mut cmd = sous();

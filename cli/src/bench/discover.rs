@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
+use sous_engine::repo::RepoId;
 
 use super::BenchError;
+use crate::hub::cache::RepoCache;
 
 /// The first model a server lists.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,10 +72,8 @@ pub fn tokenizer(
             if path.is_dir() {
                 candidates.push(path.join("tokenizer.json"));
             }
-            if name.contains('/') && !name.starts_with('/') {
-                let snapshots = cache
-                    .join(format!("models--{}", name.replace('/', "--")))
-                    .join("snapshots");
+            if let Ok(repo) = name.parse::<RepoId>() {
+                let snapshots = RepoCache::new(&cache, &repo).dir().join("snapshots");
                 if let Ok(entries) = std::fs::read_dir(&snapshots) {
                     candidates.extend(entries.flatten().map(|e| e.path().join("tokenizer.json")));
                 }

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use sous_engine::recipe::DEFAULT_REVISION;
+use sous_engine::repo::RepoId;
 use sous_engine::size::human;
 
 use super::{OverrideArgs, display, load_recipe};
@@ -55,7 +56,11 @@ pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let (repo, revision, local_dir) = match (&args.repo, &args.recipe) {
         (Some(spec), _) => {
             let (repo, revision) = spec.split_once('@').unwrap_or((spec, DEFAULT_REVISION));
-            (repo.to_owned(), revision.to_owned(), args.local_dir.clone())
+            (
+                repo.parse::<RepoId>()?,
+                revision.to_owned(),
+                args.local_dir.clone(),
+            )
         }
         (None, Some(file)) => {
             let loaded = load_recipe(file, &args.overrides)?;
@@ -75,13 +80,6 @@ pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             return Err(UserError::new("nothing to pull", Some("give `org/name` or `--recipe FILE`")).into());
         }
     };
-    if repo.split('/').count() != 2 || repo.split('/').any(str::is_empty) {
-        return Err(UserError::new(
-            format!("`{repo}` is not a repository id"),
-            Some("write `org/name`, e.g. `HuggingFaceTB/SmolLM2-135M-Instruct`"),
-        )
-        .into());
-    }
     let config = HubConfig::from_env();
     let request = PullRequest {
         repo,

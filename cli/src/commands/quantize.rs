@@ -169,7 +169,7 @@ fn from_recipe(
             )
         })?;
         let provenance = Provenance {
-            repo: Some(repo.clone()),
+            repo: Some(repo.to_string()),
             commit: Some(commit.clone()),
         };
         (cache.snapshot(&commit), Some(provenance))

@@ -19,6 +19,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use sous_engine::repo::RepoId;
 
 /// One repository's folder in the cache.
 #[derive(Debug, Clone)]
@@ -31,10 +32,10 @@ pub struct RepoCache {
 
 impl RepoCache {
     /// The cache folder of a model repository.
-    pub fn new(root: &Path, repo: &str) -> RepoCache {
+    pub fn new(root: &Path, repo: &RepoId) -> RepoCache {
         RepoCache {
             root: root.to_path_buf(),
-            folder: format!("models--{}", repo.replace('/', "--")),
+            folder: repo.cache_folder(),
         }
     }
 
@@ -184,7 +185,7 @@ mod tests {
     #[test]
     fn lays_out_like_huggingface_hub() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let repo = RepoCache::new(dir.path(), "acme/tiny");
+        let repo = RepoCache::new(dir.path(), &"acme/tiny".parse().expect("an id"));
         assert!(repo.dir().ends_with("models--acme--tiny"));
         let commit = "0123456789abcdef0123456789abcdef01234567";
         fs::create_dir_all(repo.dir().join("blobs")).expect("blobs");

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use sous_engine::diagnose::{Class, Diagnose, user_unless};
+use sous_engine::repo::RepoId;
 use sous_engine::reporter::Reporter;
 use sous_engine::size::human;
 use tokio::sync::Semaphore;
@@ -35,7 +36,7 @@ pub const DEFAULT_CONNECTIONS: usize = 16;
 #[derive(Debug, Clone)]
 pub struct PullRequest {
     /// Repository id.
-    pub repo: String,
+    pub repo: RepoId,
     /// Branch, tag or commit.
     pub revision: String,
     /// Globs of paths to take (empty: the defaults).
@@ -275,7 +276,7 @@ pub async fn pull(
         None => Target::Cache(RepoCache::new(&config.cache_dir, &request.repo)),
     };
     let report = |commit: &str, marker: &Marker, up_to_date: bool| PullReport {
-        repo: request.repo.clone(),
+        repo: request.repo.to_string(),
         revision: request.revision.clone(),
         commit: commit.to_owned(),
         path: target.root(commit),
@@ -295,7 +296,7 @@ pub async fn pull(
         Target::Cache(cache) => cache.read_ref(&request.revision),
         // A plain directory holds one pull; its marker says which commit.
         Target::Local(dir) => Marker::read(&dir.join(".download-complete"))
-            .filter(|m| m.repo == request.repo)
+            .filter(|m| m.repo == request.repo.as_str())
             .map(|m| m.commit)
             .filter(|c| !is_commit(&request.revision) || *c == request.revision),
     };
@@ -308,13 +309,16 @@ pub async fn pull(
     }
     if request.offline {
         return Err(PullError::NotCached {
-            repo: request.repo.clone(),
+            repo: request.repo.to_string(),
             revision: request.revision.clone(),
         });
     }
 
     // One request to learn the commit; if the marker for it is there, done.
-    let commit = client.revision(&request.repo, &request.revision).await?.sha;
+    let commit = client
+        .revision(request.repo.as_str(), &request.revision)
+        .await?
+        .sha;
     if let Some(marker) = complete(&target, &commit, &selection) {
         if let Target::Cache(cache) = &target {
             cache
@@ -324,12 +328,12 @@ pub async fn pull(
         return Ok(report(&commit, &marker, true));
     }
 
-    let tree = client.tree(&request.repo, &commit).await?;
+    let tree = client.tree(request.repo.as_str(), &commit).await?;
     let chosen: Vec<&str> =
         Selection::new(&request.include, &request.exclude)?.apply(tree.iter().map(|e| e.path.as_str()));
     if chosen.is_empty() {
         return Err(PullError::NothingSelected {
-            repo: request.repo.clone(),
+            repo: request.repo.to_string(),
             commit,
         });
     }
@@ -346,10 +350,10 @@ pub async fn pull(
     let jobs: Vec<FileJob> = missing
         .iter()
         .map(|f| FileJob {
-            repo: request.repo.clone(),
+            repo: request.repo.to_string(),
             commit: commit.clone(),
             path: f.path.clone(),
-            url: client.resolve_url(&request.repo, &commit, &f.path),
+            url: client.resolve_url(request.repo.as_str(), &commit, &f.path),
             size: f.size,
             etag: f.etag.clone(),
             lfs: f.lfs,
@@ -437,7 +441,7 @@ pub async fn pull(
 
     // Lay out the snapshot, then the ref, then the marker: the marker last.
     let marker = Marker {
-        repo: request.repo.clone(),
+        repo: request.repo.to_string(),
         commit: commit.clone(),
         selection: selection_key(request),
         files,

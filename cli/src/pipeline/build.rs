@@ -166,7 +166,7 @@ async fn fetch(
     let client = HubClient::new(setup.hub.clone())?;
     let provenance = |report: &PullReport| {
         Some(Provenance {
-            repo: Some(repo.clone()),
+            repo: Some(repo.to_string()),
             commit: Some(report.commit.clone()),
         })
     };

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use sous_engine::diagnose::{Class, Diagnose};
 use sous_engine::native::NativeError;
+use sous_engine::repo::RepoId;
 use sous_engine::serve::ServeError;
 use sous_engine::serve::instance::InstanceError;
 
@@ -35,13 +36,13 @@ pub enum PipelineError {
     #[error("pulling {repo}")]
     Pull {
         /// The repository.
-        repo: String,
+        repo: RepoId,
         /// Why.
         source: Box<PullError>,
     },
     /// The model is not on disk and building is forbidden.
     #[error("`{0}` is not on disk and --no-build forbids pulling it")]
-    NotPulled(String),
+    NotPulled(RepoId),
     /// The quantized checkpoint is not there and building is forbidden.
     #[error(
         "the recipe's quantized checkpoint {} does not exist and --no-build forbids making it",

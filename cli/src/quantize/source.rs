@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{Mmap, MmapOptions};
 use safetensors::tensor::Metadata;
 use serde_json::Value;
+use sous_engine::repo::RepoId;
 
 use super::error::{QuantizeError, io};
 
@@ -314,10 +315,10 @@ fn provenance(dir: &Path) -> Provenance {
     if let [.., folder, snapshots, commit] = parts.as_slice()
         && snapshots == "snapshots"
         && crate::hub::cache::is_commit(commit)
-        && let Some(repo) = folder.strip_prefix("models--")
+        && let Some(repo) = RepoId::from_cache_folder(folder)
     {
         return Provenance {
-            repo: Some(repo.replacen("--", "/", 1)),
+            repo: Some(repo.to_string()),
             commit: Some(commit.clone()),
         };
     }

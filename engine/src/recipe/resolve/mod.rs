@@ -179,7 +179,7 @@ impl Recipe {
             description: self.description.clone(),
             extends: None,
             model: ModelSection {
-                repo: self.model.repo.clone(),
+                repo: self.model.repo.as_ref().map(ToString::to_string),
                 revision: self.model.revision.clone(),
                 path: self.model.path.clone(),
                 served_name: Some(self.model.served_name.clone()),

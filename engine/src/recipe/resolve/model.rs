@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use crate::recipe::{ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeError};
+use crate::repo::RepoId;
 
 use super::Invalid;
 
@@ -15,7 +16,7 @@ pub const DEFAULT_REVISION: &str = "main";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Model {
     /// Hub repository id.
-    pub repo: Option<String>,
+    pub repo: Option<RepoId>,
     /// Revision of `repo` (default `main`).
     pub revision: Option<String>,
     /// Local directory.
@@ -27,7 +28,10 @@ pub struct Model {
 impl Model {
     /// What the engine is given: the local path if there is one, else the repository id.
     pub fn engine_arg(&self) -> &str {
-        self.path.as_deref().or(self.repo.as_deref()).unwrap_or_default()
+        self.path
+            .as_deref()
+            .or(self.repo.as_ref().map(RepoId::as_str))
+            .unwrap_or_default()
     }
 }
 
@@ -50,22 +54,16 @@ pub(super) fn resolve_model(raw: ModelSection, invalid: &Invalid<'_>) -> Result<
             hint: Some("set `model.repo = \"org/name\"` (a Hub repository) or `model.path = \"/models/x\"` (a local directory)".into()),
         });
     }
-    if let Some(repo) = &raw.repo {
-        let valid_part = |p: &str| {
-            !p.is_empty()
-                && !p.starts_with(['.', '-'])
-                && p.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        };
-        let parts: Vec<&str> = repo.split('/').collect();
-        if parts.len() > 2 || !parts.iter().all(|p| valid_part(p)) {
-            return Err(invalid(
+    let repo = match &raw.repo {
+        None => None,
+        Some(text) => Some(text.parse::<RepoId>().map_err(|e| {
+            invalid(
                 &["model", "repo"],
-                format!("`{repo}` is not a Hub repository id"),
+                e.to_string(),
                 Some("write `org/name`, e.g. `Qwen/Qwen3.8-27B`; for a local directory use `model.path`"),
-            ));
-        }
-    }
+            )
+        })?),
+    };
     if raw.revision.is_some() && raw.repo.is_none() {
         return Err(invalid(
             &["model", "revision"],
@@ -100,7 +98,7 @@ pub(super) fn resolve_model(raw: ModelSection, invalid: &Invalid<'_>) -> Result<
         .as_ref()
         .map(|_| raw.revision.unwrap_or_else(|| DEFAULT_REVISION.to_owned()));
     Ok(Model {
-        repo: raw.repo,
+        repo,
         revision,
         path: raw.path,
         served_name,
