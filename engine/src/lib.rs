@@ -1,5 +1,6 @@
 //! `sous-engine`: everything about a deployment that is not the terminal.
 //!
+//! - [`atomic`]: files and directories that appear whole or not at all.
 //! - [`recipe`]: the recipe format, loading (`extends`, environment, `--set`),
 //!   validation, and the generated schema and reference.
 //! - [`chat`]: chat templates rendered as transformers renders them (minijinja).
@@ -14,6 +15,7 @@
 //! This crate never prints: it returns values and typed errors, and logs through
 //! `tracing`. The `sous` binary decides what reaches the terminal.
 
+pub mod atomic;
 pub mod chat;
 pub mod launch;
 pub mod native;

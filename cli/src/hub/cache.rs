@@ -12,13 +12,19 @@
 //!
 //! sous adds `models--org--name/.sous/<commit>.download-complete`, a JSON record of a
 //! finished pull (the field report's `.download-complete` marker), outside the folders
-//! huggingface_hub scans.
+//! huggingface_hub scans. Refs and markers are written with
+//! [`sous_engine::atomic::write_file`].
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use sous_engine::atomic::write_file;
+
+/// The old name of [`sous_engine::atomic::write_file`], kept while `bench` still calls
+/// it by this path.
+pub use sous_engine::atomic::write_file as write_atomic;
 
 /// One repository's folder in the cache.
 #[derive(Debug, Clone)]
@@ -78,7 +84,7 @@ impl RepoCache {
             return Ok(());
         }
         let path = self.dir().join("refs").join(revision);
-        write_atomic(&path, commit.as_bytes())
+        write_file(&path, commit.as_bytes())
     }
 
     /// Points `snapshots/<commit>/<path>` at the blob with a relative symlink.
@@ -152,21 +158,8 @@ impl Marker {
     /// Writes it atomically.
     pub fn write(&self, path: &Path) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
-        write_atomic(path, &json)
+        write_file(path, &json)
     }
-}
-
-/// Writes through a temporary file in the same directory, then renames.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    fs::write(&tmp, contents)?;
-    fs::rename(&tmp, path)
 }
 
 /// A full 40-hex commit id.

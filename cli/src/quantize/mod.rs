@@ -9,7 +9,8 @@
 //! - `checkpoint`: each format's names and configuration files.
 //! - `layout`: output shards, offsets and headers, planned up front.
 //! - `write`: the work, window by window, through `sous-kernels`.
-//! - `staging`: the temporary directory, completion marker and final rename.
+//! - `marker`: the completion marker and the rerun check; the output itself is staged
+//!   and renamed into place by `sous_engine::atomic`.
 //! - `progress`: bars or lines on stderr.
 //!
 //! Not here: the command line (`commands/quantize.rs`) or the numerics
@@ -19,10 +20,10 @@ mod checkpoint;
 mod error;
 mod fused;
 mod layout;
+mod marker;
 mod progress;
 mod select;
 mod source;
-mod staging;
 mod write;
 
 use std::collections::{BTreeSet, HashMap};
@@ -32,20 +33,21 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use sous_engine::atomic::{Existing, StagingDir};
 use sous_engine::recipe::{QuantFormat, QuantScheme};
 
 pub use checkpoint::ModelOptExport;
 pub use error::QuantizeError;
+pub use marker::MARKER;
 pub use source::Provenance;
-pub use staging::MARKER;
 pub use write::TensorReport;
 
 use crate::hub::progress::Style;
 use error::io;
 use layout::Layout;
+use marker::Marker;
 use select::{Decision, Selector};
 use source::Source;
-use staging::{Marker, Staging};
 
 /// Default largest slice of a tensor mapped at once. `SOUS_QUANTIZE_WINDOW` (bytes)
 /// overrides it, for tests and machines with very little memory.
@@ -147,8 +149,8 @@ pub fn run(request: &Request) -> Result<Summary, QuantizeError> {
     let decisions: Vec<Decision> = source.tensors.iter().map(|t| selector.decide(t)).collect();
     validate(&source, &decisions)?;
     let groups = fused::groups(&source.tensors, &decisions)?;
-    let fingerprint = staging::fingerprint(&inputs(&source, request));
-    if let Some(mut summary) = staging::completed::<Summary>(&request.out, &fingerprint) {
+    let fingerprint = marker::fingerprint(&inputs(&source, request));
+    if let Some(mut summary) = marker::completed::<Summary>(&request.out, &fingerprint) {
         summary.up_to_date = true;
         summary.output = request.out.clone();
         return Ok(summary);
@@ -165,7 +167,8 @@ pub fn run(request: &Request) -> Result<Summary, QuantizeError> {
         request.max_shard_bytes,
         &metadata(request, &provenance),
     )?;
-    let staging = Staging::create(&request.out)?;
+    // `check_output` has decided that what is at `out`, if anything, may go.
+    let staging = StagingDir::create(&request.out, Existing::Replace)?;
     let mut progress = progress::Progress::new(request.progress, source.tensors.iter().map(|t| t.len).sum());
     let options = write::Options {
         window_bytes: request.window_bytes,
@@ -177,15 +180,15 @@ pub fn run(request: &Request) -> Result<Summary, QuantizeError> {
         &layout,
         &groups,
         flavor,
-        staging.dir(),
+        staging.path(),
         options,
         &mut progress,
     );
     progress.finish();
     let mut tensors = written?;
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
-    write_configs(&source, &decisions, request.format, &layout, staging.dir())?;
-    copy_other_files(&source.dir, staging.dir())?;
+    write_configs(&source, &decisions, request.format, &layout, staging.path())?;
+    copy_other_files(&source.dir, staging.path())?;
     let seconds = started.elapsed().as_secs_f64();
     let bytes_in: u64 = source.tensors.iter().map(|t| t.len).sum();
     let summary = Summary {
@@ -219,10 +222,13 @@ pub fn run(request: &Request) -> Result<Summary, QuantizeError> {
             })
             .collect(),
     };
-    staging.commit(&Marker {
-        fingerprint,
-        summary: &summary,
-    })?;
+    marker::commit(
+        staging,
+        &Marker {
+            fingerprint,
+            summary: &summary,
+        },
+    )?;
     Ok(summary)
 }
 
@@ -254,7 +260,7 @@ fn check_output(request: &Request) -> Result<(), QuantizeError> {
     if entries.next().is_none() {
         return Ok(());
     }
-    if !request.out.join(staging::MARKER).is_file() {
+    if !request.out.join(MARKER).is_file() {
         return Err(foreign());
     }
     if !request.force {
