@@ -1,6 +1,8 @@
 //! `sous-engine`: everything about a deployment that is not the terminal.
 //!
 //! - [`atomic`]: files and directories that appear whole or not at all.
+//! - [`checkpoint`]: what a safetensors checkpoint calls its files and NVFP4 tensors,
+//!   shared by the code that writes checkpoints and the native engine that reads them.
 //! - [`recipe`]: the recipe format, loading (`extends`, environment, `--set`),
 //!   validation, and the generated schema and reference.
 //! - [`chat`]: chat templates rendered as transformers renders them (minijinja).
@@ -17,6 +19,7 @@
 
 pub mod atomic;
 pub mod chat;
+pub mod checkpoint;
 pub mod launch;
 pub mod native;
 pub mod paths;

@@ -22,6 +22,7 @@ use serde::Serialize;
 
 use self::config::LlamaConfig;
 use self::gguf::Gguf;
+use sous_engine::checkpoint::index::INDEX;
 
 /// The dtype of the written weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -336,11 +337,7 @@ pub fn import_gguf(
         write::write_safetensors(&dir.join(&shard.file), converted)?;
     }
     if shards.len() > 1 {
-        write::write_json(
-            dir,
-            "model.safetensors.index.json",
-            &write::index(&planned, &shards),
-        )?;
+        write::write_json(dir, INDEX, &write::index(&planned, &shards).to_json())?;
     }
     let out = staging.commit()?;
 

@@ -1,18 +1,18 @@
 //! The files of an imported model directory: safetensors shards laid out as
 //! transformers' `save_pretrained` lays them out (`model-00001-of-00002.safetensors`
 //! plus `model.safetensors.index.json`, or a single `model.safetensors` when it all
-//! fits), and the JSON files beside them.
+//! fits; names and index from [`sous_engine::checkpoint::index`]), and the JSON files
+//! beside them.
 //!
 //! Everything is written into a [`StagingDir`] and moved into place only once
 //! complete; if anything fails, or the import panics, the partial directory is removed,
 //! so a reader never sees a half-written model. Not here: what the tensors hold
 //! (`tensors.rs`) or the tokenizer (`tokenizer.rs`).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::json;
 use sous_engine::atomic::{AtomicError, Existing, StagingDir};
+use sous_engine::checkpoint::index::{Index, shard_name};
 
 use super::Dtype;
 use super::ImportError;
@@ -86,27 +86,22 @@ pub fn shard(tensors: &[Planned], dtype: Dtype, max_bytes: u64) -> Vec<Shard> {
         .into_iter()
         .enumerate()
         .map(|(i, (tensors, bytes))| Shard {
-            file: if count == 1 {
-                "model.safetensors".to_owned()
-            } else {
-                format!("model-{:05}-of-{count:05}.safetensors", i + 1)
-            },
+            file: shard_name(i, count),
             tensors,
             bytes,
         })
         .collect()
 }
 
-/// `model.safetensors.index.json` for a sharded checkpoint.
-pub fn index(tensors: &[Planned], shards: &[Shard]) -> serde_json::Value {
-    let mut weight_map = BTreeMap::new();
+/// The index of a sharded checkpoint.
+pub fn index(tensors: &[Planned], shards: &[Shard]) -> Index {
+    let mut weight_map = std::collections::BTreeMap::new();
     for shard in shards {
         for &i in &shard.tensors {
             weight_map.insert(tensors[i].hf_name.clone(), shard.file.clone());
         }
     }
-    let total: u64 = shards.iter().map(|s| s.bytes).sum();
-    json!({ "metadata": { "total_size": total }, "weight_map": weight_map })
+    Index::new(weight_map, shards.iter().map(|s| s.bytes).sum())
 }
 
 /// Writes one safetensors file with `{"format": "pt"}` metadata, which transformers

@@ -6,7 +6,8 @@
 //!   tensor data through memory maps.
 //! - `select`: which tensors are quantized, as the reference tools choose.
 //! - `fused`: groups that share one global scale.
-//! - `checkpoint`: each format's names and configuration files.
+//! - `checkpoint`: each format's configuration files (tensor and file names are
+//!   `sous_engine::checkpoint`'s, shared with the native engine).
 //! - `layout`: output shards, offsets and headers, planned up front.
 //! - `write`: the work, window by window, through `sous-kernels`.
 //! - `marker`: the completion marker and the rerun check; the output itself is staged
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use sous_engine::atomic::{Existing, StagingDir};
+use sous_engine::checkpoint::index::INDEX;
 use sous_engine::recipe::{QuantFormat, QuantScheme};
 
 pub use checkpoint::ModelOptExport;
@@ -380,7 +382,7 @@ fn write_configs(
         )?;
     }
     if let Some(index) = &layout.index {
-        write_json(&dir.join("model.safetensors.index.json"), index)?;
+        write_json(&dir.join(INDEX), &index.to_json())?;
     }
     Ok(())
 }
@@ -418,7 +420,7 @@ fn other_files(dir: &Path) -> Vec<PathBuf> {
     ];
     const REPLACED: &[&str] = &[
         "config.json",
-        "model.safetensors.index.json",
+        INDEX,
         "pytorch_model.bin.index.json",
         "hf_quant_config.json",
     ];
