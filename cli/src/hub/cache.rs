@@ -1,7 +1,7 @@
 //! The Hugging Face cache layout, written the way huggingface_hub writes it
-//! (`file_download.py` of huggingface_hub 2.4.0; shared/reference/hub.md §3.1) so that
-//! vLLM, transformers and huggingface_hub read what sous pulled, and sous reads what
-//! they pulled:
+//! (huggingface_hub 2.4.0 `src/huggingface_hub/file_download.py`; `docs/hub.md`) so
+//! that vLLM, transformers and huggingface_hub read what sous pulled, and sous reads
+//! what they pulled:
 //!
 //! ```text
 //! <cache>/models--org--name/blobs/<etag>              sha256 (LFS) or git sha1
@@ -11,9 +11,9 @@
 //! ```
 //!
 //! sous adds `models--org--name/.sous/<commit>.download-complete`, a JSON record of a
-//! finished pull (the field report's `.download-complete` marker), outside the folders
-//! huggingface_hub scans. Refs and markers are written with
-//! [`sous_engine::atomic::write_file`].
+//! finished pull (like the `.download-complete` marker of the DGX Spark field report's
+//! initContainer, `docs/field-reports.md`), outside the folders huggingface_hub scans.
+//! Refs and markers are written with [`sous_engine::atomic::write_file`].
 
 use std::fs;
 use std::io;
