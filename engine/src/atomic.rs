@@ -252,6 +252,14 @@ mod tests {
         Ok(names)
     }
 
+    /// Makes `parent/name`, a directory holding one file `file`.
+    fn dir_with(parent: &Path, name: &str, file: &str) -> std::io::Result<PathBuf> {
+        let dir = parent.join(name);
+        fs::create_dir(&dir)?;
+        fs::write(dir.join(file), b"0")?;
+        Ok(dir)
+    }
+
     #[test]
     fn a_file_is_replaced_whole_and_no_temporary_is_left() -> Result {
         let tmp = tempfile::tempdir()?;
@@ -267,9 +275,7 @@ mod tests {
     fn a_failed_write_leaves_nothing_behind() -> Result {
         let tmp = tempfile::tempdir()?;
         // A directory cannot be replaced by a file: the rename fails.
-        let path = tmp.path().join("taken");
-        fs::create_dir(&path)?;
-        fs::write(path.join("inside"), b"x")?;
+        let path = dir_with(tmp.path(), "taken", "inside")?;
         assert!(write_file(&path, b"contents").is_err());
         assert_eq!(names(tmp.path())?, ["taken"]);
         assert_eq!(names(&path)?, ["inside"]);
@@ -367,9 +373,7 @@ mod tests {
     #[test]
     fn refuse_keeps_an_existing_destination() -> Result {
         let tmp = tempfile::tempdir()?;
-        let dest = tmp.path().join("model");
-        fs::create_dir(&dest)?;
-        fs::write(dest.join("old"), b"0")?;
+        let dest = dir_with(tmp.path(), "model", "old")?;
         assert!(matches!(
             StagingDir::create(&dest, Existing::Refuse),
             Err(AtomicError::Exists { .. })
@@ -378,8 +382,7 @@ mod tests {
         fs::remove_dir_all(&dest)?;
         let staging = StagingDir::create(&dest, Existing::Refuse)?;
         fs::write(staging.path().join("new"), b"1")?;
-        fs::create_dir(&dest)?;
-        fs::write(dest.join("old"), b"0")?;
+        dir_with(tmp.path(), "model", "old")?;
         assert!(matches!(staging.commit(), Err(AtomicError::Exists { .. })));
         assert_eq!(names(&dest)?, ["old"]);
         assert_eq!(names(tmp.path())?, ["model"]);
@@ -389,9 +392,7 @@ mod tests {
     #[test]
     fn replace_swaps_the_whole_directory() -> Result {
         let tmp = tempfile::tempdir()?;
-        let dest = tmp.path().join("model");
-        fs::create_dir(&dest)?;
-        fs::write(dest.join("old"), b"0")?;
+        let dest = dir_with(tmp.path(), "model", "old")?;
         let staging = StagingDir::create(&dest, Existing::Replace)?;
         fs::write(staging.path().join("new"), b"1")?;
         assert_eq!(
