@@ -1,5 +1,8 @@
 //! `sous-engine`: everything about a deployment that is not the terminal.
 //!
+//! - [`atomic`]: files and directories that appear whole or not at all.
+//! - [`checkpoint`]: what a safetensors checkpoint calls its files and NVFP4 tensors,
+//!   shared by the code that writes checkpoints and the native engine that reads them.
 //! - [`recipe`]: the recipe format, loading (`extends`, environment, `--set`),
 //!   validation, and the generated schema and reference.
 //! - [`diagnose`]: the exit class and hint of every error type.
@@ -19,7 +22,9 @@
 //! This crate never prints: it returns values and typed errors, and logs through
 //! `tracing`. The `sous` binary decides what reaches the terminal.
 
+pub mod atomic;
 pub mod chat;
+pub mod checkpoint;
 pub mod diagnose;
 pub mod dialect;
 pub mod launch;

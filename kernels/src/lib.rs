@@ -5,7 +5,7 @@
 //! Two tools are imitated ([`Flavor`]): compressed-tensors 0.19 / llm-compressor 0.14
 //! (the default) and NVIDIA ModelOpt 0.47. They agree on the FP4 grid, the rounding and
 //! the packing, and differ in how the per-tensor scale is formed and applied
-//! (`shared/reference/nvfp4.md` §2.3), so both are kept exactly.
+//! (`docs/nvfp4.md`, "The two are not the same bytes"), so both are kept exactly.
 //!
 //! The crate has two implementations of the same function:
 //! - [`reference`]: scalar code written to be read beside the spec, one step per line;

@@ -1,5 +1,8 @@
 //! The scalar reference: NVFP4 quantization written to be checked line by line against
-//! `shared/reference/nvfp4.md` §2 and §9.2, with no concern for speed. The fast path
+//! the tools' own code (compressed-tensors 0.19.0 `quantization/utils/helpers.py` and
+//! `quantization/lifecycle/forward_helpers.py`; ModelOpt 0.47.0
+//! `modelopt/torch/quantization/qtensor/nvfp4_tensor.py`; the formulas are in
+//! `docs/nvfp4.md`, "Scales"), with no concern for speed. The fast path
 //! ([`crate::fast`]) must produce the same bytes; the tests hold it to that.
 
 use crate::BLOCK;

@@ -1,11 +1,11 @@
 //! The two-level NVFP4 scales: one FP32 value per tensor (or per fused group) and one
 //! FP8 E4M3 value per block of 16, computed exactly as each tool computes them
-//! (reference §2), plus the divisor every element of a block is divided by.
+//! (`docs/nvfp4.md`, "Scales"), plus the divisor every element of a block is divided by.
 //!
 //! compressed-tensors stores a *multiplier* (`weight_global_scale ≈ 2688 / amax`) and
 //! divides by it when dequantizing; ModelOpt stores a *divisor*
 //! (`weight_scale_2 ≈ amax / 2688`) and multiplies. Their roundings differ, so the same
-//! weights give slightly different bytes (§2.3); each flavour reproduces its own tool.
+//! weights give slightly different bytes; each flavour reproduces its own tool.
 
 use crate::formats::bf16::round_bf16;
 use crate::formats::{fp4, fp8};
@@ -52,7 +52,8 @@ pub struct Block {
 }
 
 /// The precision compressed-tensors' scale arithmetic runs in: the weight's own dtype,
-/// because the observer's min/max keep it (§2.1, "Critical dtype detail").
+/// because the observer's min/max keep it (llm-compressor 0.14.0.1
+/// `observers/min_max.py` returns the weight's dtype; `docs/nvfp4.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Arith {
     /// bf16 weights: every intermediate rounded to bf16.
@@ -105,7 +106,8 @@ impl TensorScale {
     ///
     /// compressed-tensors on fp16 weights computes in fp16, where `2688 / amax`
     /// overflows for amax below about 0.041 and silently becomes 1.0, zeroing most of the
-    /// layer (reference pitfall 4). sous does not reproduce that bug: fp16 weights are
+    /// layer (`docs/nvfp4.md`, compressed-tensors' global scale). sous does not
+    /// reproduce that bug: fp16 weights are
     /// scaled in f32, as f32 weights are.
     pub fn from_amax(flavor: Flavor, dtype: Dtype, amax: f32) -> TensorScale {
         let arith = Arith::of(dtype);

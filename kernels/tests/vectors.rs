@@ -1,9 +1,9 @@
-//! Every case of `shared/reference/nvfp4_test_vectors.json` (bytes written by the real
-//! compressed-tensors 0.19 and ModelOpt 0.47), through the reference and every fast
-//! kernel this CPU runs, for every flavour.
+//! Every case of `tests/fixtures/nvfp4/nvfp4_test_vectors.json` (bytes written by the
+//! real compressed-tensors 0.19.0 and ModelOpt 0.47.0; `docs/nvfp4.md`, "Test
+//! vectors"), through the reference and every fast kernel this CPU runs, for every
+//! flavour.
 //!
-//! The file lives outside the repository, at `<workspace>/../shared/reference/`, as in
-//! CI. Elsewhere its absence is reported loudly and the test returns; in CI it fails.
+//! If the file is missing, that is reported loudly and the test returns; in CI it fails.
 
 #![allow(clippy::print_stderr)]
 
@@ -38,8 +38,7 @@ struct Expected {
 }
 
 fn cases() -> Option<Vec<Case>> {
-    // A copy of shared/reference/nvfp4_test_vectors.json (bytes the real tools produced),
-    // so the test does not depend on where the checkout sits.
+    // Bytes the real tools produced, kept with the other NVFP4 fixtures.
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/nvfp4/nvfp4_test_vectors.json");
     match std::fs::read_to_string(&path) {

@@ -1,5 +1,5 @@
 //! `sous serve --dry-run`: the shipped recipes render, flag for flag, the command lines
-//! of the field reports (shared/seeds/).
+//! of the DGX Spark and Titán field reports (`docs/field-reports.md`).
 
 use serde_json::Value;
 

@@ -1,12 +1,14 @@
 //! The Hub's HTTP API, the part a pull needs: revision info, the file tree, and the
 //! `resolve` URLs files are downloaded from; with the Hub's errors mapped by their
-//! `X-Error-Code` (huggingface_hub `utils/_http.py::hf_raise_for_status`;
-//! shared/reference/hub.md §7), which hf-hub 1.0 ignores (§1.9).
+//! `X-Error-Code` (huggingface_hub 2.4.0 `utils/_http.py::hf_raise_for_status`), which
+//! hf-hub 1.0.0 ignores (it classifies by status and call site, `client.rs`
+//! `check_response`). `docs/hub.md` lists the requests and errors.
 //!
-//! Written on reqwest rather than the hf-hub crate: hf-hub 1.0 cannot resume, has no
+//! Written on reqwest rather than the hf-hub crate: hf-hub 1.0.0 cannot resume, has no
 //! parallel ranged downloads, verifies neither sizes nor hashes, writes error bodies
 //! into the cache when a GET fails after a good HEAD, and pulls in hf-xet
-//! unconditionally (327 crates); see hub.md §1.5-1.8.
+//! unconditionally (327 crates); see "Why sous does not use the hf-hub crate" in
+//! `docs/hub.md`.
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The Hugging Face cache layout, written the way huggingface_hub writes it
-//! (`file_download.py` of huggingface_hub 2.4.0; shared/reference/hub.md §3.1) so that
-//! vLLM, transformers and huggingface_hub read what sous pulled, and sous reads what
-//! they pulled:
+//! (huggingface_hub 2.4.0 `src/huggingface_hub/file_download.py`; `docs/hub.md`) so
+//! that vLLM, transformers and huggingface_hub read what sous pulled, and sous reads
+//! what they pulled:
 //!
 //! ```text
 //! <cache>/models--org--name/blobs/<etag>              sha256 (LFS) or git sha1
@@ -11,14 +11,16 @@
 //! ```
 //!
 //! sous adds `models--org--name/.sous/<commit>.download-complete`, a JSON record of a
-//! finished pull (the field report's `.download-complete` marker), outside the folders
-//! huggingface_hub scans.
+//! finished pull (like the `.download-complete` marker of the DGX Spark field report's
+//! initContainer, `docs/field-reports.md`), outside the folders huggingface_hub scans.
+//! Refs and markers are written with [`sous_engine::atomic::write_file`].
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use sous_engine::atomic::write_file;
 use sous_engine::repo::RepoId;
 
 /// One repository's folder in the cache.
@@ -79,7 +81,7 @@ impl RepoCache {
             return Ok(());
         }
         let path = self.dir().join("refs").join(revision);
-        write_atomic(&path, commit.as_bytes())
+        write_file(&path, commit.as_bytes())
     }
 
     /// Points `snapshots/<commit>/<path>` at the blob with a relative symlink.
@@ -153,21 +155,8 @@ impl Marker {
     /// Writes it atomically.
     pub fn write(&self, path: &Path) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
-        write_atomic(path, &json)
+        write_file(path, &json)
     }
-}
-
-/// Writes through a temporary file in the same directory, then renames.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    fs::write(&tmp, contents)?;
-    fs::rename(&tmp, path)
 }
 
 /// A full 40-hex commit id.

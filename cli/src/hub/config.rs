@@ -1,7 +1,7 @@
 //! Where the Hub is and who we are to it: endpoint, token and cache directory, read
-//! from the environment in the order huggingface_hub uses (`constants.py`,
-//! `utils/_auth.py` of huggingface_hub 2.4.0; shared/reference/hub.md §3.2, §7), so
-//! that sous and Python tools share one cache and one login.
+//! from the environment in the order huggingface_hub uses (huggingface_hub 2.4.0
+//! `src/huggingface_hub/constants.py` and `utils/_auth.py`; the table in `docs/hub.md`),
+//! so that sous and Python tools share one cache and one login.
 
 use std::path::{Path, PathBuf};
 

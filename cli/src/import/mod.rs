@@ -24,7 +24,7 @@ use sous_engine::reporter::Reporter;
 
 use self::config::LlamaConfig;
 use self::gguf::Gguf;
-use self::write::Staging;
+use sous_engine::checkpoint::index::INDEX;
 
 /// The dtype of the written weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -297,11 +297,12 @@ pub fn import_gguf(options: &ImportOptions, reporter: &dyn Reporter) -> Result<S
         });
     }
 
-    let staging = Staging::new(&options.out, options.replace)?;
-    staging.write_json("config.json", &config.to_hf_config(options.dtype))?;
-    staging.write_json("generation_config.json", &config.to_generation_config())?;
-    staging.write_bytes("tokenizer.json", tok.tokenizer_json().as_bytes())?;
-    staging.write_json("tokenizer_config.json", &tok.tokenizer_config())?;
+    let staging = write::staging(&options.out, options.replace)?;
+    let dir = staging.path();
+    write::write_json(dir, "config.json", &config.to_hf_config(options.dtype))?;
+    write::write_json(dir, "generation_config.json", &config.to_generation_config())?;
+    write::write_bytes(dir, "tokenizer.json", tok.tokenizer_json().as_bytes())?;
+    write::write_json(dir, "tokenizer_config.json", &tok.tokenizer_config())?;
 
     let shards = write::shard(&planned, options.dtype, options.max_shard_bytes);
     for (i, shard) in shards.iter().enumerate() {
@@ -323,10 +324,10 @@ pub fn import_gguf(options: &ImportOptions, reporter: &dyn Reporter) -> Result<S
                 tensors::convert(&mut gguf, tensor, options.dtype)?,
             ));
         }
-        write::write_safetensors(&staging.dir().join(&shard.file), converted)?;
+        write::write_safetensors(&dir.join(&shard.file), converted)?;
     }
     if shards.len() > 1 {
-        staging.write_json("model.safetensors.index.json", &write::index(&planned, &shards))?;
+        write::write_json(dir, INDEX, &write::index(&planned, &shards).to_json())?;
     }
     let out = staging.commit()?;
 

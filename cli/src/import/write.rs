@@ -1,121 +1,59 @@
-//! Writing the output directory atomically, and the safetensors shard layout.
+//! The files of an imported model directory: safetensors shards laid out as
+//! transformers' `save_pretrained` lays them out (`model-00001-of-00002.safetensors`
+//! plus `model.safetensors.index.json`, or a single `model.safetensors` when it all
+//! fits; names and index from [`sous_engine::checkpoint::index`]), and the JSON files
+//! beside them.
 //!
-//! Everything is written into a hidden sibling of the destination (same filesystem, so
-//! the final `rename` is atomic) and renamed into place only once complete. If anything
-//! fails, or the import panics, [`Staging`]'s `Drop` removes the partial directory: a
-//! reader never sees a half-written model. Shards follow transformers'
-//! `save_pretrained` naming (`model-00001-of-00002.safetensors` plus
-//! `model.safetensors.index.json`; a single `model.safetensors` when it all fits).
+//! Everything is written into a [`StagingDir`] and moved into place only once
+//! complete; if anything fails, or the import panics, the partial directory is removed,
+//! so a reader never sees a half-written model. Not here: what the tensors hold
+//! (`tensors.rs`) or the tokenizer (`tokenizer.rs`).
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use serde_json::json;
+use sous_engine::atomic::{AtomicError, Existing, StagingDir};
+use sous_engine::checkpoint::index::{Index, shard_name};
 
 use super::Dtype;
 use super::ImportError;
 use super::tensors::Planned;
 
-/// A directory being written, removed on drop unless [`Staging::commit`] moved it into place.
-pub struct Staging {
-    tmp: PathBuf,
-    dest: PathBuf,
-    committed: bool,
+/// The staging directory for `dest`. Refuses an existing `dest` unless `replace` is
+/// set, in which case the commit replaces it whole.
+pub fn staging(dest: &Path, replace: bool) -> Result<StagingDir, ImportError> {
+    let existing = if replace {
+        Existing::Replace
+    } else {
+        Existing::Refuse
+    };
+    StagingDir::create(dest, existing).map_err(ImportError::from)
 }
 
-impl Staging {
-    /// Creates the staging directory beside `dest`. Refuses an existing `dest` unless
-    /// `replace` is set.
-    pub fn new(dest: &Path, replace: bool) -> Result<Staging, ImportError> {
-        if dest.exists() && !replace {
-            return Err(ImportError::OutputExists {
-                path: dest.to_owned(),
-            });
+impl From<AtomicError> for ImportError {
+    fn from(e: AtomicError) -> ImportError {
+        match e {
+            AtomicError::Exists { path } => ImportError::OutputExists { path },
+            AtomicError::NoName { path } => ImportError::BadOutput { path },
+            AtomicError::Io { path, source } => ImportError::Write { path, source },
         }
-        let name = dest
-            .file_name()
-            .ok_or_else(|| ImportError::BadOutput {
-                path: dest.to_owned(),
-            })?
-            .to_string_lossy()
-            .into_owned();
-        let parent = match dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-            _ => PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&parent).map_err(|source| ImportError::Write {
-            path: parent.clone(),
-            source,
-        })?;
-        let tmp = parent.join(format!(".{name}.sous-import-{}", std::process::id()));
-        if tmp.exists() {
-            // Left by an earlier run of this process id that was killed.
-            std::fs::remove_dir_all(&tmp).map_err(|source| ImportError::Write {
-                path: tmp.clone(),
-                source,
-            })?;
-        }
-        std::fs::create_dir(&tmp).map_err(|source| ImportError::Write {
-            path: tmp.clone(),
-            source,
-        })?;
-        Ok(Staging {
-            tmp,
-            dest: dest.to_owned(),
-            committed: false,
-        })
-    }
-
-    /// Where to write files before the commit.
-    pub fn dir(&self) -> &Path {
-        &self.tmp
-    }
-
-    /// Writes `value` as pretty JSON (two-space indent, trailing newline, as
-    /// transformers writes its JSON files).
-    pub fn write_json(&self, name: &str, value: &serde_json::Value) -> Result<(), ImportError> {
-        let mut text = serde_json::to_string_pretty(value).map_err(|e| ImportError::Write {
-            path: self.tmp.join(name),
-            source: e.into(),
-        })?;
-        text.push('\n');
-        self.write_bytes(name, text.as_bytes())
-    }
-
-    /// Writes a file into the staging directory.
-    pub fn write_bytes(&self, name: &str, bytes: &[u8]) -> Result<(), ImportError> {
-        let path = self.tmp.join(name);
-        std::fs::write(&path, bytes).map_err(|source| ImportError::Write { path, source })
-    }
-
-    /// Moves the finished directory to its destination (replacing an old one if asked).
-    pub fn commit(mut self) -> Result<PathBuf, ImportError> {
-        let write = |path: &Path| {
-            let path = path.to_owned();
-            move |source| ImportError::Write { path, source }
-        };
-        if self.dest.exists() {
-            // Move the old directory aside first so the destination is never missing
-            // something that the new one has, nor a mix of both.
-            let old = self.tmp.with_extension("old");
-            std::fs::rename(&self.dest, &old).map_err(write(&self.dest))?;
-            std::fs::rename(&self.tmp, &self.dest).map_err(write(&self.dest))?;
-            std::fs::remove_dir_all(&old).map_err(write(&old))?;
-        } else {
-            std::fs::rename(&self.tmp, &self.dest).map_err(write(&self.dest))?;
-        }
-        self.committed = true;
-        Ok(self.dest.clone())
     }
 }
 
-impl Drop for Staging {
-    fn drop(&mut self) {
-        if !self.committed {
-            // Best effort: the error that got us here matters more than this one.
-            let _ = std::fs::remove_dir_all(&self.tmp);
-        }
-    }
+/// Writes `value` into `dir` as pretty JSON (two-space indent, trailing newline, as
+/// transformers writes its JSON files).
+pub fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> Result<(), ImportError> {
+    let mut text = serde_json::to_string_pretty(value).map_err(|e| ImportError::Write {
+        path: dir.join(name),
+        source: e.into(),
+    })?;
+    text.push('\n');
+    write_bytes(dir, name, text.as_bytes())
+}
+
+/// Writes a file into `dir`.
+pub fn write_bytes(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), ImportError> {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).map_err(|source| ImportError::Write { path, source })
 }
 
 /// One output file and the tensors that go in it, in order.
@@ -148,27 +86,22 @@ pub fn shard(tensors: &[Planned], dtype: Dtype, max_bytes: u64) -> Vec<Shard> {
         .into_iter()
         .enumerate()
         .map(|(i, (tensors, bytes))| Shard {
-            file: if count == 1 {
-                "model.safetensors".to_owned()
-            } else {
-                format!("model-{:05}-of-{count:05}.safetensors", i + 1)
-            },
+            file: shard_name(i, count),
             tensors,
             bytes,
         })
         .collect()
 }
 
-/// `model.safetensors.index.json` for a sharded checkpoint.
-pub fn index(tensors: &[Planned], shards: &[Shard]) -> serde_json::Value {
-    let mut weight_map = BTreeMap::new();
+/// The index of a sharded checkpoint.
+pub fn index(tensors: &[Planned], shards: &[Shard]) -> Index {
+    let mut weight_map = std::collections::BTreeMap::new();
     for shard in shards {
         for &i in &shard.tensors {
             weight_map.insert(tensors[i].hf_name.clone(), shard.file.clone());
         }
     }
-    let total: u64 = shards.iter().map(|s| s.bytes).sum();
-    json!({ "metadata": { "total_size": total }, "weight_map": weight_map })
+    Index::new(weight_map, shards.iter().map(|s| s.bytes).sum())
 }
 
 /// Writes one safetensors file with `{"format": "pt"}` metadata, which transformers
@@ -200,33 +133,6 @@ pub fn write_safetensors(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_dropped_staging_directory_leaves_nothing() -> Result<(), Box<dyn std::error::Error>> {
-        let tmp = tempfile::tempdir()?;
-        let dest = tmp.path().join("model");
-        {
-            let staging = Staging::new(&dest, false)?;
-            staging.write_bytes("config.json", b"{}")?;
-            assert!(staging.dir().join("config.json").is_file());
-            // Dropped here, as when a later step returns an error or panics.
-        }
-        assert_eq!(std::fs::read_dir(tmp.path())?.count(), 0);
-        Ok(())
-    }
-
-    #[test]
-    fn commit_moves_the_whole_directory_into_place() -> Result<(), Box<dyn std::error::Error>> {
-        let tmp = tempfile::tempdir()?;
-        let dest = tmp.path().join("a/b/model");
-        let staging = Staging::new(&dest, false)?;
-        staging.write_bytes("x", b"1")?;
-        assert!(!dest.exists(), "nothing at the destination before the commit");
-        staging.commit()?;
-        assert_eq!(std::fs::read(dest.join("x"))?, b"1");
-        assert_eq!(std::fs::read_dir(dest.parent().ok_or("parent")?)?.count(), 1);
-        Ok(())
-    }
 
     #[test]
     fn shards_respect_the_limit() {

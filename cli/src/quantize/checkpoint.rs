@@ -1,57 +1,35 @@
-//! What each checkpoint format calls things: tensor names, dtypes and shapes per
-//! quantized layer, and the configuration files engines read to recognise it.
+//! The configuration files that tell engines what a checkpoint is, and which tool's
+//! arithmetic its bytes follow. The tensor names of each format are
+//! [`sous_engine::checkpoint::names`]'s, shared with the native engine's loader.
 //!
-//! compressed-tensors (reference §3): `P.weight_packed` U8 `[out, in/2]`,
-//! `P.weight_scale` F8_E4M3 `[out, in/16]`, `P.weight_global_scale` F32 `[1]`, and
-//! `config.json` `quantization_config` as llm-compressor 0.14 writes it for
-//! `NVFP4A16`, minus `scale_dtype`/`zp_dtype`: compressed-tensors ≤ 0.12 (which some
-//! vLLM releases pin) rejects those keys, and they are optional in 0.19 with the same
-//! meaning for NVFP4 (§3.2, "Compatibility rule").
+//! compressed-tensors: `config.json` `quantization_config` as llm-compressor 0.14.0.1
+//! (with compressed-tensors 0.19.0, `ModelCompressor.update_config` in
+//! `src/compressed_tensors/compressors/model_compressors/model_compressor.py`) writes it
+//! for `NVFP4A16`, minus `scale_dtype`/`zp_dtype`: compressed-tensors 0.12.2 and older
+//! (which some vLLM releases pin) reject those keys (`QuantizationArgs` is
+//! `extra="forbid"` there), and they are optional in 0.19.0 with the same meaning for
+//! NVFP4.
 //!
-//! ModelOpt (§4): `P.weight` U8, `P.weight_scale` F8_E4M3, `P.weight_scale_2` F32 0-d
-//! (`.squeeze()`d in `unified_export_hf.py`), `hf_quant_config.json` with the nested
-//! `quantization` object vLLM and TensorRT-LLM require, and the flat
-//! `quantization_config` ModelOpt 0.47 adds to `config.json`.
+//! ModelOpt: `hf_quant_config.json` with the nested `quantization` object vLLM
+//! (`ModelOptNvFp4Config.from_config`, `vllm/model_executor/layers/quantization/
+//! modelopt.py`) and TensorRT-LLM (`tensorrt_llm/_torch/model_config.py`) require, and
+//! the flat `quantization_config` ModelOpt 0.47.0 adds to `config.json`
+//! (`convert_hf_quant_config_format`, `modelopt/torch/export/`).
+//!
+//! `docs/nvfp4.md` shows both formats whole.
 
 use serde_json::{Value, json};
+use sous_engine::checkpoint::names::{COMPRESSED_TENSORS, MODELOPT, NVFP4_PACK_QUANTIZED, W4A16_NVFP4};
 use sous_engine::recipe::{QuantFormat, QuantScheme};
 use sous_kernels::Flavor;
 
 /// The NVFP4 block size, in the configs.
 const GROUP_SIZE: u32 = 16;
 
-/// Per-layer tensor names and the global scale's shape.
-pub struct Names {
-    /// Suffix of the packed FP4 codes.
-    pub packed: &'static str,
-    /// Suffix of the FP8 block scales.
-    pub scales: &'static str,
-    /// Suffix of the per-tensor scale.
-    pub global: &'static str,
-    /// Shape of the per-tensor scale.
-    pub global_shape: &'static [usize],
-}
-
-/// The tensor names of `format`.
-pub fn names(format: QuantFormat) -> Names {
-    match format {
-        QuantFormat::CompressedTensors => Names {
-            packed: "weight_packed",
-            scales: "weight_scale",
-            global: "weight_global_scale",
-            global_shape: &[1],
-        },
-        QuantFormat::Modelopt => Names {
-            packed: "weight",
-            scales: "weight_scale",
-            global: "weight_scale_2",
-            global_shape: &[],
-        },
-    }
-}
-
 /// Which ModelOpt export to reproduce: the two differ in one rounding of
-/// `weight_scale_2` (reference §2.2), which can flip block scales and codes.
+/// `weight_scale_2` (PyTorch divides by a Python float as a multiplication by its f32
+/// reciprocal on CUDA, a true division on the CPU; `docs/nvfp4.md`), which can flip
+/// block scales and codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelOptExport {
     /// On a GPU, the normal case, which published ModelOpt checkpoints carry:
@@ -73,8 +51,8 @@ pub fn flavor(format: QuantFormat, export: ModelOptExport) -> Flavor {
 /// The short name of a format, for messages and metadata.
 pub fn format_name(format: QuantFormat) -> &'static str {
     match format {
-        QuantFormat::CompressedTensors => "compressed-tensors",
-        QuantFormat::Modelopt => "modelopt",
+        QuantFormat::CompressedTensors => COMPRESSED_TENSORS,
+        QuantFormat::Modelopt => MODELOPT,
     }
 }
 
@@ -94,7 +72,7 @@ pub fn quantization_config(format: QuantFormat, ignore: &[String]) -> Value {
         QuantFormat::CompressedTensors => json!({
             "config_groups": {
                 "group_0": {
-                    "format": "nvfp4-pack-quantized",
+                    "format": NVFP4_PACK_QUANTIZED,
                     "input_activations": null,
                     "output_activations": null,
                     "targets": ["Linear"],
@@ -112,11 +90,11 @@ pub fn quantization_config(format: QuantFormat, ignore: &[String]) -> Value {
                     }
                 }
             },
-            "format": "nvfp4-pack-quantized",
+            "format": NVFP4_PACK_QUANTIZED,
             "global_compression_ratio": null,
             "ignore": ignore,
             "kv_cache_scheme": null,
-            "quant_method": "compressed-tensors",
+            "quant_method": COMPRESSED_TENSORS,
             "quantization_status": "compressed",
             "sparsity_config": {},
             "transform_config": {},
@@ -130,9 +108,9 @@ pub fn quantization_config(format: QuantFormat, ignore: &[String]) -> Value {
                 }
             },
             "ignore": ignore,
-            "quant_algo": "W4A16_NVFP4",
+            "quant_algo": W4A16_NVFP4,
             "producer": producer(),
-            "quant_method": "modelopt"
+            "quant_method": MODELOPT
         }),
     }
 }
@@ -142,7 +120,7 @@ pub fn hf_quant_config(exclude: &[String]) -> Value {
     json!({
         "producer": producer(),
         "quantization": {
-            "quant_algo": "W4A16_NVFP4",
+            "quant_algo": W4A16_NVFP4,
             "kv_cache_quant_algo": null,
             "group_size": GROUP_SIZE,
             "exclude_modules": exclude

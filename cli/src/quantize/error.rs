@@ -153,6 +153,20 @@ impl Diagnose for QuantizeError {
     }
 }
 
+impl From<sous_engine::atomic::AtomicError> for QuantizeError {
+    fn from(e: sous_engine::atomic::AtomicError) -> QuantizeError {
+        use sous_engine::atomic::AtomicError;
+        match e {
+            AtomicError::Exists { path } => QuantizeError::OutputExists { out: path },
+            AtomicError::NoName { path } => QuantizeError::Io {
+                source: io::Error::new(io::ErrorKind::InvalidInput, "the output path has no name"),
+                path,
+            },
+            AtomicError::Io { path, source } => QuantizeError::Io { path, source },
+        }
+    }
+}
+
 /// An I/O error with its path.
 pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> QuantizeError {
     let path = path.into();

@@ -3,8 +3,9 @@
 //! vLLM loads q/k/v into one `QKVParallelLinear`, gate/up into one
 //! `MergedColumnParallelLinear` and MoE w1/w3 into `w13`, and applies a single global
 //! scale to the fused weight (the max, or the first member's): a member quantized with
-//! its own scale is then silently dequantized with the wrong one (reference §6, vllm
-//! #54974). llm-compressor therefore links the weight observers of
+//! its own scale is then silently dequantized with the wrong one (vLLM
+//! `compressed_tensors_w4a16_nvfp4.py` and `modelopt.py` take the max; vllm #54974;
+//! `docs/nvfp4.md`, "Fused layers share one global scale"). llm-compressor therefore links the weight observers of
 //! `FUSED_LAYER_NAMES` (`src/llmcompressor/observers/helpers.py`) wherever a parent
 //! module has *all* the names of a tuple, and ModelOpt takes the max amax of Linears
 //! sharing an input; both give every member the global scale of the group's amax.

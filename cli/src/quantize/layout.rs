@@ -7,15 +7,20 @@
 //! they follow the layers; inside a shard, tensors are ordered by element size, largest
 //! first, then by name, as the safetensors crate's `serialize` orders them, so every
 //! tensor starts aligned to its element size (the format allows no padding).
+//!
+//! Tensor names come from [`sous_engine::checkpoint::names`], shard names and the
+//! index from [`sous_engine::checkpoint::index`]: the native engine reads them from
+//! the same place.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use safetensors::Dtype;
 use safetensors::tensor::{Metadata, TensorInfo};
-use serde_json::{Value, json};
+use serde_json::Value;
+use sous_engine::checkpoint::index::{Index, shard_name};
+use sous_engine::checkpoint::names::{self, Nvfp4Names};
 use sous_engine::recipe::QuantFormat;
 
-use super::checkpoint;
 use super::error::QuantizeError;
 use super::select::Decision;
 use super::source::Source;
@@ -69,7 +74,7 @@ pub struct Layout {
     /// Shards in order.
     pub shards: Vec<OutShard>,
     /// `model.safetensors.index.json` when there is more than one shard.
-    pub index: Option<Value>,
+    pub index: Option<Index>,
     /// Where each content goes: (shard, offset).
     places: HashMap<Content, (usize, u64)>,
 }
@@ -85,7 +90,7 @@ impl Layout {
         max_shard: u64,
         metadata: &HashMap<String, String>,
     ) -> Result<Layout, QuantizeError> {
-        let names = checkpoint::names(format);
+        let nvfp4 = Nvfp4Names::of(format);
         // Units that stay together in one shard: a kept tensor, or a quantized
         // layer's three tensors.
         let mut units: Vec<Vec<OutTensor>> = Vec::new();
@@ -108,27 +113,27 @@ impl Layout {
                 )]);
                 continue;
             }
-            let module = t.name.strip_suffix(".weight").unwrap_or(&t.name);
+            let module = names::module_of(&t.name);
             let (rows, cols) = (t.shape[0], t.shape[1]);
             units.push(vec![
                 out(
-                    format!("{module}.{}", names.packed),
+                    names::tensor(module, nvfp4.packed),
                     Dtype::U8,
                     vec![rows, cols / 2],
                     (rows * cols / 2) as u64,
                     Content::Packed(i),
                 ),
                 out(
-                    format!("{module}.{}", names.scales),
+                    names::tensor(module, nvfp4.scales),
                     Dtype::F8_E4M3,
                     vec![rows, cols / 16],
                     (rows * cols / 16) as u64,
                     Content::Scales(i),
                 ),
                 out(
-                    format!("{module}.{}", names.global),
+                    names::tensor(module, nvfp4.global),
                     Dtype::F32,
-                    names.global_shape.to_vec(),
+                    nvfp4.global_shape.to_vec(),
                     4,
                     Content::Global(i),
                 ),
@@ -150,14 +155,10 @@ impl Layout {
         let count = groups.len();
         let mut shards = Vec::with_capacity(count);
         let mut places = HashMap::new();
-        let mut weight_map = serde_json::Map::new();
+        let mut weight_map = BTreeMap::new();
         let mut total = 0u64;
         for (s, mut tensors) in groups.into_iter().enumerate() {
-            let name = if count == 1 {
-                "model.safetensors".to_owned()
-            } else {
-                format!("model-{:05}-of-{count:05}.safetensors", s + 1)
-            };
+            let name = shard_name(s, count);
             tensors.sort_by(|a, b| {
                 b.dtype
                     .bitsize()
@@ -184,7 +185,7 @@ impl Layout {
             for t in &mut tensors {
                 t.offset = at;
                 places.insert(t.content, (s, at));
-                weight_map.insert(t.name.clone(), Value::String(name.clone()));
+                weight_map.insert(t.name.clone(), name.clone());
                 at += t.len;
                 total += t.len;
             }
@@ -195,7 +196,7 @@ impl Layout {
                 size: at,
             });
         }
-        let index = (count > 1).then(|| json!({"metadata": {"total_size": total}, "weight_map": weight_map}));
+        let index = (count > 1).then(|| Index::new(weight_map, total));
         Ok(Layout {
             shards,
             index,

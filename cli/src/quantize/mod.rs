@@ -6,10 +6,12 @@
 //!   tensor data through memory maps.
 //! - `select`: which tensors are quantized, as the reference tools choose.
 //! - `fused`: groups that share one global scale.
-//! - `checkpoint`: each format's names and configuration files.
+//! - `checkpoint`: each format's configuration files (tensor and file names are
+//!   `sous_engine::checkpoint`'s, shared with the native engine).
 //! - `layout`: output shards, offsets and headers, planned up front.
 //! - `write`: the work, window by window, through `sous-kernels`.
-//! - `staging`: the temporary directory, completion marker and final rename.
+//! - `marker`: the completion marker and the rerun check; the output itself is staged
+//!   and renamed into place by `sous_engine::atomic`.
 //! - `progress`: what the work reports to the caller's [`Reporter`].
 //!
 //! Not here: the command line (`commands/quantize.rs`) or the numerics
@@ -19,10 +21,10 @@ mod checkpoint;
 mod error;
 mod fused;
 mod layout;
+mod marker;
 mod progress;
 mod select;
 mod source;
-mod staging;
 mod write;
 
 use std::collections::{BTreeSet, HashMap};
@@ -32,20 +34,22 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use sous_engine::atomic::{Existing, StagingDir};
+use sous_engine::checkpoint::index::INDEX;
 use sous_engine::recipe::{QuantFormat, QuantScheme};
 use sous_engine::reporter::Reporter;
 
 pub use checkpoint::ModelOptExport;
 pub use error::QuantizeError;
+pub use marker::MARKER;
 pub use source::Provenance;
-pub use staging::MARKER;
 pub use write::TensorReport;
 
 use error::io;
 use layout::Layout;
+use marker::Marker;
 use select::{Decision, Selector};
 use source::Source;
-use staging::{Marker, Staging};
 
 /// Default largest output shard, as `sous quantize --max-shard-size` and
 /// `sous import gguf --max-shard-size` write it: transformers' default
@@ -152,8 +156,8 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
     let decisions: Vec<Decision> = source.tensors.iter().map(|t| selector.decide(t)).collect();
     validate(&source, &decisions)?;
     let groups = fused::groups(&source.tensors, &decisions)?;
-    let fingerprint = staging::fingerprint(&inputs(&source, request));
-    if let Some(mut summary) = staging::completed::<Summary>(&request.out, &fingerprint) {
+    let fingerprint = marker::fingerprint(&inputs(&source, request));
+    if let Some(mut summary) = marker::completed::<Summary>(&request.out, &fingerprint) {
         summary.up_to_date = true;
         summary.output = request.out.clone();
         return Ok(summary);
@@ -170,7 +174,8 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         request.max_shard_bytes,
         &metadata(request, &provenance),
     )?;
-    let staging = Staging::create(&request.out)?;
+    // `check_output` has decided that what is at `out`, if anything, may go.
+    let staging = StagingDir::create(&request.out, Existing::Replace)?;
     let mut progress = progress::Progress::new(reporter, source.tensors.iter().map(|t| t.len).sum());
     let options = write::Options {
         window_bytes: request.window_bytes,
@@ -182,15 +187,15 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         &layout,
         &groups,
         flavor,
-        staging.dir(),
+        staging.path(),
         options,
         &mut progress,
     );
     progress.finish();
     let mut tensors = written?;
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
-    write_configs(&source, &decisions, request.format, &layout, staging.dir())?;
-    copy_other_files(&source.dir, staging.dir())?;
+    write_configs(&source, &decisions, request.format, &layout, staging.path())?;
+    copy_other_files(&source.dir, staging.path())?;
     let seconds = started.elapsed().as_secs_f64();
     let bytes_in: u64 = source.tensors.iter().map(|t| t.len).sum();
     let summary = Summary {
@@ -224,10 +229,13 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
             })
             .collect(),
     };
-    staging.commit(&Marker {
-        fingerprint,
-        summary: &summary,
-    })?;
+    marker::commit(
+        staging,
+        &Marker {
+            fingerprint,
+            summary: &summary,
+        },
+    )?;
     Ok(summary)
 }
 
@@ -259,7 +267,7 @@ fn check_output(request: &Request) -> Result<(), QuantizeError> {
     if entries.next().is_none() {
         return Ok(());
     }
-    if !request.out.join(staging::MARKER).is_file() {
+    if !request.out.join(MARKER).is_file() {
         return Err(foreign());
     }
     if !request.force {
@@ -379,7 +387,7 @@ fn write_configs(
         )?;
     }
     if let Some(index) = &layout.index {
-        write_json(&dir.join("model.safetensors.index.json"), index)?;
+        write_json(&dir.join(INDEX), &index.to_json())?;
     }
     Ok(())
 }
@@ -417,7 +425,7 @@ fn other_files(dir: &Path) -> Vec<PathBuf> {
     ];
     const REPLACED: &[&str] = &[
         "config.json",
-        "model.safetensors.index.json",
+        INDEX,
         "pytorch_model.bin.index.json",
         "hf_quant_config.json",
     ];

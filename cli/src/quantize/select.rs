@@ -1,5 +1,8 @@
 //! Which tensors become NVFP4 and which keep their precision, as the reference tools
-//! choose (shared/reference/nvfp4.md §5).
+//! choose (llm-compressor 0.14.0.1 `examples/quantization_w4a16_fp4/` and
+//! `examples/quantization_w4a4_fp4/`; ModelOpt 0.47.0
+//! `modelopt_recipes/configs/ptq/units/default_disabled_quantizers.yaml`; summarized in
+//! `docs/nvfp4.md`, "What is quantized").
 //!
 //! Quantized: the 2-D weights of the decoder's Linear layers (llm-compressor's
 //! `targets="Linear"`). Kept: lm_head (every llm-compressor example ignores it; ModelOpt

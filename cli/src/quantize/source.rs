@@ -1,12 +1,13 @@
 //! The model being quantized: a Hub-layout directory (`config.json`, one or more
-//! `*.safetensors` shards, optionally `model.safetensors.index.json`), its tensor
-//! table read from the shard headers, and where it came from.
+//! `*.safetensors` shards, optionally `model.safetensors.index.json`, found by
+//! [`sous_engine::checkpoint::index::Shards`]), its tensor table read from the shard
+//! headers and checked against the index, and where it came from.
 //!
 //! Tensor data is never read whole: callers map a window of a tensor at a time
 //! ([`Source::map`]), so memory stays bounded by the window, not the model or even the
 //! largest tensor. Not here: deciding what to quantize (`select.rs`) or writing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{Mmap, MmapOptions};
 use safetensors::tensor::Metadata;
 use serde_json::Value;
+use sous_engine::checkpoint::index::{INDEX, Index, IndexError, Shards};
 use sous_engine::repo::RepoId;
 
 use super::error::{QuantizeError, io};
@@ -76,8 +78,6 @@ pub struct Source {
     pub provenance: Provenance,
 }
 
-const INDEX: &str = "model.safetensors.index.json";
-
 impl Source {
     /// Reads the directory's config and every shard header.
     pub fn open(dir: &Path) -> Result<Source, QuantizeError> {
@@ -108,14 +108,17 @@ impl Source {
                 method: method.to_owned(),
             });
         }
-        let names = shard_names(dir)?;
+        let Shards { files: names, index } = Shards::find(dir).map_err(|e| match e {
+            IndexError::Io { path, source } => QuantizeError::Io { path, source },
+            IndexError::Malformed { path, message } => QuantizeError::BadSource { file: path, message },
+        })?;
         if names.is_empty() {
             return Err(no_model("no *.safetensors files (sous reads safetensors only)"));
         }
         let mut shards = Vec::with_capacity(names.len());
         let mut tensors = Vec::new();
-        for (index, name) in names.iter().enumerate() {
-            let (shard, mut found) = read_shard(dir, name, index)?;
+        for (i, name) in names.iter().enumerate() {
+            let (shard, mut found) = read_shard(dir, name, i)?;
             shards.push(shard);
             tensors.append(&mut found);
         }
@@ -128,7 +131,9 @@ impl Source {
                 ));
             }
         }
-        check_index(dir, &tensors, &shards)?;
+        if let Some(index) = &index {
+            check_index(&dir.join(INDEX), index, &tensors, &shards)?;
+        }
         Ok(Source {
             dir: dir.to_path_buf(),
             config,
@@ -180,40 +185,6 @@ fn bad(path: &Path, message: &str) -> QuantizeError {
         file: path.to_path_buf(),
         message: message.to_owned(),
     }
-}
-
-/// The shard file names: from the index if there is one, else `model.safetensors`,
-/// else every `*.safetensors` in the directory.
-fn shard_names(dir: &Path) -> Result<Vec<String>, QuantizeError> {
-    let index_path = dir.join(INDEX);
-    if index_path.exists() {
-        let index: Value = std::fs::read(&index_path)
-            .map_err(io(&index_path))
-            .and_then(|b| serde_json::from_slice(&b).map_err(|e| bad(&index_path, &e.to_string())))?;
-        let map = index
-            .get("weight_map")
-            .and_then(Value::as_object)
-            .ok_or_else(|| bad(&index_path, "no `weight_map` object"))?;
-        let mut names = BTreeSet::new();
-        for file in map.values() {
-            let file = file
-                .as_str()
-                .ok_or_else(|| bad(&index_path, "a `weight_map` value is not a file name"))?;
-            names.insert(file.to_owned());
-        }
-        return Ok(names.into_iter().collect());
-    }
-    if dir.join("model.safetensors").exists() {
-        return Ok(vec!["model.safetensors".into()]);
-    }
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .map_err(io(dir))?
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".safetensors"))
-        .collect();
-    names.sort();
-    Ok(names)
 }
 
 /// Parses one shard's header (validated by the safetensors crate: contiguous, in-bounds
@@ -272,28 +243,24 @@ fn read_shard(dir: &Path, name: &str, index: usize) -> Result<(Shard, Vec<Source
     ))
 }
 
-/// With an index, every tensor it lists must be in the shard it names, and the reverse.
-fn check_index(dir: &Path, tensors: &[SourceTensor], shards: &[Shard]) -> Result<(), QuantizeError> {
-    let index_path = dir.join(INDEX);
-    let Ok(bytes) = std::fs::read(&index_path) else {
-        return Ok(());
-    };
-    let index: Value = serde_json::from_slice(&bytes).map_err(|e| bad(&index_path, &e.to_string()))?;
-    let map: BTreeMap<String, String> = index
-        .get("weight_map")
-        .and_then(|m| serde_json::from_value(m.clone()).ok())
-        .ok_or_else(|| bad(&index_path, "`weight_map` is not a map of names to files"))?;
+/// Every tensor the index lists must be in the shard it names, and the reverse.
+fn check_index(
+    index_path: &Path,
+    index: &Index,
+    tensors: &[SourceTensor],
+    shards: &[Shard],
+) -> Result<(), QuantizeError> {
     for t in tensors {
         let file = &shards[t.shard].name;
-        if map.get(&t.name) != Some(file) {
+        if index.weight_map.get(&t.name) != Some(file) {
             return Err(bad(
-                &index_path,
+                index_path,
                 &format!("{} is in {file} but the index does not say so", t.name),
             ));
         }
     }
-    if map.len() != tensors.len() {
-        return Err(bad(&index_path, "the index lists tensors that no shard holds"));
+    if index.weight_map.len() != tensors.len() {
+        return Err(bad(index_path, "the index lists tensors that no shard holds"));
     }
     Ok(())
 }

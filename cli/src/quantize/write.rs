@@ -12,7 +12,7 @@
 //! at the final fsync. The full channel holds the computation back to the disk's
 //! pace. Peak memory is therefore a few windows plus the fixed working set, whatever
 //! the model or tensor size. Not here: what to write (`layout.rs`) or where the
-//! directory goes (`staging.rs`).
+//! directory goes (`sous_engine::atomic`, `marker.rs`).
 
 use std::collections::BTreeMap;
 use std::fs::File;

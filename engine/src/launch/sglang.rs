@@ -1,7 +1,7 @@
 //! SGLang: `python3 -m sglang.launch_server --model-path MODEL --flag value ...`.
 //!
 //! Flags mirror SGLang 0.5.23 (`python/sglang/srt/arg_groups/`, `fields/*.py`,
-//! `server_args.py`; `shared/reference/engines.md` §7). Its booleans are `store_true`
+//! `server_args.py`; `docs/engines.md`). Its booleans are `store_true`
 //! only, so a setting that is on by default (radix cache, chunked prefill) is turned
 //! off with its own flag. SGLang's defaults differ from vLLM's (host `127.0.0.1`, port
 //! 30000), so host and port are always rendered to keep the recipe's endpoint.

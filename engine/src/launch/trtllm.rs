@@ -3,7 +3,8 @@
 //! `trtllm-serve` is a click program with underscore option names
 //! (`tensorrt_llm/commands/serve.py`); most settings live in a YAML file of `LlmArgs`
 //! fields (`tensorrt_llm/llmapi/llm_args.py`) merged over the flags, so sous writes
-//! that file into the instance directory. `shared/reference/engines.md` §8.
+//! that file into the instance directory. Read in TensorRT-LLM 1.3; `docs/engines.md`
+//! has the details and how they differ from vLLM.
 
 use serde_json::{Map, Value, json};
 

@@ -1,9 +1,9 @@
 //! vLLM: `vllm serve MODEL --flag value ...`.
 //!
-//! Flags and value sets mirror vLLM's argument parser as of the releases checked in
-//! `shared/reference/engines.md` (§1): `vllm/engine/arg_utils.py`, `vllm/config/cache.py`,
-//! `vllm/config/speculative.py`, `vllm/tool_parsers/__init__.py` and
-//! `vllm/reasoning/__init__.py` of 0.10.2, 0.11.0, 0.13.0, 0.17.0, 0.22.0 and 0.33.0.
+//! Flags and value sets mirror vLLM's argument parser: `vllm/engine/arg_utils.py`,
+//! `vllm/config/cache.py`, `vllm/config/speculative.py`, `vllm/tool_parsers/__init__.py`
+//! and `vllm/reasoning/__init__.py` of vLLM 0.10.2, 0.11.0, 0.13.0, 0.17.0, 0.22.0 and
+//! 0.33.0 (what changed between them: `docs/engines.md`).
 //! Booleans use the `--x` / `--no-x` spellings every one of those releases accepts
 //! (`--disable-x` only exists from 0.33). A setting the recipe leaves unset is not
 //! rendered, so vLLM's default applies.

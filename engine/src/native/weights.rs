@@ -1,14 +1,13 @@
 //! Reading a model directory's safetensors into candle tensors, dequantizing NVFP4.
 //!
-//! A directory holds `model.safetensors`, or shards listed by
-//! `model.safetensors.index.json`; files are memory-mapped and each tensor is copied out
-//! once, converted to the compute dtype. NVFP4 weights come in the two layouts `sous
-//! quantize` writes (`shared/reference/nvfp4.md`): compressed-tensors (`weight_packed`,
-//! `weight_scale`, `weight_global_scale`) and ModelOpt (`weight` as packed bytes,
-//! `weight_scale`, `weight_scale_2`). They are dequantized at load with the same
-//! arithmetic as the reference tools (`sous_kernels::reference::dequantize`); a fused
-//! NVFP4 matrix product is future work, so an NVFP4 model takes as much memory as its
-//! source once loaded.
+//! The files are those [`crate::checkpoint::index::Shards`] finds (`model.safetensors`,
+//! or the shards `model.safetensors.index.json` lists); they are memory-mapped and each
+//! tensor is copied out once, converted to the compute dtype. NVFP4 weights come in the
+//! two layouts `sous quantize` writes, named by [`crate::checkpoint::names`]:
+//! compressed-tensors and ModelOpt (`docs/nvfp4.md`). They are dequantized at load with
+//! the same arithmetic as the reference tools (`sous_kernels::reference::dequantize`);
+//! a fused NVFP4 matrix product is future work, so an NVFP4 model takes as much memory
+//! as its source once loaded.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -23,6 +22,9 @@ use sous_kernels::scale::{Flavor, TensorScale};
 
 use super::NativeError;
 use super::config::ModelConfig;
+use crate::checkpoint::index::{IndexError, SINGLE, Shards};
+use crate::checkpoint::names::{self, Nvfp4Names};
+use crate::recipe::QuantFormat;
 
 /// How the checkpoint's linear weights are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,9 +51,9 @@ impl Quantization {
                 .into(),
         };
         match method {
-            "compressed-tensors" => {
+            names::COMPRESSED_TENSORS => {
                 let format = q.get("format").and_then(Value::as_str).unwrap_or_default();
-                if format != "nvfp4-pack-quantized" {
+                if format != names::NVFP4_PACK_QUANTIZED {
                     return Err(unsupported(format!("compressed-tensors format `{format}`")));
                 }
                 let groups = q.get("config_groups").and_then(Value::as_object);
@@ -64,14 +66,23 @@ impl Quantization {
                 }
                 Ok(Quantization::Nvfp4CompressedTensors)
             }
-            "modelopt" => {
+            names::MODELOPT => {
                 let algo = q.get("quant_algo").and_then(Value::as_str).unwrap_or_default();
-                if algo != "W4A16_NVFP4" {
+                if algo != names::W4A16_NVFP4 {
                     return Err(unsupported(format!("ModelOpt quant_algo `{algo}`")));
                 }
                 Ok(Quantization::Nvfp4ModelOpt)
             }
             other => Err(unsupported(format!("quant_method `{other}`"))),
+        }
+    }
+
+    /// The checkpoint format of NVFP4 weights; `None` for plain ones.
+    pub fn format(self) -> Option<QuantFormat> {
+        match self {
+            Quantization::None => None,
+            Quantization::Nvfp4CompressedTensors => Some(QuantFormat::CompressedTensors),
+            Quantization::Nvfp4ModelOpt => Some(QuantFormat::Modelopt),
         }
     }
 }
@@ -99,32 +110,17 @@ impl Checkpoint {
     /// Maps every shard of `dir`.
     pub fn open(dir: &Path, config: &ModelConfig) -> Result<Checkpoint, NativeError> {
         let quantization = Quantization::of(config, dir)?;
-        let index_path = dir.join("model.safetensors.index.json");
-        let files: Vec<PathBuf> = if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path).map_err(|source| NativeError::Io {
-                path: index_path.clone(),
-                source,
-            })?;
-            let index: Value = serde_json::from_str(&text).map_err(|e| NativeError::Config {
-                path: index_path.clone(),
-                message: e.to_string(),
-            })?;
-            let mut names: Vec<String> = index
-                .get("weight_map")
-                .and_then(Value::as_object)
-                .ok_or_else(|| NativeError::Config {
-                    path: index_path.clone(),
-                    message: "`weight_map` is missing".into(),
-                })?
-                .values()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect();
-            names.sort();
-            names.dedup();
-            names.into_iter().map(|n| dir.join(n)).collect()
+        let found = Shards::find(dir).map_err(|e| match e {
+            IndexError::Io { path, source } => NativeError::Io { path, source },
+            IndexError::Malformed { path, message } => NativeError::Config { path, message },
+        })?;
+        // With no safetensors at all, opening `model.safetensors` reports the missing file.
+        let names = if found.files.is_empty() {
+            vec![SINGLE.to_owned()]
         } else {
-            vec![dir.join("model.safetensors")]
+            found.files
         };
+        let files: Vec<PathBuf> = names.into_iter().map(|n| dir.join(n)).collect();
         let mut maps = Vec::with_capacity(files.len());
         let mut index = HashMap::new();
         for path in files {
@@ -216,21 +212,22 @@ impl Checkpoint {
     /// The weight of linear layer `prefix` (`prefix.weight`, or its NVFP4 form),
     /// `[out, in]` in `dtype`. `shape` is the expected `[out, in]`.
     pub fn linear(&self, prefix: &str, shape: [usize; 2], dtype: DType) -> Result<Tensor, NativeError> {
-        let (packed_name, global_name, flavor) = match self.quantization {
-            Quantization::Nvfp4CompressedTensors => {
-                ("weight_packed", "weight_global_scale", Flavor::CompressedTensors)
-            }
-            Quantization::Nvfp4ModelOpt => ("weight", "weight_scale_2", Flavor::ModelOptGpu),
-            Quantization::None => ("", "", Flavor::CompressedTensors),
+        let format = self.quantization.format();
+        let flavor = match format {
+            Some(QuantFormat::Modelopt) => Flavor::ModelOptGpu,
+            _ => Flavor::CompressedTensors,
         };
-        let packed = format!("{prefix}.{packed_name}");
-        let quantized = self.quantization != Quantization::None
-            && self.has(&format!("{prefix}.{global_name}"))
-            && self.view(&packed).is_ok_and(|(v, _)| v.dtype() == StDtype::U8);
-        let tensor = if quantized {
-            let (codes, path) = self.view(&packed)?;
-            let (scales, _) = self.view(&format!("{prefix}.weight_scale"))?;
-            let global = self.vector(&format!("{prefix}.{global_name}"))?;
+        // A layer the quantizer kept has its plain `weight` even in an NVFP4 checkpoint.
+        let quantized = format.map(Nvfp4Names::of).filter(|n| {
+            self.has(&names::tensor(prefix, n.global))
+                && self
+                    .view(&names::tensor(prefix, n.packed))
+                    .is_ok_and(|(v, _)| v.dtype() == StDtype::U8)
+        });
+        let tensor = if let Some(n) = quantized {
+            let (codes, path) = self.view(&names::tensor(prefix, n.packed))?;
+            let (scales, _) = self.view(&names::tensor(prefix, n.scales))?;
+            let global = self.vector(&names::tensor(prefix, n.global))?;
             let [out, inp] = shape;
             if codes.shape() != [out, inp / 2] || scales.shape() != [out, inp / 16] || global.len() != 1 {
                 return Err(NativeError::Config {
@@ -249,7 +246,7 @@ impl Checkpoint {
             let values = reference::dequantize(codes.data(), scales.data(), &scale);
             Tensor::from_vec(values, (out, inp), &Device::Cpu)?.to_dtype(dtype)?
         } else {
-            self.stored(&format!("{prefix}.weight"), dtype)?
+            self.stored(&names::tensor(prefix, names::WEIGHT), dtype)?
         };
         if tensor.dims() != shape {
             return Err(NativeError::Config {
@@ -277,5 +274,82 @@ fn safetensors_error(path: &Path, e: safetensors::SafeTensorError) -> NativeErro
     NativeError::Config {
         path: path.to_owned(),
         message: format!("not a readable safetensors file: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use safetensors::tensor::TensorView;
+
+    use super::*;
+    use crate::checkpoint::index::{INDEX, Index, shard_name};
+
+    type Result = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    const CONFIG: &str = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":32,"intermediate_size":64,
+        "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":8,
+        "quantization_config":{"quant_method":"compressed-tensors","format":"nvfp4-pack-quantized",
+        "config_groups":{"group_0":{"input_activations":null}}}}"#;
+
+    /// A sharded compressed-tensors checkpoint: one NVFP4 layer (all-zero codes) in the
+    /// first shard, one kept layer in the second, and the index naming both.
+    fn sharded(dir: &Path) -> Result {
+        let (out, inp) = (4usize, 32usize);
+        let names = Nvfp4Names::of(QuantFormat::CompressedTensors);
+        let codes = vec![0u8; out * inp / 2];
+        let scales = vec![0x20u8; out * inp / 16];
+        let global = 1.0f32.to_le_bytes();
+        let kept: Vec<u8> = (0..out * inp).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let q = "model.layers.0.mlp.down_proj";
+        let first = [
+            (
+                names::tensor(q, names.packed),
+                StDtype::U8,
+                vec![out, inp / 2],
+                &codes[..],
+            ),
+            (
+                names::tensor(q, names.scales),
+                StDtype::F8_E4M3,
+                vec![out, inp / 16],
+                &scales[..],
+            ),
+            (names::tensor(q, names.global), StDtype::F32, vec![1], &global[..]),
+        ];
+        let second = [(
+            "lm_head.weight".to_owned(),
+            StDtype::F32,
+            vec![out, inp],
+            &kept[..],
+        )];
+        let mut weight_map = BTreeMap::new();
+        for (shard, tensors) in [&first[..], &second[..]].into_iter().enumerate() {
+            let file = shard_name(shard, 2);
+            let mut views = Vec::new();
+            for (name, dtype, shape, data) in tensors {
+                views.push((name.clone(), TensorView::new(*dtype, shape.clone(), data)?));
+                weight_map.insert(name.clone(), file.clone());
+            }
+            safetensors::serialize_to_file(views, None, &dir.join(file))?;
+        }
+        let index = Index::new(weight_map, 0).to_json().to_string();
+        std::fs::write(dir.join(INDEX), index)?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_sharded_nvfp4_checkpoint_loads_through_its_index() -> Result {
+        let dir = tempfile::tempdir()?;
+        sharded(dir.path())?;
+        let config = ModelConfig::parse(CONFIG, &dir.path().join("config.json"))?;
+        let checkpoint = Checkpoint::open(dir.path(), &config)?;
+        assert_eq!(checkpoint.quantization(), Quantization::Nvfp4CompressedTensors);
+        let zeros = checkpoint.linear("model.layers.0.mlp.down_proj", [4, 32], DType::F32)?;
+        assert!(zeros.flatten_all()?.to_vec1::<f32>()?.iter().all(|v| *v == 0.0));
+        let kept = checkpoint.linear("lm_head", [4, 32], DType::F32)?;
+        assert_eq!(kept.flatten_all()?.to_vec1::<f32>()?[5], 5.0);
+        Ok(())
     }
 }

@@ -186,21 +186,15 @@ pub fn read_live(instance_dir: &Path) -> Result<Option<InstanceState>, InstanceE
     Ok(read(instance_dir)?.filter(InstanceState::alive))
 }
 
-/// Writes the record: to a temporary file first, then renamed over the old one, so a
-/// reader never sees half of it.
+/// Writes the record atomically ([`crate::atomic::write_file`]), so a reader never
+/// sees half of it.
 pub fn write(instance_dir: &Path, state: &InstanceState) -> Result<(), InstanceError> {
     let path = instance_dir.join(FILE);
-    let tmp = instance_dir.join(format!(".{FILE}.{}", std::process::id()));
     let json = serde_json::to_vec_pretty(state).map_err(|source| InstanceError::Corrupt {
         path: path.clone(),
         source,
     })?;
-    std::fs::write(&tmp, json).map_err(|source| InstanceError::Io {
-        action: "writing",
-        path: tmp.clone(),
-        source,
-    })?;
-    std::fs::rename(&tmp, &path).map_err(|source| InstanceError::Io {
+    crate::atomic::write_file(&path, &json).map_err(|source| InstanceError::Io {
         action: "writing",
         path,
         source,

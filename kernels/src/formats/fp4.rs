@@ -1,6 +1,8 @@
 //! FP4 E2M1 codes: a sign bit (bit 3) over a 3-bit index into the grid
-//! `0, 0.5, 1, 1.5, 2, 3, 4, 6` (reference §1.1), and their packing two per byte with
-//! the even element in the low nibble (§1.3).
+//! `0, 0.5, 1, 1.5, 2, 3, 4, 6` (compressed-tensors 0.19.0 `kE2M1ToFloat` in
+//! `compressors/nvfp4/helpers.py`; ModelOpt 0.47.0 `e2m1_values`), and their packing two
+//! per byte with the even element in the low nibble (`pack_fp4_to_uint8` in the same
+//! compressed-tensors file). `docs/nvfp4.md`, "FP4 codes".
 
 /// The magnitudes of codes 0..=7.
 pub const GRID: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
@@ -15,7 +17,8 @@ pub const MAX: f32 = 6.0;
 /// (`quantization/utils/fp4_utils.py`): a tie goes down at 0.25, 1.25, 2.5 and 5.0
 /// (`>`) and up at 0.75, 1.75 and 3.5 (`>=`). The sign bit is set iff `y < 0`, so
 /// `-0.0` gives code 0 and a tiny negative that rounds to zero gives code 8, as both
-/// tools do (§1.2). A NaN gives code 0: every comparison with it is false.
+/// tools do (ModelOpt's `sign_bit = weight < 0`). A NaN gives code 0: every comparison
+/// with it is false.
 pub fn encode(y: f32) -> u8 {
     let y = y.clamp(-MAX, MAX);
     let a = y.abs();

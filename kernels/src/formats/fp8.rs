@@ -5,7 +5,9 @@
 //! Encoding follows torch's float → `float8_e4m3fn` cast (c10
 //! `Float8_e4m3fn.h`, `fp8e4m3fn_from_fp32_value`): round half to even, no saturation,
 //! so values above 464 become NaN. The scale paths clamp to 448 before encoding,
-//! as both tools do (reference §10.2), so a NaN byte only comes from a NaN input.
+//! as both tools do (compressed-tensors `round_to_quantized_type_dtype`; ModelOpt 0.47.0
+//! clamps to [2^-9, 448] since NaN scales were found, Model-Optimizer #1633), so a NaN
+//! byte only comes from a NaN input.
 
 /// The largest finite E4M3 value.
 pub const MAX: f32 = 448.0;

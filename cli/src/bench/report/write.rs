@@ -27,7 +27,7 @@ pub fn write(dir: &Path, report: &Report, percentiles: &[f64]) -> Result<Written
     let json = dir.join(format!("{}.json", report.workload));
     let csv_path = dir.join(format!("{}.csv", report.workload));
     for (path, contents) in [(&json, text), (&csv_path, csv(&report.levels, percentiles))] {
-        crate::hub::cache::write_atomic(path, contents.as_bytes()).map_err(|source| BenchError::Write {
+        sous_engine::atomic::write_file(path, contents.as_bytes()).map_err(|source| BenchError::Write {
             path: path.clone(),
             source,
         })?;

@@ -3,11 +3,11 @@
 //! every pull test.
 //!
 //! It serves the part of the Hub HTTP API that huggingface_hub (1.x, 2.x), hf-hub and
-//! `sous pull` use (shared/reference/hub.md §2.5): revision info with siblings,
-//! the recursive file tree with LFS metadata, and `resolve` (HEAD and GET, single
-//! byte ranges, `If-None-Match`) with the headers clients rely on, answering errors
-//! with the Hub's `X-Error-Code`s. It never sends `X-Xet-Hash`, so clients stay on
-//! plain HTTP.
+//! `sous pull` use (`docs/hub.md`, "A mirror all these clients accept"): revision info
+//! with siblings, the recursive file tree with LFS metadata, and `resolve` (HEAD and
+//! GET, single byte ranges, `If-None-Match`) with the headers clients rely on,
+//! answering errors with the Hub's `X-Error-Code`s. It never sends `X-Xet-Hash`, so
+//! clients stay on plain HTTP.
 
 mod faults;
 mod store;
