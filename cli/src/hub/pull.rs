@@ -20,7 +20,7 @@ use tokio::sync::Semaphore;
 
 use super::api::{HubClient, HubError, TreeEntry};
 use super::cache::{Marker, MarkerFile, RepoCache, is_commit};
-use super::download::{self, DownloadError, FileJob};
+use super::download::{self, DISK_FULL, DownloadError, FileJob, io_is_internal};
 use super::progress::Tracker;
 use super::select::{GlobError, Selection};
 
@@ -138,45 +138,6 @@ impl PullError {
         move |source| PullError::Io { action, path, source }
     }
 }
-
-/// Whether a local I/O error is sous's fault: not when it is about permissions, a
-/// full disk, a read-only filesystem or a missing path, which the user can fix.
-fn io_is_internal(source: &std::io::Error) -> bool {
-    use std::io::ErrorKind;
-    !matches!(
-        source.kind(),
-        ErrorKind::PermissionDenied
-            | ErrorKind::StorageFull
-            | ErrorKind::ReadOnlyFilesystem
-            | ErrorKind::NotFound
-    ) && source.raw_os_error() != Some(28)
-}
-
-impl Diagnose for DownloadError {
-    fn class(&self) -> Class {
-        match self {
-            DownloadError::Io { source, .. } => user_unless(io_is_internal(source)),
-            DownloadError::Hub(e) => e.class(),
-            _ => Class::User,
-        }
-    }
-
-    fn hint(&self) -> Option<String> {
-        match self {
-            DownloadError::Hub(e) => e.hint(),
-            DownloadError::Corrupt { .. } => Some(
-                "the mirror or a proxy served wrong bytes; run the pull again, and check the server if it repeats"
-                    .into(),
-            ),
-            DownloadError::Io { source, .. } if source.raw_os_error() == Some(28) => Some(DISK_FULL.into()),
-            _ => None,
-        }
-    }
-}
-
-/// What to do when the disk filled up during a pull.
-const DISK_FULL: &str =
-    "the disk is full: free space and run the same command again; finished files are kept";
 
 impl Diagnose for PullError {
     /// sous is at fault (exit code 2) only for a local I/O error it cannot explain;

@@ -40,6 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use sous_engine::diagnose::{Class, Diagnose, user_unless};
 use tokio::sync::Semaphore;
 
 use super::api::{HubClient, HubError};
@@ -142,6 +143,45 @@ pub enum DownloadError {
         source: io::Error,
     },
 }
+
+/// Whether a local I/O error is sous's fault: not when it is about permissions, a
+/// full disk, a read-only filesystem or a missing path, which the user can fix.
+pub(crate) fn io_is_internal(source: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    !matches!(
+        source.kind(),
+        ErrorKind::PermissionDenied
+            | ErrorKind::StorageFull
+            | ErrorKind::ReadOnlyFilesystem
+            | ErrorKind::NotFound
+    ) && source.raw_os_error() != Some(28)
+}
+
+impl Diagnose for DownloadError {
+    fn class(&self) -> Class {
+        match self {
+            DownloadError::Io { source, .. } => user_unless(io_is_internal(source)),
+            DownloadError::Hub(e) => e.class(),
+            _ => Class::User,
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            DownloadError::Hub(e) => e.hint(),
+            DownloadError::Corrupt { .. } => Some(
+                "the mirror or a proxy served wrong bytes; run the pull again, and check the server if it repeats"
+                    .into(),
+            ),
+            DownloadError::Io { source, .. } if source.raw_os_error() == Some(28) => Some(DISK_FULL.into()),
+            _ => None,
+        }
+    }
+}
+
+/// What to do when the disk filled up during a pull.
+pub(crate) const DISK_FULL: &str =
+    "the disk is full: free space and run the same command again; finished files are kept";
 
 impl DownloadError {
     fn io(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> DownloadError + use<> {
