@@ -5,7 +5,8 @@ use crate::BLOCK;
 use crate::KernelError;
 use crate::formats::bf16::{bf16_to_f32, f16_to_f32};
 
-/// The element types a source checkpoint may hold.
+/// The 16- and 32-bit float element types of a checkpoint: what `sous quantize` reads
+/// and `sous import` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Dtype {
     /// bfloat16.
@@ -31,6 +32,15 @@ impl Dtype {
             Dtype::Bf16 => "BF16",
             Dtype::F16 => "F16",
             Dtype::F32 => "F32",
+        }
+    }
+
+    /// The name transformers writes in `config.json` (`torch_dtype`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bfloat16",
+            Dtype::F16 => "float16",
+            Dtype::F32 => "float32",
         }
     }
 }

@@ -26,36 +26,9 @@ use self::config::LlamaConfig;
 use self::gguf::Gguf;
 use sous_engine::checkpoint::index::INDEX;
 
-/// The dtype of the written weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    /// bfloat16: what Llama-family checkpoints ship in, half the size of f32.
-    Bf16,
-    /// IEEE half precision.
-    F16,
-    /// Single precision: exactly the dequantized values, no rounding.
-    F32,
-}
-
-impl Dtype {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            Dtype::Bf16 | Dtype::F16 => 2,
-            Dtype::F32 => 4,
-        }
-    }
-
-    /// The name transformers uses in `config.json` (`torch_dtype`).
-    pub fn torch_name(self) -> &'static str {
-        match self {
-            Dtype::Bf16 => "bfloat16",
-            Dtype::F16 => "float16",
-            Dtype::F32 => "float32",
-        }
-    }
-}
+/// The dtype of the written weights: bf16 (what Llama-family checkpoints ship in),
+/// f16, or f32 (exactly the dequantized values, no rounding).
+pub use sous_kernels::Dtype;
 
 /// What to import and where.
 #[derive(Debug, Clone)]
@@ -83,7 +56,8 @@ pub struct Summary {
     pub architecture: String,
     /// `general.name`, when set.
     pub name: Option<String>,
-    /// Weight dtype.
+    /// Weight dtype, in lower case (`bf16`).
+    #[serde(serialize_with = "lower_case")]
     pub dtype: Dtype,
     /// Tensors written.
     pub tensors: usize,
@@ -99,6 +73,10 @@ pub struct Summary {
     pub vocab_size: usize,
     /// Whether a chat template was carried over.
     pub chat_template: bool,
+}
+
+fn lower_case<S: serde::Serializer>(dtype: &Dtype, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&dtype.name().to_ascii_lowercase())
 }
 
 /// Why an import failed.
