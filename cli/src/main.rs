@@ -9,9 +9,6 @@ mod commands;
 mod failure;
 mod shell;
 
-// The library's modules under the names the commands use.
-use sous::{bench, hub, import, quantize};
-
 use std::process::ExitCode;
 
 use clap::Parser;

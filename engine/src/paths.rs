@@ -1,5 +1,5 @@
 //! Where sous keeps its own state: one directory per deployment, holding what a
-//! running instance needs (engine option files, logs, pid and port in later versions).
+//! running instance needs (engine option files, `engine.log`, `instance.json`).
 //!
 //! `SOUS_STATE_DIR` wins; else `$XDG_STATE_HOME/sous`; else `~/.local/state/sous`, as
 //! the XDG base-directory specification places state that survives restarts.
@@ -47,19 +47,9 @@ pub fn cache_dir_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathB
     home.join(".cache/sous")
 }
 
-/// Where `sous quantize --recipe` writes a recipe's checkpoint by default.
-pub fn quantized_dir(name: &str) -> PathBuf {
-    quantized_dir_in(&cache_dir(), name)
-}
-
-/// Where a recipe's checkpoint goes in the cache `cache`.
+/// Where a recipe's quantized checkpoint goes in the cache `cache`.
 pub fn quantized_dir_in(cache: &std::path::Path, name: &str) -> PathBuf {
     cache.join("quantized").join(name)
-}
-
-/// The state directory of one deployment.
-pub fn instance_dir(name: &str) -> PathBuf {
-    state_dir().join(name)
 }
 
 #[cfg(test)]

@@ -14,14 +14,14 @@ use sous::pipeline;
 use sous_engine::reporter::{Progress, Reporter, Task};
 use sous_engine::serve::Instance;
 
-use crate::bench::client::Endpoint;
-use crate::bench::plan::{self, Workload};
-use crate::bench::report;
-use crate::bench::run::{self, Target};
-use crate::bench::scrape;
-use crate::bench::stats::Slo;
 use crate::failure::UserError;
 use crate::shell::Shell;
+use sous::bench::client::Endpoint;
+use sous::bench::plan::{self, Workload};
+use sous::bench::report;
+use sous::bench::run::{self, Target};
+use sous::bench::scrape;
+use sous::bench::stats::Slo;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -296,7 +296,7 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
 }
 
 fn logs(args: &LogsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
-    use crate::bench::logs::{LogInput, LogsOptions, analyze};
+    use sous::bench::logs::{LogInput, LogsOptions, analyze};
     if !args.names.is_empty() && args.names.len() != args.files.len() {
         return Err(UserError::new(
             format!(

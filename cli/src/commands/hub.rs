@@ -9,8 +9,8 @@ use clap::{Args, Subcommand};
 
 use super::shutdown_signal;
 use crate::failure::UserError;
-use crate::hub::mirror::{self, Faults, MirrorOptions};
 use crate::shell::Shell;
+use sous::hub::mirror::{self, Faults, MirrorOptions};
 
 #[derive(Debug, Subcommand)]
 pub enum HubCommand {

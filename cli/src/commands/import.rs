@@ -1,5 +1,5 @@
 //! `sous import gguf FILE --out DIR`: a GGUF file to a Hugging Face model directory.
-//! The work is in [`crate::import`]; this file parses the flags, says what happened
+//! The work is in [`sous::import`]; this file parses the flags, says what happened
 //! and prints the `--json` summary on stdout.
 
 use std::path::PathBuf;
@@ -10,9 +10,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use sous::error::Diagnose;
 use sous_engine::recipe::ByteSize;
 
-use crate::import::{self, Dtype, ImportOptions};
-use crate::quantize::DEFAULT_MAX_SHARD_SIZE;
 use crate::shell::Shell;
+use sous::import::{self, Dtype, ImportOptions};
+use sous::quantize::DEFAULT_MAX_SHARD_SIZE;
 
 #[derive(Debug, Subcommand)]
 pub enum ImportCommand {

@@ -10,10 +10,10 @@ use sous_engine::size::human;
 
 use super::{OverrideArgs, display, load_recipe};
 use crate::failure::UserError;
-use crate::hub::api::HubClient;
-use crate::hub::config::HubConfig;
-use crate::hub::pull::{DEFAULT_CONNECTIONS, PullRequest, pull};
 use crate::shell::Shell;
+use sous::hub::api::HubClient;
+use sous::hub::config::HubConfig;
+use sous::hub::pull::{DEFAULT_CONNECTIONS, PullRequest, pull};
 
 #[derive(Debug, Args)]
 pub struct PullArgs {

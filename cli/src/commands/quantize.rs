@@ -9,12 +9,11 @@ use sous_engine::size::human;
 
 use super::{OverrideArgs, display, load_recipe};
 use crate::failure::UserError;
-use crate::hub::cache::RepoCache;
-use crate::hub::config::HubConfig;
-use crate::quantize::{
+use crate::shell::Shell;
+use sous::hub::cache::RepoCache;
+use sous::quantize::{
     DEFAULT_MAX_SHARD_SIZE, DEFAULT_WINDOW, ModelOptExport, Provenance, Request, Summary, run,
 };
-use crate::shell::Shell;
 
 #[derive(Debug, Args)]
 pub struct QuantizeArgs {
@@ -147,6 +146,9 @@ fn from_recipe(
     modelopt_export: ModelOptExport,
 ) -> anyhow::Result<Request> {
     let recipe = load_recipe(file, &args.overrides)?.recipe;
+    // Where `sous serve` looks for the checkpoint, and the cache it pulls into.
+    let setup = super::serve::setup();
+    let default_out = setup.quantized_dir(&recipe);
     let quantize = recipe.quantize.ok_or_else(|| {
         UserError::new(
             format!("recipe {} has no `[quantize]` section", display(file)),
@@ -158,7 +160,7 @@ fn from_recipe(
         (PathBuf::from(path), None)
     } else if let Some(repo) = &model.repo {
         let revision = model.revision.as_deref().unwrap_or(DEFAULT_REVISION);
-        let cache = RepoCache::new(&HubConfig::from_env().cache_dir, repo);
+        let cache = RepoCache::new(&setup.hub.cache_dir, repo);
         let commit = cache.read_ref(revision).ok_or_else(|| {
             UserError::new(
                 format!(
@@ -182,10 +184,7 @@ fn from_recipe(
     };
     Ok(Request {
         source,
-        out: args
-            .out
-            .clone()
-            .unwrap_or_else(|| sous_engine::paths::quantized_dir(&recipe.name)),
+        out: args.out.clone().unwrap_or(default_out),
         scheme: quantize.scheme,
         format: quantize.format,
         modelopt_export,
