@@ -31,6 +31,8 @@ pub fn diagnosis<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a dyn Diagnos
         sous_engine::size::ByteSizeError,
         sous_engine::version::VersionError,
         sous_engine::repo::RepoIdError,
+        sous_engine::atomic::AtomicError,
+        sous_engine::checkpoint::index::IndexError,
         crate::pipeline::PipelineError,
         crate::hub::api::HubError,
         crate::hub::pull::PullError,

@@ -238,6 +238,20 @@ fn mode(bits: u32) -> fs::Permissions {
     fs::Permissions::from_mode(bits)
 }
 
+impl crate::diagnose::Diagnose for AtomicError {
+    /// The destination the user chose, its permissions or its disk.
+    fn class(&self) -> crate::diagnose::Class {
+        crate::diagnose::Class::User
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            AtomicError::Exists { .. } => Some("choose another destination, or allow replacing it".into()),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

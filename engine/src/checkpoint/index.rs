@@ -157,6 +157,13 @@ impl Shards {
     }
 }
 
+impl crate::diagnose::Diagnose for IndexError {
+    /// A model directory the user pointed at.
+    fn class(&self) -> crate::diagnose::Class {
+        crate::diagnose::Class::User
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
