@@ -88,8 +88,9 @@ impl Diagnose for PipelineError {
 
     fn hint(&self) -> Option<String> {
         match self {
-            PipelineError::AlreadyServed { pid, .. } => Some(format!(
-                "pass --replace to swap it for this recipe, or stop it first (`kill {pid}`)"
+            PipelineError::AlreadyServed { pid, url, .. } => Some(format!(
+                "pass --replace to swap it for this recipe (`sous serve --replace`), or stop it first \
+                 (`kill {pid}`); `sous bench --url {url}` measures the running one"
             )),
             PipelineError::MissingPath(_) => {
                 Some("set `model.repo` so that `sous serve` can pull it, or fix the path".into())
