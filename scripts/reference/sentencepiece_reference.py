@@ -8,7 +8,7 @@ vocabulary laid out as llama.cpp writes Llama 2 files (`<unk>`, `<s>`, `</s>`, 2
 from the scores; plus a control and a user-defined token). transformers reads it
 (`AutoTokenizer.from_pretrained(..., gguf_file=...)`) and we record the ids it gives for a
 corpus and the text it decodes them to, and its dequantized state dict (weights.json,
-as in smollm2_reference.py). `cli/tests/import_sentencepiece.rs` imports the same file
+as in smollm2_reference.py). `cli/tests/import/sentencepiece.rs` imports the same file
 with sous and checks our tokenizer.json and weights against these.
 
     /work/venv-ref/bin/python scripts/reference/sentencepiece_reference.py \

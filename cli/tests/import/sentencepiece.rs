@@ -5,9 +5,7 @@
 //! user-defined tokens, BOS added), and every weight bit for bit (grouped-query
 //! attention with one KV head, an untied output projection).
 
-mod import_support;
-
-use import_support::{check_f32, fixture, import, read_weights, root};
+use crate::support::{check_f32, fixture, import, read_weights, root};
 
 const DIR: &str = "sentencepiece-tiny";
 

@@ -1,7 +1,5 @@
-//! Helpers shared by the `import_*` tests: paths, fixtures, and reading safetensors
+//! Helpers shared by the import tests: paths, fixtures, and reading safetensors
 //! directories back for comparison with transformers' state dicts.
-
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

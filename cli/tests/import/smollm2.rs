@@ -10,12 +10,10 @@
 //! The model is made by `scripts/fetch-test-model.sh`. Without it these tests fail under
 //! `CI=true` and are skipped, loudly, elsewhere.
 
-mod import_support;
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use import_support::{check_f32, check_names_and_shapes, fixture, import, read_weights, root, sha256_hex};
+use crate::support::{check_f32, check_names_and_shapes, fixture, import, read_weights, root, sha256_hex};
 use serde_json::Value;
 
 fn model_dir() -> PathBuf {
