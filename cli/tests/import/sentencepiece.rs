@@ -5,7 +5,7 @@
 //! user-defined tokens, BOS added), and every weight bit for bit (grouped-query
 //! attention with one KV head, an untied output projection).
 
-use crate::support::{check_f32, fixture, import, read_weights, root};
+use crate::support::{check_f32, check_tokenizer_cases, fixture, import, read_weights, root};
 
 const DIR: &str = "sentencepiece-tiny";
 
@@ -20,19 +20,7 @@ fn sentencepiece_vocabulary_matches_transformers() {
     import(&gguf, &out, "f32");
 
     let tok = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).expect("tokenizer.json loads");
-    let cases = fixture(&format!("{DIR}/tokenizer_cases.json"));
-    for case in cases["cases"].as_array().expect("cases") {
-        let text = case["text"].as_str().expect("text");
-        let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).expect("ids");
-        let enc = tok.encode(text, true).expect("encode");
-        assert_eq!(enc.get_ids(), want.as_slice(), "encoding {text:?}");
-        let decoded = tok.decode(&want, false).expect("decode");
-        assert_eq!(
-            decoded,
-            case["decoded"].as_str().expect("decoded"),
-            "decoding {text:?}"
-        );
-    }
+    check_tokenizer_cases(&tok, &fixture(&format!("{DIR}/tokenizer_cases.json")));
 
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("config.json")).expect("config")).expect("json");

@@ -13,7 +13,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::support::{check_f32, check_names_and_shapes, fixture, import, read_weights, root, sha256_hex};
+use crate::support::{
+    check_f32, check_names_and_shapes, check_tokenizer_cases, fixture, import, read_weights, root, sha256_hex,
+};
 use serde_json::Value;
 
 fn model_dir() -> PathBuf {
@@ -116,20 +118,7 @@ fn tokenizer(dir: &Path) -> tokenizers::Tokenizer {
 #[test]
 fn tokenizer_gives_transformers_ids() {
     let Some(dir) = require_model() else { return };
-    let tok = tokenizer(&dir);
-    let cases = fixture("tokenizer_cases.json");
-    for case in cases["cases"].as_array().expect("cases") {
-        let text = case["text"].as_str().expect("text");
-        let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).expect("ids");
-        let enc = tok.encode(text, true).expect("encode");
-        assert_eq!(enc.get_ids(), want.as_slice(), "encoding {text:?}");
-        let decoded = tok.decode(&want, false).expect("decode");
-        assert_eq!(
-            decoded,
-            case["decoded"].as_str().expect("decoded"),
-            "decoding {text:?}"
-        );
-    }
+    check_tokenizer_cases(&tokenizer(&dir), &fixture("tokenizer_cases.json"));
 }
 
 #[test]

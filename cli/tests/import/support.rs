@@ -117,3 +117,20 @@ pub fn import(gguf: &Path, out: &Path, dtype: &str) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Every case of a tokenizer fixture (`{"cases": [{"text", "ids", "decoded"}]}`, made
+/// with transformers): `tok` encodes the text to the ids and decodes the ids back.
+pub fn check_tokenizer_cases(tok: &tokenizers::Tokenizer, cases: &Value) {
+    for case in cases["cases"].as_array().expect("cases") {
+        let text = case["text"].as_str().expect("text");
+        let want: Vec<u32> = serde_json::from_value(case["ids"].clone()).expect("ids");
+        let enc = tok.encode(text, true).expect("encode");
+        assert_eq!(enc.get_ids(), want.as_slice(), "encoding {text:?}");
+        let decoded = tok.decode(&want, false).expect("decode");
+        assert_eq!(
+            decoded,
+            case["decoded"].as_str().expect("decoded"),
+            "decoding {text:?}"
+        );
+    }
+}
