@@ -34,6 +34,7 @@ pub fn diagnosis<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a dyn Diagnos
         sous_engine::atomic::AtomicError,
         sous_engine::checkpoint::index::IndexError,
         crate::pipeline::PipelineError,
+        crate::deploy::DeployError,
         crate::hub::api::HubError,
         crate::hub::pull::PullError,
         crate::hub::download::DownloadError,

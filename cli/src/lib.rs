@@ -11,6 +11,8 @@
 //! - [`import`]: a GGUF file to a Hugging Face model directory.
 //! - [`bench`]: workloads against an OpenAI-compatible server, `/metrics` scrapes and
 //!   vLLM log analysis, with reports as tables, JSON, CSV and SVG.
+//! - [`deploy`]: a recipe rendered for Kubernetes, compose or systemd, and a rendered
+//!   directory written or compared.
 //! - [`error`]: what class of failure each error is (the user's or sous's) and what
 //!   to do about it.
 //!
@@ -19,6 +21,7 @@
 //! report through [`sous_engine::reporter::Reporter`], which the binary draws.
 
 pub mod bench;
+pub mod deploy;
 pub mod error;
 pub mod hub;
 pub mod import;

@@ -7,6 +7,29 @@ use crate::util::{run, sous};
 /// File → phrases its error must contain.
 const EXPECTED: &[(&str, &[&str])] = &[
     (
+        "deploy-bad-name.toml",
+        &[
+            "invalid `deploy.name`",
+            "is not a DNS-1123 label",
+            "deploy-bad-name.toml:9:8",
+        ],
+    ),
+    (
+        "deploy-request-above-limit.toml",
+        &[
+            "the request (120Gi) is above the limit (64Gi)",
+            "deploy-request-above-limit.toml:10:18",
+        ],
+    ),
+    (
+        "deploy-bad-quantity.toml",
+        &["`120GB` is not a Kubernetes quantity", "hint: write e.g. `120Gi`"],
+    ),
+    (
+        "deploy-typo.toml",
+        &["unknown key `sise` in `[deploy.storage]`", "did you mean `size`?"],
+    ),
+    (
         "unknown-key.toml",
         &[
             "unknown key `colour` in the top level",

@@ -3,6 +3,7 @@
 
 mod bench;
 mod completions;
+mod deploy;
 mod hub;
 mod import;
 mod pull;
@@ -51,6 +52,9 @@ enum Command {
     /// Measure a server: probe, sweep, prefix, agent workloads; compare reports.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Render the recipe for Kubernetes, compose or systemd, or diff a rendered directory.
+    #[command(subcommand)]
+    Deploy(deploy::DeployCommand),
     /// Print a shell completion script.
     Completions(completions::CompletionsArgs),
 }
@@ -65,6 +69,7 @@ pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
         Command::Hub(cmd) => hub::exec(cmd, shell),
         Command::Import(cmd) => import::exec(cmd, shell),
         Command::Bench(cmd) => bench::exec(cmd, shell),
+        Command::Deploy(cmd) => deploy::exec(cmd, shell),
         Command::Completions(args) => completions::exec(args, shell),
     }
 }

@@ -51,10 +51,13 @@ impl Built {
     }
 
     /// The hash of the recipe as the engine serves it, which `--replace` compares to
-    /// tell an unchanged recipe from a changed one.
+    /// tell an unchanged recipe from a changed one. `[deploy]` is not part of it: it
+    /// changes nothing `sous serve` runs.
     pub fn hash(&self, setup: &Setup) -> Result<String, PipelineError> {
         let served = launch::served_recipe(&self.recipe, &self.render_context(setup));
-        let toml = toml::to_string(&served.to_file())?;
+        let mut file = served.to_file();
+        file.deploy = Default::default();
+        let toml = toml::to_string(&file)?;
         Ok(hex::encode(Sha256::digest(toml.as_bytes())))
     }
 }

@@ -14,7 +14,10 @@ pub const RECIPE_FILE: &str = "native-recipe.toml";
 
 pub(super) fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, super::RenderError> {
     let path = ctx.instance_dir.join(RECIPE_FILE);
-    let contents = toml::to_string(&recipe.to_file()).map_err(|e| super::RenderError::Unsupported {
+    // `[deploy]` is nothing the engine process reads.
+    let mut file = recipe.to_file();
+    file.deploy = Default::default();
+    let contents = toml::to_string(&file).map_err(|e| super::RenderError::Unsupported {
         engine: "the native engine".into(),
         key: "name".into(),
         message: format!("the resolved recipe cannot be written as TOML: {e}"),

@@ -62,6 +62,11 @@ pub struct RecipeFile {
     /// (e.g. `VLLM_PLE_CPU_OFFLOAD = "1"`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+
+    /// How `sous deploy render` runs the recipe elsewhere: Kubernetes, compose, systemd.
+    /// `sous serve` ignores this section.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub deploy: DeploySection,
 }
 
 /// `[model]`: the weights to serve.
@@ -475,6 +480,165 @@ pub struct ServerSection {
     /// a rendered command line or a log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
+}
+
+/// `[deploy]`: what `sous deploy render` needs beyond the recipe to run it on
+/// Kubernetes, with compose or under systemd. Sizes and memory are Kubernetes
+/// quantities (`120Gi`, `64Gi`, `500M`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeploySection {
+    /// Name of the Kubernetes objects, compose service and systemd unit. Default: the
+    /// recipe's name with `.` and `_` turned into `-` (a DNS-1123 label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+
+    /// Kubernetes namespace of every object. Unset: none is written, and the namespace
+    /// comes from `kubectl apply -n`, the kustomization or the GitOps tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+
+    /// Identical instances behind one Service (compose: one service per instance,
+    /// each with its own GPUs and port). Default: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+
+    /// GPUs one node offers. A recipe whose parallelism (tensor × pipeline × data)
+    /// needs more is deployed across nodes as a LeaderWorkerSet. Unset: one node
+    /// holds the whole instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_per_node: Option<u32>,
+
+    /// The sous image the init containers run `sous pull` and `sous quantize` in (and
+    /// the native engine's container). Default: `sous:VERSION`, the tag the
+    /// repository's `Dockerfile` is built with in the README.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sous_image: Option<String>,
+
+    /// `runtimeClassName` of the pods, e.g. `nvidia` on K3s, where GPU pods need it
+    /// unless the node's default runtime was changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class: Option<String>,
+
+    /// Node labels the pods must run on (`nodeSelector`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<TolerationSection>,
+
+    /// Memory the engine container requests (scheduling), e.g. `64Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_request: Option<String>,
+
+    /// Memory limit of the engine container, e.g. `120Gi`. On unified-memory machines
+    /// (DGX Spark, GB10) CUDA allocations may not be counted against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<String>,
+
+    /// Size of the in-memory `/dev/shm` the engine gets (NCCL, tensor parallelism).
+    /// Default: `2Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_size: Option<String>,
+
+    /// How long the first start may take to download (and quantize) the model, on top
+    /// of `server.startup_timeout`: sets the rollout's `progressDeadlineSeconds`. `30m`,
+    /// `2h`. Default: `1h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download_timeout: Option<String>,
+
+    /// Also render a Prometheus Operator `ServiceMonitor` that scrapes `/metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_monitor: Option<bool>,
+
+    /// The volume the model, the Hugging Face cache, the quantized checkpoint and the
+    /// engine's compile cache live on.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub storage: StorageSection,
+
+    /// An existing claim that already holds a `model.path` model without `model.repo`,
+    /// mounted read-only at `model.path` (sous cannot fill a volume it has no source
+    /// for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_claim: Option<String>,
+
+    /// The Kubernetes Secret the pods read `HF_TOKEN` (optional) and the API key of
+    /// `server.api_key_env` from, each under its variable's name as the key. No secret
+    /// value is ever written into a rendering. Default: `<deploy.name>-secrets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+
+    /// Extra labels on every object and pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+
+    /// Extra annotations on every object and pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// `[deploy.storage]`: the model cache volume.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSection {
+    /// Size of the claim sous creates, e.g. `100Gi`. Default: the model's files on
+    /// disk or on the Hub (twice that with `[quantize]`), plus a quarter for the
+    /// engine's caches, rounded up to a GiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
+
+    /// Storage class of the claim. Unset: the cluster's default (`local-path` on K3s,
+    /// which deletes the data with the claim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+
+    /// Use this existing claim instead of creating one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub existing_claim: Option<String>,
+
+    /// Access mode of the claim sous creates: `ReadWriteOnce` (default: every replica
+    /// on one node) or `ReadWriteMany` (replicas on several nodes share it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<AccessMode>,
+}
+
+/// Access modes of a volume claim, as Kubernetes spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum AccessMode {
+    /// Mounted read-write by the pods of one node.
+    ReadWriteOnce,
+    /// Mounted read-write by pods on many nodes.
+    ReadWriteMany,
+}
+
+impl AccessMode {
+    /// The Kubernetes spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::ReadWriteOnce => "ReadWriteOnce",
+            AccessMode::ReadWriteMany => "ReadWriteMany",
+        }
+    }
+}
+
+/// A Kubernetes toleration: `{ key = "nvidia.com/gpu", operator = "Exists", effect =
+/// "NoSchedule" }`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TolerationSection {
+    /// The taint's key; unset with `operator = "Exists"` tolerates every taint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `Equal` (default) or `Exists`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+    /// The taint's value, with `Equal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`; unset: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {

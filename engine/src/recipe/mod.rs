@@ -11,13 +11,15 @@ pub mod schema;
 pub use crate::size::{ByteSize, ByteSizeError};
 pub use error::{At, Location, RecipeError, closest};
 pub use file::{
-    EngineKind, EngineSection, KvCacheDtype, MemorySection, ModelDtype, ModelSection, QuantFormat,
-    QuantScheme, QuantizeSection, RecipeFile, Runtime, ServerSection, ServingSection, SpeculativeSection,
+    AccessMode, DeploySection, EngineKind, EngineSection, KvCacheDtype, MemorySection, ModelDtype,
+    ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeFile, Runtime, ServerSection,
+    ServingSection, SpeculativeSection, StorageSection, TolerationSection,
 };
 pub use load::{ENV_PREFIX, Overrides, Provenance};
 pub use resolve::{
-    DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION, Engine, Memory, Model, Quantize, RESTART_WINDOW, Recipe,
-    Server, Warning, is_mtp,
+    DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION, DEFAULT_SHM_SIZE, Deploy, Engine,
+    Memory, Model, Quantity, Quantize, RESTART_WINDOW, Recipe, Server, Storage, Warning, default_sous_image,
+    is_dns_label, is_dns_subdomain, is_label_value, is_mtp, is_qualified_name,
 };
 
 use std::path::Path;

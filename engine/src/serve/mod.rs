@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 pub use error::ServeError;
 pub use instance::InstanceState;
 pub use logscan::Capacity;
+pub use ready::{HEALTH_PATH, health_timeout};
 
 use crate::launch::RenderContext;
 use crate::recipe::Recipe;

@@ -14,20 +14,26 @@ use std::time::Duration;
 use super::instance;
 use crate::recipe::{EngineKind, Recipe};
 
+/// The path every engine answers 200 on once it serves (and 503, or nothing, before).
+pub const HEALTH_PATH: &str = "/health";
+
+/// How long one `/health` request may take: SGLang's runs a one-token generation and
+/// may take up to 20 s to answer; the others answer at once.
+pub fn health_timeout(engine: EngineKind) -> Duration {
+    match engine {
+        EngineKind::Sglang => Duration::from_secs(25),
+        _ => Duration::from_secs(5),
+    }
+}
+
 /// Polls until `/health` answers 200 and `/v1/models` lists the served model; with
 /// `own_group`, also until a process of that group listens on the recipe's port.
 /// Returns the base URL. `recipe` is the recipe as the engine serves it
 /// ([`crate::launch::served_recipe`]).
 pub(super) async fn wait_ready(recipe: &Recipe, own_group: Option<i32>) -> String {
     let url = recipe.server.local_url();
-    // SGLang's /health runs a one-token generation and may take up to 20 s to answer.
-    let timeout = if recipe.engine.kind == EngineKind::Sglang {
-        25
-    } else {
-        5
-    };
     let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(timeout))
+        .timeout(health_timeout(recipe.engine.kind))
         .connect_timeout(Duration::from_secs(2))
         .build()
         .unwrap_or_default();
@@ -46,7 +52,7 @@ pub(super) async fn wait_ready(recipe: &Recipe, own_group: Option<i32>) -> Strin
             continue;
         }
         let healthy = client
-            .get(format!("{url}/health"))
+            .get(format!("{url}{HEALTH_PATH}"))
             .send()
             .await
             .is_ok_and(|r| r.status().is_success());

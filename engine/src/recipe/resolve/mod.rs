@@ -10,12 +10,18 @@
 //! Each section's resolved type and checks have their own file: `model` (with the
 //! `[quantize]` build step), `engine`, `memory`, `serving` and `server`.
 
+mod deploy;
 mod engine;
 mod memory;
 mod model;
 mod server;
 mod serving;
 
+use deploy::resolve_deploy;
+pub use deploy::{
+    DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_SHM_SIZE, Deploy, Quantity, Storage, default_sous_image, is_dns_label,
+    is_dns_subdomain, is_label_value, is_qualified_name,
+};
 use engine::resolve_engine;
 pub use engine::{Engine, RESTART_WINDOW};
 pub use memory::Memory;
@@ -60,6 +66,8 @@ pub struct Recipe {
     pub server: Server,
     /// Environment for the engine.
     pub env: BTreeMap<String, String>,
+    /// How `sous deploy` runs it elsewhere.
+    pub deploy: Deploy,
 }
 
 /// Something legal but probably not what the author meant.
@@ -115,6 +123,7 @@ pub fn resolve(raw: RecipeFile, provenance: &Provenance) -> Result<(Recipe, Vec<
     let memory = resolve_memory(raw.memory, provenance, &invalid)?;
     let serving = check_serving(raw.serving, provenance, &invalid)?;
     let server = resolve_server(raw.server, &invalid)?;
+    let deploy = resolve_deploy(raw.deploy, &name, &invalid)?;
 
     for key in raw.env.keys() {
         if !is_env_name(key) {
@@ -151,6 +160,7 @@ pub fn resolve(raw: RecipeFile, provenance: &Provenance) -> Result<(Recipe, Vec<
             serving,
             server,
             env: raw.env,
+            deploy,
         },
         warnings,
     ))
@@ -215,6 +225,7 @@ impl Recipe {
                 stop_grace: Some(humantime::format_duration(self.server.stop_grace).to_string()),
             },
             env: self.env.clone(),
+            deploy: self.deploy.to_section(),
         }
     }
 

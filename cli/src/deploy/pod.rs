@@ -1,0 +1,389 @@
+//! What every target runs, decided once: the recipe as deployed (its model on the
+//! data volume at a fixed path), the init steps that fill the volume (`sous pull`, then
+//! `sous quantize`), the engine's command line and environment from the same adapter
+//! `sous serve --dry-run` prints, the files the engine reads, the GPUs, the probes'
+//! budget and the content hash that rolls the pods when the recipe changes.
+//!
+//! Targets (`k8s`, `compose`, `systemd`) only lay this out in their own syntax.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use sous_engine::launch::{self, Arg, Launch, RenderContext};
+use sous_engine::paths;
+use sous_engine::recipe::{EngineKind, Recipe, Runtime};
+use sous_engine::serve::{HEALTH_PATH, health_timeout};
+
+use super::DeployError;
+
+/// Where the data volume is mounted in every container: the Hugging Face cache, the
+/// models, the quantized checkpoints and the engines' compile caches.
+pub const DATA_DIR: &str = "/var/lib/sous";
+/// Where the recipe and the engine's option files are mounted.
+pub const CONFIG_DIR: &str = "/etc/sous";
+/// The resolved recipe the init containers read, under [`CONFIG_DIR`].
+pub const RECIPE_FILE: &str = "recipe.toml";
+/// The sous binary in the sous image (the `Dockerfile`'s).
+pub const SOUS_IN_IMAGE: &str = "/usr/local/bin/sous";
+/// Seconds between start-up probes (the field report's 10 s).
+pub const STARTUP_PERIOD: u64 = 10;
+/// Seconds the pod keeps serving after it is taken out of the Service, before SIGTERM.
+pub const PRE_STOP_SECONDS: u64 = 5;
+/// The variable the Hub token is read from (huggingface_hub's).
+pub const HF_TOKEN: &str = "HF_TOKEN";
+
+/// One init step: a name and the command it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// `pull` or `quantize`.
+    pub name: &'static str,
+    /// The command, program first.
+    pub argv: Vec<String>,
+}
+
+/// Where the model directory comes from inside the pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelMount {
+    /// Inside [`DATA_DIR`]: nothing to mount beside the data volume.
+    InData,
+    /// Outside it (the recipe's own `model.path`): the data volume again, at this
+    /// sub-path, mounted at the model's path.
+    DataSubPath {
+        /// The recipe's `model.path`.
+        mount_path: String,
+        /// Its place on the data volume.
+        sub_path: String,
+    },
+    /// A directory of the machine (compose): the recipe's `model.path`, bound at the
+    /// same path, read-only when sous does not pull into it.
+    Host {
+        /// The recipe's `model.path`.
+        path: String,
+        /// Whether nothing writes to it.
+        read_only: bool,
+    },
+    /// An existing claim that holds the model, read-only at `model.path`.
+    Claim {
+        /// The claim.
+        claim: String,
+        /// The recipe's `model.path`.
+        mount_path: String,
+    },
+}
+
+/// What every target runs for one recipe.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The recipe as deployed: its model at a path on the volume, run as a host
+    /// process of the container.
+    pub recipe: Recipe,
+    /// Object, service and unit name (`deploy.name`).
+    pub name: String,
+    /// Content hash of [`Plan::config`] (12 hex digits).
+    pub hash: String,
+    /// Files mounted at [`CONFIG_DIR`], by file name: the recipe and the engine's
+    /// option files.
+    pub config: BTreeMap<String, String>,
+    /// Steps that fill the volume before the engine starts.
+    pub init: Vec<Step>,
+    /// The engine's command line and environment, as `sous serve --dry-run` renders
+    /// them for the pod's paths.
+    pub engine: Launch,
+    /// The image the engine runs in.
+    pub image: String,
+    /// GPUs of one instance: tensor × pipeline × data parallel; 0 for the native engine.
+    pub gpus: u32,
+    /// How the model directory reaches the pod.
+    pub model_mount: ModelMount,
+    /// Environment every container gets: the caches on the data volume.
+    pub cache_env: BTreeMap<String, String>,
+    /// Legal but risky settings, each with what to do.
+    pub warnings: Vec<String>,
+}
+
+impl Plan {
+    /// Decides what runs for `recipe`; `on_host` when the containers run on one
+    /// machine whose directories they can bind (compose), not on a cluster.
+    pub fn new(recipe: &Recipe, on_host: bool) -> Result<Plan, DeployError> {
+        let deploy = &recipe.deploy;
+        let name = deploy.name.clone();
+        let mut warnings = Vec::new();
+        let mut deployed = recipe.clone();
+        // The pod is the container: the engine runs as its process.
+        deployed.engine.runtime = Runtime::Host;
+        deployed.engine.image = None;
+        if deployed.server.host != "0.0.0.0" && deployed.server.host != "::" {
+            warnings.push(format!(
+                "`server.host` is {}: in a container the engine must listen on every interface, so 0.0.0.0 is rendered",
+                deployed.server.host
+            ));
+            deployed.server.host = "0.0.0.0".into();
+        }
+
+        let models_dir = Path::new(DATA_DIR).join("models");
+        let (model_mount, pulls) = match (&recipe.model.repo, &recipe.model.path, &deploy.model_claim) {
+            (None, None, _) => return Err(DeployError::NoModelSource),
+            (_, Some(path), _) if on_host => {
+                if !path.starts_with('/') {
+                    return Err(DeployError::RelativePath { path: path.clone() });
+                }
+                let pulls = recipe.model.repo.is_some();
+                (
+                    ModelMount::Host {
+                        path: path.clone(),
+                        read_only: !pulls,
+                    },
+                    pulls,
+                )
+            }
+            (None, Some(path), None) => {
+                return Err(DeployError::PathWithoutClaim { path: path.clone() });
+            }
+            (None, Some(path), Some(claim)) => (
+                ModelMount::Claim {
+                    claim: claim.clone(),
+                    mount_path: path.clone(),
+                },
+                false,
+            ),
+            (Some(_), _, Some(_)) => return Err(DeployError::ClaimWithRepo),
+            (Some(_), None, None) => {
+                deployed.model.path = Some(models_dir.join(&name).display().to_string());
+                (ModelMount::InData, true)
+            }
+            (Some(_), Some(path), None) => {
+                if !path.starts_with('/') {
+                    return Err(DeployError::RelativePath { path: path.clone() });
+                }
+                let last = Path::new(path)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| name.clone());
+                let mount = if Path::new(path).starts_with(DATA_DIR) {
+                    ModelMount::InData
+                } else {
+                    ModelMount::DataSubPath {
+                        mount_path: path.clone(),
+                        sub_path: format!("models/{last}"),
+                    }
+                };
+                (mount, true)
+            }
+        };
+        if pulls
+            && let Some(revision) = &recipe.model.revision
+            && revision.len() == 40
+            && revision.chars().all(|c| c.is_ascii_hexdigit())
+        {
+            // Pinned: a restart needs no answer from the Hub.
+        } else if pulls {
+            warnings.push(format!(
+                "`model.revision` is {}, a branch: every pod start asks the Hub which commit it is, so a Hub outage blocks restarts and a new push changes what a restart serves; pin a commit id",
+                recipe.model.revision.as_deref().unwrap_or("unset (main)")
+            ));
+        }
+
+        if let Some(first) = recipe.memory.oom_fallback.first() {
+            warnings.push(format!(
+                "`memory.oom_fallback` is applied by `sous serve` only: here the engine runs by itself, and an out-of-memory start is restarted with the same settings; lower `memory.gpu_utilization` to {first} if it happens"
+            ));
+        }
+
+        let config_dir = PathBuf::from(CONFIG_DIR);
+        let recipe_path = config_dir.join(RECIPE_FILE).display().to_string();
+        let mut init = Vec::new();
+        if pulls {
+            init.push(Step {
+                name: "pull",
+                argv: vec![
+                    SOUS_IN_IMAGE.into(),
+                    "pull".into(),
+                    "--recipe".into(),
+                    recipe_path.clone(),
+                ],
+            });
+        }
+        let weights = match &recipe.quantize {
+            Some(_) => {
+                init.push(Step {
+                    name: "quantize",
+                    argv: vec![
+                        SOUS_IN_IMAGE.into(),
+                        "quantize".into(),
+                        "--recipe".into(),
+                        recipe_path.clone(),
+                    ],
+                });
+                Some(paths::quantized_dir_in(
+                    &Path::new(DATA_DIR).join("cache"),
+                    &recipe.name,
+                ))
+            }
+            None if recipe.engine.kind == EngineKind::Native => {
+                deployed.model.path.as_ref().map(PathBuf::from)
+            }
+            None => None,
+        };
+
+        let ctx = RenderContext {
+            instance_dir: config_dir.clone(),
+            hub_cache: Path::new(DATA_DIR).join("huggingface/hub"),
+            native_command: vec![
+                SOUS_IN_IMAGE.into(),
+                "serve".into(),
+                "--engine-process".into(),
+                "--recipe".into(),
+            ],
+            weights,
+        };
+        let engine = launch::render(&deployed, &ctx)?;
+        warnings.extend(engine.warnings.iter().map(|w| w.message.clone()));
+
+        let image = match (recipe.engine.kind, &recipe.engine.image) {
+            (EngineKind::Native, _) => deploy.sous_image.clone(),
+            (_, Some(image)) => image.clone(),
+            (EngineKind::Vllm, None) => {
+                let image = format!("vllm/vllm-openai:v{}", engine.version);
+                warnings.push(format!(
+                    "`engine.image` is not set: {image} is rendered, the official image of the release the flags are rendered for"
+                ));
+                image
+            }
+            (kind, None) => {
+                return Err(DeployError::NoImage {
+                    engine: kind.display_name(),
+                });
+            }
+        };
+
+        let mut config = BTreeMap::new();
+        // `[deploy]` is left out: the init steps do not read it, and a change to it (a
+        // replica count) must not roll the pods.
+        let mut file = deployed.to_file();
+        file.deploy = Default::default();
+        let recipe_toml = toml::to_string(&file).map_err(|e| DeployError::Toml(e.to_string()))?;
+        config.insert(
+            RECIPE_FILE.to_owned(),
+            format!(
+                "# The resolved recipe `{}`, rendered by `sous deploy` for the init containers.\n{recipe_toml}",
+                recipe.name
+            ),
+        );
+        for file in &engine.files {
+            let Some(file_name) = file.path.file_name() else {
+                continue;
+            };
+            config.insert(file_name.to_string_lossy().into_owned(), file.contents.clone());
+        }
+        let hash = content_hash(&config);
+
+        let gpus = match recipe.engine.kind {
+            EngineKind::Native => 0,
+            _ => {
+                let s = &recipe.serving;
+                s.tensor_parallel.unwrap_or(1)
+                    * s.pipeline_parallel.unwrap_or(1)
+                    * s.data_parallel.unwrap_or(1)
+            }
+        };
+
+        let data = |sub: &str| format!("{DATA_DIR}/{sub}");
+        let mut cache_env = BTreeMap::from([
+            ("HOME".to_owned(), data("home")),
+            ("HF_HOME".to_owned(), data("huggingface")),
+            ("HF_HUB_CACHE".to_owned(), ctx.hub_cache.display().to_string()),
+            ("SOUS_CACHE_DIR".to_owned(), data("cache")),
+            ("SOUS_STATE_DIR".to_owned(), data("state")),
+            ("XDG_CACHE_HOME".to_owned(), data("home/.cache")),
+        ]);
+        if recipe.engine.kind == EngineKind::Vllm {
+            // torch.compile and CUDA-graph artifacts: minutes saved on every restart.
+            cache_env.insert("VLLM_CACHE_ROOT".into(), data("vllm"));
+        }
+
+        Ok(Plan {
+            recipe: deployed,
+            name,
+            hash,
+            config,
+            init,
+            engine,
+            image,
+            gpus,
+            model_mount,
+            cache_env,
+            warnings,
+        })
+    }
+
+    /// The variables a secret provides, with whether the pod may start without them:
+    /// the Hub token (optional) and the API key (required).
+    pub fn secret_vars(&self) -> Vec<(String, bool)> {
+        let mut vars = vec![(HF_TOKEN.to_owned(), true)];
+        if let Some(var) = &self.recipe.server.api_key_env {
+            vars.push((var.clone(), false));
+        }
+        vars
+    }
+
+    /// The engine's port.
+    pub fn port(&self) -> u16 {
+        self.recipe.server.port
+    }
+
+    /// The path the engine answers 200 on once it serves.
+    pub fn health_path(&self) -> &'static str {
+        HEALTH_PATH
+    }
+
+    /// How long one health request may take.
+    pub fn health_timeout(&self) -> Duration {
+        health_timeout(self.recipe.engine.kind)
+    }
+
+    /// Failed start-up probes, [`STARTUP_PERIOD`] apart, that cover
+    /// `server.startup_timeout` (180 for the default 30 minutes).
+    pub fn startup_failure_threshold(&self) -> u64 {
+        self.recipe
+            .server
+            .startup_timeout
+            .as_secs()
+            .div_ceil(STARTUP_PERIOD)
+            .max(1)
+    }
+
+    /// Seconds between SIGTERM and SIGKILL, the pre-stop pause included.
+    pub fn termination_grace(&self) -> u64 {
+        self.recipe.server.stop_grace.as_secs() + PRE_STOP_SECONDS
+    }
+
+    /// Seconds a rollout may take: the first download, then the start-up.
+    pub fn progress_deadline(&self) -> u64 {
+        (self.recipe.deploy.download_timeout + self.recipe.server.startup_timeout).as_secs()
+    }
+}
+
+/// The engine's arguments as strings, a secret argument written by `secret`.
+pub fn argv_with(args: &[Arg], secret: impl Fn(&str) -> String) -> Vec<String> {
+    args.iter()
+        .map(|a| match a {
+            Arg::Lit(s) => s.clone(),
+            Arg::FromEnv(var) => secret(var),
+        })
+        .collect()
+}
+
+/// A hash of the files, in name order, that changes when any byte of them does: 12
+/// hex digits of SHA-256 over `name NUL contents NUL` for each.
+pub fn content_hash(files: &BTreeMap<String, String>) -> String {
+    let mut hasher = Sha256::new();
+    for (name, contents) in files {
+        hasher.update(name.as_bytes());
+        hasher.update([0]);
+        hasher.update(contents.as_bytes());
+        hasher.update([0]);
+    }
+    hex::encode(hasher.finalize())[..12].to_owned()
+}

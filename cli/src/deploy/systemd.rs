@@ -1,0 +1,124 @@
+//! systemd: units that run `sous serve --recipe` on this machine, which pulls,
+//! quantizes, supervises and restarts the engine as it does by hand; systemd starts it
+//! at boot and restarts sous itself. One unit per replica, each with its own GPUs
+//! (`CUDA_VISIBLE_DEVICES`), port and instance name; the resolved recipe beside them.
+//!
+//! Secrets come from an `EnvironmentFile` the operator writes (`HF_TOKEN=...`, the API
+//! key's variable), never from the rendering. Directives: systemd.exec(5),
+//! systemd.service(5), systemd.kill(5) of systemd 252.
+
+use std::fmt::Write as _;
+
+use sous_engine::recipe::{EngineKind, Recipe};
+
+use super::{DeployError, File, Options};
+
+/// Where the units expect the recipe and the secrets.
+pub const ETC_DIR: &str = "/etc/sous";
+/// Seconds systemd waits beyond `server.stop_grace` before it kills sous itself.
+const STOP_MARGIN: u64 = 15;
+
+/// The recipe file and one unit per replica.
+pub(super) fn render(recipe: &Recipe, options: &Options) -> Result<Vec<File>, DeployError> {
+    let deploy = &recipe.deploy;
+    let mut file = recipe.to_file();
+    file.deploy = Default::default();
+    let toml = toml::to_string(&file).map_err(|e| DeployError::Toml(e.to_string()))?;
+    let recipe_file = format!("{}.toml", recipe.name);
+    let recipe_path = format!("{ETC_DIR}/{recipe_file}");
+    let gpus = match recipe.engine.kind {
+        EngineKind::Native => 0,
+        _ => {
+            let s = &recipe.serving;
+            s.tensor_parallel.unwrap_or(1) * s.pipeline_parallel.unwrap_or(1) * s.data_parallel.unwrap_or(1)
+        }
+    };
+    let mut files = vec![File {
+        name: recipe_file.clone(),
+        contents: format!(
+            "# The resolved recipe `{}`, rendered by `sous deploy` for `sous serve`. Install as {recipe_path}.\n{toml}",
+            recipe.name
+        ),
+    }];
+    for replica in 0..deploy.replicas {
+        let (unit, instance, port) = if deploy.replicas == 1 {
+            (
+                format!("sous-{}.service", deploy.name),
+                recipe.name.clone(),
+                recipe.server.port,
+            )
+        } else {
+            let port = u16::try_from(u32::from(recipe.server.port) + replica).map_err(|_| {
+                DeployError::TargetCannotSpan {
+                    target: "systemd",
+                    gpus,
+                    nodes: deploy.replicas,
+                }
+            })?;
+            (
+                format!("sous-{}-{replica}.service", deploy.name),
+                format!("{}-{replica}", recipe.name),
+                port,
+            )
+        };
+        let mut text = String::new();
+        let _ = writeln!(
+            text,
+            "# Rendered by sous {} from the recipe `{}`. Install as /etc/systemd/system/{unit},\n# with the recipe as {recipe_path}; edit the recipe and render again.",
+            env!("CARGO_PKG_VERSION"),
+            recipe.name
+        );
+        let _ = writeln!(text, "[Unit]");
+        let description = recipe.description.as_deref().unwrap_or("an LLM server");
+        let _ = writeln!(text, "Description=sous serve {instance}: {}", escape(description));
+        let _ = writeln!(text, "Documentation=https://github.com/sous-dev/sous");
+        let _ = writeln!(text, "Wants=network-online.target");
+        let _ = writeln!(text, "After=network-online.target");
+        let _ = writeln!(text);
+        let _ = writeln!(text, "[Service]");
+        let _ = writeln!(text, "Type=exec");
+        let _ = writeln!(
+            text,
+            "# HF_TOKEN=..., and the API key's variable when the recipe names one."
+        );
+        let _ = writeln!(text, "EnvironmentFile=-{ETC_DIR}/{}.env", deploy.name);
+        if gpus > 0 {
+            let ids: Vec<String> = (replica * gpus..(replica + 1) * gpus)
+                .map(|g| g.to_string())
+                .collect();
+            let _ = writeln!(text, "Environment=CUDA_VISIBLE_DEVICES={}", ids.join(","));
+        }
+        let _ = writeln!(text, "Environment=SOUS_STATE_DIR=/var/lib/sous/state");
+        let _ = writeln!(text, "Environment=SOUS_CACHE_DIR=/var/cache/sous");
+        let _ = writeln!(text, "Environment=HF_HOME=/var/lib/sous/huggingface");
+        let _ = writeln!(text, "StateDirectory=sous");
+        let _ = writeln!(text, "CacheDirectory=sous");
+        let mut exec = format!("{} serve --recipe {recipe_path}", options.sous_bin);
+        if deploy.replicas > 1 {
+            let _ = write!(exec, " --set name={instance} --set server.port={port}");
+        }
+        let _ = writeln!(text, "ExecStart={exec}");
+        let _ = writeln!(text, "Restart=on-failure");
+        let _ = writeln!(text, "RestartSec=10s");
+        // sous stops its engine (SIGTERM, then SIGKILL after stop_grace) before it exits.
+        let _ = writeln!(text, "KillMode=mixed");
+        let _ = writeln!(
+            text,
+            "TimeoutStopSec={}s",
+            recipe.server.stop_grace.as_secs() + STOP_MARGIN
+        );
+        let _ = writeln!(text);
+        let _ = writeln!(text, "[Install]");
+        let _ = writeln!(text, "WantedBy=multi-user.target");
+        files.push(File {
+            name: unit,
+            contents: text,
+        });
+    }
+    Ok(files)
+}
+
+/// A value for a unit file: `%` is a specifier there, written `%%`.
+fn escape(text: &str) -> String {
+    text.replace('%', "%%")
+}
