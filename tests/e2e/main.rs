@@ -6,6 +6,7 @@
 
 mod bench;
 mod broken;
+mod deploy;
 mod hub_python;
 mod native;
 mod pipeline;

@@ -101,6 +101,15 @@ struct Device {
 /// The compose file and the files it binds.
 pub(super) fn render(plan: &Plan, warnings: &mut Vec<String>) -> Result<Vec<File>, DeployError> {
     let deploy = &plan.recipe.deploy;
+    if let Some(per_node) = deploy.gpus_per_node
+        && plan.gpus > per_node
+    {
+        return Err(DeployError::TargetCannotSpan {
+            target: "compose",
+            gpus: plan.gpus,
+            nodes: plan.gpus.div_ceil(per_node),
+        });
+    }
     let volume = format!("{}-data", plan.name);
     let mut volumes = vec![format!("{volume}:{DATA_DIR}")];
     for file in plan.config.keys() {

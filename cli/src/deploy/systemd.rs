@@ -33,6 +33,15 @@ pub(super) fn render(recipe: &Recipe, options: &Options) -> Result<Vec<File>, De
             s.tensor_parallel.unwrap_or(1) * s.pipeline_parallel.unwrap_or(1) * s.data_parallel.unwrap_or(1)
         }
     };
+    if let Some(per_node) = deploy.gpus_per_node
+        && gpus > per_node
+    {
+        return Err(DeployError::TargetCannotSpan {
+            target: "systemd",
+            gpus,
+            nodes: gpus.div_ceil(per_node),
+        });
+    }
     let mut files = vec![File {
         name: recipe_file.clone(),
         contents: format!(

@@ -128,9 +128,7 @@ fn scalar(s: &str) -> String {
 }
 
 /// YAML 1.1's boolean and null words (yaml.org/type/bool.html, null.html).
-const AMBIGUOUS: &[&str] = &[
-    "y", "yes", "n", "no", "true", "false", "on", "off", "null", "~",
-];
+const AMBIGUOUS: &[&str] = &["y", "yes", "n", "no", "true", "false", "on", "off", "null", "~"];
 
 fn is_plain(s: &str) -> bool {
     let starts_ok = s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_' || c == '/')
@@ -149,12 +147,40 @@ mod tests {
     #[test]
     fn what_yaml_1_1_would_misread_is_quoted() {
         for s in [
-            "no", "No", "ON", "off", "y", "Yes", "true", "null", "~", "2026-01-01", "1e3", "0x10", "017",
-            "12:30", "-1", "+1", ".inf", "", " lead", "a b", "$(VAR)", "'q'", "=",
+            "no",
+            "No",
+            "ON",
+            "off",
+            "y",
+            "Yes",
+            "true",
+            "null",
+            "~",
+            "2026-01-01",
+            "1e3",
+            "0x10",
+            "017",
+            "12:30",
+            "-1",
+            "+1",
+            ".inf",
+            "",
+            " lead",
+            "a b",
+            "$(VAR)",
+            "'q'",
+            "=",
         ] {
             assert!(!is_plain(s), "{s:?} would be plain");
         }
-        for s in ["vllm", "--max-model-len", "/var/lib/sous", "nvidia.com/gpu", "v0.27.1", "Prune=false"] {
+        for s in [
+            "vllm",
+            "--max-model-len",
+            "/var/lib/sous",
+            "nvidia.com/gpu",
+            "v0.27.1",
+            "Prune=false",
+        ] {
             assert!(is_plain(s), "{s:?} would be quoted");
         }
     }

@@ -1,0 +1,807 @@
+//! `sous deploy`: every shipped recipe rendered for every target (snapshots); the
+//! Kubernetes objects parsed back into `k8s-openapi` types and checked for what the
+//! field reports learned (strategy, probe budget, GPUs, `/dev/shm`, secrets by
+//! reference only, a content hash that moves only with the recipe, a stable claim);
+//! the output checked by the tools that apply it (kubernetes-validate for the oldest
+//! and newest Kubernetes the rendering targets, `kubectl kustomize`, docker-compose,
+//! `systemd-analyze`); the `--out` directory's rules, `deploy diff`, and the errors.
+
+use std::path::{Path, PathBuf};
+use std::process::Command as Std;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PodSpec, Service};
+use serde_yaml_ng::Value;
+
+use crate::util::{Mirror, python, root, run, smollm2, sous};
+
+/// Every shipped recipe, relative to the workspace root.
+fn shipped() -> Vec<String> {
+    let mut out = Vec::new();
+    for dir in ["recipes/dgx-spark", "recipes/local", "recipes/titan"] {
+        let mut files: Vec<String> = std::fs::read_dir(root().join(dir))
+            .expect("recipes dir")
+            .filter_map(|e| e.ok())
+            .map(|e| format!("{dir}/{}", e.file_name().to_string_lossy()))
+            .filter(|p| p.ends_with(".toml"))
+            .collect();
+        files.sort();
+        out.extend(files);
+    }
+    out
+}
+
+/// `sous deploy ARGS` with an empty, offline Hub cache unless `envs` say otherwise.
+fn deploy(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let mut cmd = sous();
+    cmd.arg("deploy")
+        .args(args)
+        .env("HF_HUB_CACHE", cache.path())
+        .env("HF_HUB_OFFLINE", "1")
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_ENDPOINT");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    run(&mut cmd)
+}
+
+fn render_ok(args: &[&str]) -> (String, String) {
+    let (code, stdout, stderr) = deploy(&[&["render"], args].concat(), &[]);
+    assert_eq!(code, 0, "sous deploy render {args:?}: {stderr}");
+    (stdout, stderr)
+}
+
+/// The documents of a YAML stream, by kind.
+fn documents(stream: &str) -> Vec<Value> {
+    stream
+        .split("\n---\n")
+        .map(|doc| serde_yaml_ng::from_str::<Value>(doc).expect("each document parses"))
+        .collect()
+}
+
+fn kind<T: serde::de::DeserializeOwned>(docs: &[Value], kind: &str) -> T {
+    let doc = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some(kind))
+        .unwrap_or_else(|| panic!("no {kind} in the rendering"));
+    serde_yaml_ng::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{kind} does not parse as k8s-openapi's: {e}"))
+}
+
+fn pod_spec(d: &Deployment) -> PodSpec {
+    d.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.clone())
+        .expect("pod spec")
+}
+
+const DGX: &str = "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml";
+const TITAN: &str = "recipes/titan/qwen3.8-flash-next.toml";
+
+#[test]
+fn every_shipped_recipe_renders_for_every_target() {
+    // The local recipes size their volume from the Hub: the mirror serves the test model.
+    let model = smollm2();
+    let mirror = model
+        .as_ref()
+        .map(|_| Mirror::start(&root().join("target/models"), &[], &[]));
+    for recipe in shipped() {
+        if recipe.starts_with("recipes/local") && mirror.is_none() {
+            eprintln!("SKIPPED: {recipe} sizes its volume from the test model, which is missing");
+            continue;
+        }
+        for target in ["k8s", "compose", "systemd"] {
+            let mut envs = vec![];
+            if let Some(m) = &mirror {
+                envs.push(("HF_ENDPOINT", m.url.as_str()));
+                envs.push(("HF_HUB_OFFLINE", "0"));
+            }
+            let (code, stdout, stderr) = deploy(&["render", "--recipe", &recipe, "--target", target], &envs);
+            assert_eq!(code, 0, "{recipe} for {target}: {stderr}");
+            let name = format!(
+                "{}-{target}",
+                Path::new(&recipe).file_stem().expect("stem").to_string_lossy()
+            );
+            insta::assert_snapshot!(name, format!("{stdout}\n--- stderr ---\n{stderr}"));
+            // Byte-deterministic: the same recipe renders the same bytes again.
+            let (_, again, _) = deploy(&["render", "--recipe", &recipe, "--target", target], &envs);
+            assert_eq!(stdout, again, "{recipe} for {target} renders differently twice");
+        }
+    }
+}
+
+#[test]
+fn the_dgx_spark_recipe_renders_the_reports_system() {
+    let (stream, stderr) = render_ok(&["--recipe", DGX]);
+    let docs = documents(&stream);
+    for doc in &docs {
+        assert_eq!(doc["metadata"]["namespace"].as_str(), Some("dgx-ia"), "{doc:?}");
+    }
+    let d: Deployment = kind(&docs, "Deployment");
+    let spec = d.spec.clone().expect("spec");
+    // One instance holding the node's GPU: a surge pod would wait for it forever.
+    assert_eq!(spec.strategy.and_then(|s| s.type_).as_deref(), Some("Recreate"));
+    assert_eq!(spec.replicas, Some(1));
+    // Download (1 h) then start-up (30 min) before the rollout counts as stuck.
+    assert!(spec.progress_deadline_seconds.expect("deadline") >= 3600 + 1800);
+    let pod = pod_spec(&d);
+    assert_eq!(pod.runtime_class_name.as_deref(), Some("nvidia"));
+    assert_eq!(
+        pod.node_selector.expect("node selector")["kubernetes.io/hostname"],
+        "gx10-db4d"
+    );
+    assert!(pod.termination_grace_period_seconds.expect("grace") >= 30);
+    let engine = &pod.containers[0];
+    let resources = engine.resources.clone().expect("resources");
+    let limits = resources.limits.expect("limits");
+    let requests = resources.requests.expect("requests");
+    assert_eq!(limits["nvidia.com/gpu"].0, "1");
+    assert_eq!(requests["nvidia.com/gpu"].0, "1");
+    assert_eq!(limits["memory"].0, "120Gi");
+    assert_eq!(requests["memory"].0, "64Gi");
+    // The start-up probe covers the report's 180 × 10 s, and server.startup_timeout.
+    let startup = engine.startup_probe.clone().expect("startup probe");
+    let budget = startup.failure_threshold.expect("threshold") * startup.period_seconds.expect("period");
+    assert!(budget >= 180 * 10, "start-up budget {budget} s");
+    for probe in [
+        &engine.readiness_probe,
+        &engine.liveness_probe,
+        &engine.startup_probe,
+    ] {
+        let get = probe.clone().and_then(|p| p.http_get).expect("HTTP probe");
+        assert_eq!(get.path.as_deref(), Some("/health"));
+    }
+    // /dev/shm in memory, with a limit.
+    let shm = pod
+        .volumes
+        .clone()
+        .expect("volumes")
+        .into_iter()
+        .find(|v| v.name == "shm")
+        .and_then(|v| v.empty_dir)
+        .expect("an emptyDir for /dev/shm");
+    assert_eq!(shm.medium.as_deref(), Some("Memory"));
+    assert!(shm.size_limit.is_some());
+    assert!(
+        engine
+            .volume_mounts
+            .clone()
+            .expect("mounts")
+            .iter()
+            .any(|m| m.mount_path == "/dev/shm" && m.name == "shm")
+    );
+    // The init container downloads into the volume, with the marker; the caches live there.
+    let init = pod.init_containers.clone().expect("init containers");
+    assert_eq!(
+        init[0].command.clone().expect("command"),
+        ["/usr/local/bin/sous", "pull", "--recipe", "/etc/sous/recipe.toml"]
+    );
+    let env_of = |name: &str| {
+        engine
+            .env
+            .clone()
+            .expect("env")
+            .into_iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value)
+    };
+    assert_eq!(env_of("VLLM_CACHE_ROOT").as_deref(), Some("/var/lib/sous/vllm"));
+    assert_eq!(env_of("HF_HOME").as_deref(), Some("/var/lib/sous/huggingface"));
+    // One rendering code path: the container runs exactly what `sous serve --dry-run` prints.
+    let (code, dry, dry_err) = run(sous().args(["serve", "--dry-run", "--json", "--recipe", DGX]));
+    assert_eq!(code, 0, "{dry_err}");
+    let dry: serde_json::Value = serde_json::from_str(&dry).expect("json");
+    let argv: Vec<String> = dry["argv"]
+        .as_array()
+        .expect("argv")
+        .iter()
+        .map(|a| a.as_str().expect("str").to_owned())
+        .collect();
+    assert_eq!(engine.command.clone().expect("command"), argv);
+    assert_eq!(engine.image.as_deref(), Some("vllm/vllm-openai:v0.27.1"));
+
+    // The recipe's ConfigMap is named by the same hash the pods carry.
+    let cm: ConfigMap = kind(&docs, "ConfigMap");
+    let hash = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.clone())
+        .and_then(|m| m.annotations)
+        .expect("annotations")["sous.dev/recipe-hash"]
+        .clone();
+    assert_eq!(
+        cm.metadata.name.as_deref(),
+        Some(format!("qwen3-8-27b-recipe-{hash}").as_str())
+    );
+    assert_eq!(cm.immutable, Some(true));
+    // The model volume survives pruning.
+    let pvc: PersistentVolumeClaim = kind(&docs, "PersistentVolumeClaim");
+    let annotations = pvc.metadata.annotations.clone().expect("annotations");
+    assert_eq!(annotations["kustomize.toolkit.fluxcd.io/prune"], "disabled");
+    assert_eq!(annotations["argocd.argoproj.io/sync-options"], "Prune=false");
+    let svc: Service = kind(&docs, "Service");
+    let port = &svc.spec.clone().and_then(|s| s.ports).expect("ports")[0];
+    assert_eq!(port.port, 8000);
+    // What the reports learned, said where it applies.
+    for lesson in ["local-path", "unified-memory", "oom_fallback", "a branch"] {
+        assert!(stderr.contains(lesson), "no warning about {lesson}: {stderr}");
+    }
+}
+
+#[test]
+fn the_hash_moves_with_the_recipe_and_the_claim_never_does() {
+    let (base, _) = render_ok(&["--recipe", DGX]);
+    let docs = documents(&base);
+    let cm = |docs: &[Value]| kind::<ConfigMap>(docs, "ConfigMap").metadata.name.expect("name");
+    let pvc = |docs: &[Value]| {
+        serde_yaml_ng::to_string(&kind::<PersistentVolumeClaim>(docs, "PersistentVolumeClaim")).expect("yaml")
+    };
+
+    // The same recipe written differently (resolved, comments gone, keys reordered).
+    let (code, resolved, stderr) = run(sous().args(["recipe", "check", DGX]));
+    assert_eq!(code, 0, "{stderr}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rewritten = dir.path().join("rewritten.toml");
+    std::fs::write(&rewritten, &resolved).expect("write");
+    let (same, _) = render_ok(&["--recipe", rewritten.to_str().expect("utf-8")]);
+    assert_eq!(same, base, "a reformatted recipe renders differently");
+
+    // A changed value: a new ConfigMap and pod hash, the same claim.
+    let (changed, _) = render_ok(&["--recipe", DGX, "--set", "memory.gpu_utilization=0.95"]);
+    let changed = documents(&changed);
+    assert_ne!(cm(&changed), cm(&docs));
+    assert_eq!(pvc(&changed), pvc(&docs));
+
+    // A change of the deployment alone (replicas) rolls nothing by itself.
+    let (more, _) = render_ok(&["--recipe", DGX, "--set", "deploy.replicas=2"]);
+    let more = documents(&more);
+    assert_eq!(cm(&more), cm(&docs));
+    let d: Deployment = kind(&more, "Deployment");
+    let strategy = d.spec.and_then(|s| s.strategy).expect("strategy");
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let rolling = strategy.rolling_update.expect("rolling");
+    assert_eq!(
+        rolling.max_surge,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0))
+    );
+}
+
+#[test]
+fn secrets_are_referenced_never_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for engine in ["vllm", "sglang"] {
+        let file = dir.path().join(format!("{engine}.toml"));
+        std::fs::write(
+            &file,
+            format!(
+                "[model]\nrepo = \"Qwen/Qwen3-0.6B\"\nrevision = \"{}\"\n[engine]\nkind = \"{engine}\"\nimage = \"example/{engine}:1\"\n[server]\napi_key_env = \"SOUS_API_KEY\"\n[deploy.storage]\nsize = \"20Gi\"\n",
+                "a".repeat(40)
+            ),
+        )
+        .expect("recipe");
+        let file = file.to_str().expect("utf-8");
+        for target in ["k8s", "compose", "systemd"] {
+            let (code, out, stderr) = deploy(
+                &["render", "--recipe", file, "--target", target],
+                &[
+                    ("HF_TOKEN", "hf_secret_token_value"),
+                    ("SOUS_API_KEY", "sk-secret-key-value"),
+                ],
+            );
+            assert_eq!(code, 0, "{engine} {target}: {stderr}");
+            for secret in ["hf_secret_token_value", "sk-secret-key-value"] {
+                assert!(
+                    !out.contains(secret),
+                    "{engine} for {target} wrote a secret:\n{out}"
+                );
+            }
+        }
+        let (out, _) = render_ok(&["--recipe", file]);
+        let d: Deployment = kind(&documents(&out), "Deployment");
+        let engine_env = pod_spec(&d).containers[0].env.clone().expect("env");
+        for var in &engine_env {
+            if let Some(from) = &var.value_from {
+                let secret = from.secret_key_ref.clone().expect("only secrets by reference");
+                assert_eq!(secret.name, "qwen3-0-6b-secrets".replace("qwen3-0-6b", engine));
+                let optional = secret.optional == Some(true);
+                assert_eq!(optional, secret.key == "HF_TOKEN", "{var:?}");
+            }
+            assert!(
+                !(var.name.contains("KEY") || var.name.contains("TOKEN")) || var.value.is_none(),
+                "{var:?}"
+            );
+        }
+        let command = pod_spec(&d).containers[0].command.clone().expect("command");
+        if engine == "sglang" {
+            assert!(command.contains(&"$(SOUS_API_KEY)".to_owned()), "{command:?}");
+            assert!(engine_env.iter().any(|e| e.name == "SOUS_API_KEY"));
+        } else {
+            assert!(engine_env.iter().any(|e| {
+                e.name == "VLLM_API_KEY"
+                    && e.value_from
+                        .as_ref()
+                        .and_then(|f| f.secret_key_ref.as_ref())
+                        .map(|s| s.key.as_str())
+                        == Some("SOUS_API_KEY")
+            }));
+        }
+    }
+}
+
+#[test]
+fn the_titan_recipe_runs_three_single_gpu_instances() {
+    let (stream, _) = render_ok(&["--recipe", TITAN]);
+    let docs = documents(&stream);
+    let d: Deployment = kind(&docs, "Deployment");
+    let spec = d.spec.clone().expect("spec");
+    assert_eq!(spec.replicas, Some(3));
+    let strategy = spec.strategy.expect("strategy");
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let rolling = strategy.rolling_update.expect("rolling");
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(0)));
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(1)));
+    let pod = pod_spec(&d);
+    assert_eq!(
+        pod.containers[0]
+            .resources
+            .clone()
+            .and_then(|r| r.limits)
+            .expect("limits")["nvidia.com/gpu"]
+            .0,
+        "1"
+    );
+    assert!(
+        pod.init_containers.is_none(),
+        "a path-only model is not downloaded"
+    );
+    let model = pod
+        .volumes
+        .expect("volumes")
+        .into_iter()
+        .find(|v| v.name == "model")
+        .and_then(|v| v.persistent_volume_claim)
+        .expect("the model's claim");
+    assert_eq!(model.claim_name, "qwen3-8-flash-next-model");
+    assert_eq!(model.read_only, Some(true));
+
+    let (compose, _) = render_ok(&["--recipe", TITAN, "--target", "compose"]);
+    let compose = compose
+        .split("# ==> recipe.toml <==")
+        .next()
+        .expect("compose part");
+    let compose: Value = serde_yaml_ng::from_str(compose).expect("compose parses");
+    let services = compose["services"].as_mapping().expect("services");
+    assert_eq!(services.len(), 3);
+    for i in 0..3 {
+        let svc = &compose["services"][format!("qwen3-8-flash-next-titan-{i}").as_str()];
+        assert_eq!(
+            svc["ports"][0].as_str(),
+            Some(format!("{}:8000", 8000 + i).as_str())
+        );
+        assert_eq!(
+            svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0].as_str(),
+            Some(i.to_string().as_str())
+        );
+    }
+    let (units, _) = render_ok(&["--recipe", TITAN, "--target", "systemd"]);
+    for i in 0..3 {
+        assert!(units.contains(&format!("# ==> sous-qwen3-8-flash-next-titan-{i}.service <==")));
+        assert!(units.contains(&format!("Environment=CUDA_VISIBLE_DEVICES={i}\n")));
+        assert!(units.contains(&format!(
+            "--set name=qwen3.8-flash-next-titan-{i} --set server.port={}",
+            8000 + i
+        )));
+    }
+}
+
+/// A recipe across nodes: 16 GPUs, 8 a node.
+fn multi_node(dir: &Path, engine: &str, tp: u32) -> PathBuf {
+    let file = dir.join(format!("{engine}-{tp}.toml"));
+    std::fs::write(
+        &file,
+        format!(
+            "[model]\nrepo = \"deepseek-ai/DeepSeek-V3\"\n[engine]\nkind = \"{engine}\"\nimage = \"example/{engine}:1\"\n[serving]\ntensor_parallel = {tp}\npipeline_parallel = 2\n[deploy]\ngpus_per_node = 8\n[deploy.storage]\nsize = \"1500Gi\"\n"
+        ),
+    )
+    .expect("recipe");
+    file
+}
+
+#[test]
+fn an_instance_across_nodes_is_a_leader_worker_set() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for engine in ["vllm", "sglang"] {
+        let file = multi_node(dir.path(), engine, 8);
+        let (stream, _) = render_ok(&["--recipe", file.to_str().expect("utf-8")]);
+        let docs = documents(&stream);
+        let lws = docs
+            .iter()
+            .find(|d| d["kind"].as_str() == Some("LeaderWorkerSet"))
+            .expect("a LeaderWorkerSet");
+        assert!(!docs.iter().any(|d| d["kind"].as_str() == Some("Deployment")));
+        let template = &lws["spec"]["leaderWorkerTemplate"];
+        assert_eq!(template["size"].as_u64(), Some(2));
+        assert_eq!(
+            template["restartPolicy"].as_str(),
+            Some("RecreateGroupOnPodRestart")
+        );
+        assert_eq!(
+            lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]["maxSurge"].as_u64(),
+            Some(0)
+        );
+        for role in ["leaderTemplate", "workerTemplate"] {
+            let pod: PodSpec = serde_yaml_ng::from_value(template[role]["spec"].clone()).expect("a pod spec");
+            let engine_container = &pod.containers[0];
+            let gpus = engine_container
+                .resources
+                .clone()
+                .and_then(|r| r.limits)
+                .expect("limits");
+            assert_eq!(gpus["nvidia.com/gpu"].0, "8", "{role}");
+            let command = engine_container.command.clone().expect("command").join(" ");
+            match engine {
+                "vllm" => assert!(command.contains("multi-node-serving.sh"), "{command}"),
+                _ => assert!(command.contains("--nnodes $(LWS_GROUP_SIZE)"), "{command}"),
+            }
+            assert_eq!(engine_container.startup_probe.is_some(), role == "leaderTemplate");
+        }
+        let svc: Service = kind(&docs, "Service");
+        assert_eq!(
+            svc.spec.and_then(|s| s.selector).expect("selector")["sous.dev/role"],
+            "leader"
+        );
+        // One machine cannot hold it.
+        for target in ["compose", "systemd"] {
+            let (code, _, stderr) = deploy(
+                &[
+                    "render",
+                    "--recipe",
+                    file.to_str().expect("utf-8"),
+                    "--target",
+                    target,
+                ],
+                &[],
+            );
+            assert_eq!(code, 1, "{stderr}");
+            assert!(stderr.contains("runs one machine"), "{stderr}");
+        }
+    }
+    let trtllm = multi_node(dir.path(), "trtllm", 8);
+    let (code, _, stderr) = deploy(&["render", "--recipe", trtllm.to_str().expect("utf-8")], &[]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("TensorRT-LLM has no multi-node launch"),
+        "{stderr}"
+    );
+    let uneven = multi_node(dir.path(), "vllm", 6);
+    let (code, _, stderr) = deploy(&["render", "--recipe", uneven.to_str().expect("utf-8")], &[]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("12 GPUs, which is not a whole number of nodes of 8"),
+        "{stderr}"
+    );
+}
+
+/// Renders the shipped recipes and the multi-node ones into directories, one per
+/// recipe and target; returns (directory, target).
+fn rendered_dirs(work: &Path, mirror: Option<&Mirror>) -> Vec<(PathBuf, &'static str)> {
+    let mut recipes: Vec<PathBuf> = shipped().iter().map(|r| root().join(r)).collect();
+    recipes.push(multi_node(work, "vllm", 8));
+    recipes.push(multi_node(work, "sglang", 8));
+    let mut dirs = Vec::new();
+    for (i, recipe) in recipes.iter().enumerate() {
+        let local = recipe.to_string_lossy().contains("recipes/local");
+        if local && mirror.is_none() {
+            continue;
+        }
+        for target in ["k8s", "compose", "systemd"] {
+            let out = work.join(format!("{i}-{target}"));
+            let mut envs = vec![];
+            if let Some(m) = mirror {
+                envs.push(("HF_ENDPOINT", m.url.as_str()));
+                envs.push(("HF_HUB_OFFLINE", "0"));
+            }
+            let (code, _, stderr) = deploy(
+                &[
+                    "render",
+                    "--recipe",
+                    recipe.to_str().expect("utf-8"),
+                    "--target",
+                    target,
+                    "--out",
+                    out.to_str().expect("utf-8"),
+                    "--sous-bin",
+                    env!("CARGO_BIN_EXE_sous"),
+                    "--set",
+                    "deploy.service_monitor=true",
+                ],
+                &envs,
+            );
+            if code == 1 && stderr.contains("runs one machine") {
+                continue;
+            }
+            assert_eq!(code, 0, "{recipe:?} for {target}: {stderr}");
+            dirs.push((out, target));
+        }
+    }
+    dirs
+}
+
+/// Whether `tool` runs here; in CI it must.
+fn tool(tool: &str, install: &str) -> bool {
+    let found = Std::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{tool} is missing in CI: scripts/test.sh must install {install}"
+        );
+        eprintln!("SKIPPED: {tool} is not installed ({install})");
+    }
+    found
+}
+
+#[test]
+fn the_tools_that_apply_the_output_accept_it() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let mirror = smollm2().map(|_| Mirror::start(&root().join("target/models"), &[], &[]));
+    let dirs = rendered_dirs(work.path(), mirror.as_ref());
+    let validate = python("kubernetes-validate").map(|p| p.with_file_name("kubernetes-validate"));
+    let compose = tool("docker-compose", "the Debian package docker-compose");
+    let systemd = tool("systemd-analyze", "the Debian package systemd");
+    let kubectl = Std::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    for (dir, target) in &dirs {
+        match *target {
+            "k8s" => {
+                if let Some(validate) = &validate {
+                    let mut files = vec![];
+                    for entry in std::fs::read_dir(dir).expect("dir").flatten() {
+                        let path = entry.path();
+                        let text = std::fs::read_to_string(&path).unwrap_or_default();
+                        if !path.to_string_lossy().ends_with(".yaml") || path.ends_with("kustomization.yaml")
+                        {
+                            continue;
+                        }
+                        let doc: Value = serde_yaml_ng::from_str(&text).expect("yaml");
+                        if doc["kind"].as_str() == Some("LeaderWorkerSet") {
+                            // kubernetes-validate has no schema for the CRD: its pod
+                            // templates are checked as the Pods they become.
+                            for role in ["leaderTemplate", "workerTemplate"] {
+                                let t = &doc["spec"]["leaderWorkerTemplate"][role];
+                                let pod = serde_json::json!({
+                                    "apiVersion": "v1", "kind": "Pod",
+                                    "metadata": {"name": format!("lws-{}", role.to_lowercase())},
+                                    "spec": serde_json::to_value(&t["spec"]).expect("json"),
+                                });
+                                let pod_file = dir.join(format!(".{role}.pod.json"));
+                                std::fs::write(&pod_file, pod.to_string()).expect("pod");
+                                files.push(pod_file);
+                            }
+                        } else if doc["kind"].as_str() != Some("ServiceMonitor") {
+                            files.push(path);
+                        }
+                    }
+                    for version in ["1.33.0", "1.37.0"] {
+                        let out = Std::new(validate)
+                            .args(["--strict", "--quiet", "-k", version])
+                            .args(&files)
+                            .output()
+                            .expect("kubernetes-validate runs");
+                        assert!(
+                            out.status.success(),
+                            "kubernetes-validate {version} {dir:?}:\n{}{}",
+                            String::from_utf8_lossy(&out.stdout),
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                    }
+                    for f in files
+                        .iter()
+                        .filter(|f| f.to_string_lossy().ends_with(".pod.json"))
+                    {
+                        std::fs::remove_file(f).expect("remove");
+                    }
+                }
+                if kubectl {
+                    let out = Std::new("kubectl")
+                        .arg("kustomize")
+                        .arg(dir)
+                        .output()
+                        .expect("kubectl");
+                    assert!(
+                        out.status.success(),
+                        "kubectl kustomize {dir:?}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            }
+            "compose" if compose => {
+                let out = Std::new("docker-compose")
+                    .arg("-f")
+                    .arg(dir.join("docker-compose.yml"))
+                    .args(["config", "-q"])
+                    .output()
+                    .expect("docker-compose runs");
+                assert!(
+                    out.status.success() && out.stderr.is_empty(),
+                    "docker-compose config {dir:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            "systemd" if systemd => {
+                for entry in std::fs::read_dir(dir).expect("dir").flatten() {
+                    if !entry.path().to_string_lossy().ends_with(".service") {
+                        continue;
+                    }
+                    let out = Std::new("systemd-analyze")
+                        .arg("verify")
+                        .arg(entry.path())
+                        .output()
+                        .expect("systemd-analyze runs");
+                    assert!(
+                        out.status.success() && out.stderr.is_empty(),
+                        "systemd-analyze verify {:?}: {}",
+                        entry.path(),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn the_out_directory_is_written_whole_and_only_where_sous_owns_it() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let out = work.path().join("deploy");
+    let out_s = out.to_str().expect("utf-8");
+    let (_, stderr) = render_ok(&["--recipe", DGX, "--out", out_s]);
+    assert!(stderr.contains("rendered 5 files"), "{stderr}");
+    let kustomization = std::fs::read_to_string(out.join("kustomization.yaml")).expect("kustomization");
+    for file in ["pvc.yaml", "configmap.yaml", "deployment.yaml", "service.yaml"] {
+        assert!(out.join(file).is_file(), "{file}");
+        assert!(kustomization.contains(&format!("- {file}\n")), "{kustomization}");
+    }
+    // Again: nothing changes, and the diff is empty.
+    let (_, stderr) = render_ok(&["--recipe", DGX, "--out", out_s]);
+    assert!(stderr.contains("(0 changed)"), "{stderr}");
+    let (code, _, stderr) = deploy(&["diff", "--recipe", DGX, out_s], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    // A changed recipe: the diff names what moves, exit 1.
+    let (code, diff, _) = deploy(
+        &[
+            "diff",
+            "--recipe",
+            DGX,
+            out_s,
+            "--set",
+            "memory.gpu_utilization=0.95",
+        ],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(diff.contains("+++ b/deployment.yaml"), "{diff}");
+    assert!(
+        diff.contains("-        - \"0.9\"") && diff.contains("+        - \"0.95\""),
+        "{diff}"
+    );
+    assert!(!diff.contains("pvc.yaml"), "{diff}");
+    // The operator's own file beside the rendering is theirs.
+    std::fs::write(out.join(".env"), "HF_TOKEN=x\n").expect("env");
+    // A monitor added, then dropped: its file comes and goes.
+    render_ok(&[
+        "--recipe",
+        DGX,
+        "--out",
+        out_s,
+        "--set",
+        "deploy.service_monitor=true",
+    ]);
+    assert!(out.join("servicemonitor.yaml").is_file());
+    let (_, stderr) = render_ok(&["--recipe", DGX, "--out", out_s]);
+    assert!(stderr.contains("removed: servicemonitor.yaml"), "{stderr}");
+    assert!(!out.join("servicemonitor.yaml").exists());
+    assert!(out.join(".env").is_file());
+
+    // A directory sous never rendered into is refused, and nothing is written.
+    let foreign = work.path().join("foreign");
+    std::fs::create_dir(&foreign).expect("dir");
+    std::fs::write(foreign.join("deployment.yaml"), "# mine\n").expect("file");
+    let foreign_s = foreign.to_str().expect("utf-8");
+    let (code, _, stderr) = deploy(&["render", "--recipe", DGX, "--out", foreign_s], &[]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("holds files sous did not write: deployment.yaml"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--force"), "{stderr}");
+    assert_eq!(std::fs::read_dir(&foreign).expect("dir").count(), 1);
+    assert_eq!(
+        std::fs::read_to_string(foreign.join("deployment.yaml")).expect("file"),
+        "# mine\n"
+    );
+    render_ok(&["--recipe", DGX, "--out", foreign_s, "--force"]);
+    assert!(foreign.join("pvc.yaml").is_file());
+    // --out naming a file.
+    let file = work.path().join("file");
+    std::fs::write(&file, "").expect("file");
+    let (code, _, stderr) = deploy(
+        &["render", "--recipe", DGX, "--out", file.to_str().expect("utf-8")],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(stderr.contains("is not a directory"), "{stderr}");
+}
+
+#[test]
+fn bad_deployments_are_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("recipe");
+        path.to_str().expect("utf-8").to_owned()
+    };
+    let cases = [
+        (
+            write(
+                "path-only.toml",
+                "[model]\npath = \"/models/x\"\n[engine]\nkind = \"vllm\"\n[deploy.storage]\nsize = \"10Gi\"\n",
+            ),
+            "k8s",
+            &[
+                "`model.path` (/models/x) is set without `model.repo`",
+                "hint: set `model.repo`",
+            ][..],
+        ),
+        (
+            write(
+                "unsized.toml",
+                "[model]\nrepo = \"Qwen/Qwen3-0.6B\"\n[engine]\nkind = \"vllm\"\n",
+            ),
+            "k8s",
+            &["cannot size the model volume", "deploy.storage.size"][..],
+        ),
+        (
+            write(
+                "no-image.toml",
+                "[model]\nrepo = \"Qwen/Qwen3-0.6B\"\n[engine]\nkind = \"sglang\"\n[deploy.storage]\nsize = \"10Gi\"\n",
+            ),
+            "compose",
+            &["`engine.image` is not set", "hint: set `engine.image`"][..],
+        ),
+        (
+            write(
+                "relative.toml",
+                "[model]\nrepo = \"Qwen/Qwen3-0.6B\"\npath = \"models/x\"\n[engine]\nkind = \"vllm\"\n[deploy.storage]\nsize = \"10Gi\"\n",
+            ),
+            "k8s",
+            &["`model.path` (models/x) is relative"][..],
+        ),
+    ];
+    for (recipe, target, phrases) in cases {
+        let (code, out, stderr) = deploy(&["render", "--recipe", &recipe, "--target", target], &[]);
+        assert_eq!(code, 1, "{recipe}: {stderr}");
+        assert!(out.is_empty(), "{recipe} printed a partial rendering");
+        for phrase in phrases {
+            assert!(stderr.contains(phrase), "{recipe}: no {phrase:?} in {stderr}");
+        }
+    }
+    let (code, _, stderr) = deploy(
+        &["diff", "--recipe", DGX, dir.path().to_str().expect("utf-8")],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("was not rendered by `sous deploy render --out`"),
+        "{stderr}"
+    );
+}
