@@ -227,3 +227,39 @@ fn recipe_drives_quantize() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("no `[quantize]` section"), "{stderr}");
 }
+
+#[test]
+fn concurrent_runs_into_one_output_take_turns() {
+    // Two pods whose init containers share a volume: one quantizes, the other waits
+    // for it and finds the result, and the output is whole.
+    let work = tempfile::tempdir().expect("tempdir");
+    let model = work.path().join("model");
+    small_model(&model, 256, 512, 2);
+    let out = work.path().join("out");
+    let args = [path(&model), "--out", path(&out), "--json"];
+    let runs: Vec<(i32, String, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2).map(|_| s.spawn(|| quantize(&args, &[]))).collect();
+        handles.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    for (code, _, stderr) in &runs {
+        assert_eq!(*code, 0, "{stderr}");
+    }
+    let fresh: Vec<bool> = runs
+        .iter()
+        .map(|(_, stdout, _)| json(stdout)["up_to_date"] == false)
+        .collect();
+    assert_eq!(
+        fresh.iter().filter(|f| **f).count(),
+        1,
+        "exactly one run quantizes: {fresh:?}"
+    );
+    let (code, stdout, stderr) = quantize(&args, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(json(&stdout)["up_to_date"], true);
+    let staging: Vec<_> = std::fs::read_dir(work.path())
+        .expect("dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains("sous-tmp"))
+        .collect();
+    assert!(staging.is_empty(), "a staging directory was left behind");
+}

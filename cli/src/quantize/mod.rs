@@ -157,12 +157,23 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
     validate(&source, &decisions)?;
     let groups = fused::groups(&source.tensors, &decisions)?;
     let fingerprint = marker::fingerprint(&inputs(&source, request));
-    if let Some(mut summary) = marker::completed::<Summary>(&request.out, &fingerprint) {
-        summary.up_to_date = true;
-        summary.output = request.out.clone();
+    let done = || {
+        marker::completed::<Summary>(&request.out, &fingerprint).map(|mut summary| {
+            summary.up_to_date = true;
+            summary.output = request.out.clone();
+            summary
+        })
+    };
+    if let Some(summary) = done() {
         return Ok(summary);
     }
     check_output(request)?;
+    // Held to the end: a concurrent run into the same output waits, then finds this
+    // one's marker.
+    let _lock = marker::lock(&request.out, reporter)?;
+    if let Some(summary) = done() {
+        return Ok(summary);
+    }
     let provenance = request
         .provenance
         .clone()
