@@ -254,6 +254,31 @@ fn the_hash_moves_with_the_recipe_and_the_claim_never_does() {
     assert_ne!(cm(&changed), cm(&docs));
     assert_eq!(pvc(&changed), pvc(&docs));
 
+    // An existing claim instead of one sous creates.
+    let claimed = dir.path().join("claimed.toml");
+    std::fs::write(
+        &claimed,
+        "[model]\nrepo = \"Qwen/Qwen3-0.6B\"\n[engine]\nkind = \"vllm\"\n[deploy.storage]\nexisting_claim = \"shared-models\"\n",
+    )
+    .expect("recipe");
+    let (existing, _) = render_ok(&["--recipe", claimed.to_str().expect("utf-8")]);
+    let existing = documents(&existing);
+    assert!(
+        !existing
+            .iter()
+            .any(|d| d["kind"].as_str() == Some("PersistentVolumeClaim"))
+    );
+    let volumes = pod_spec(&kind::<Deployment>(&existing, "Deployment"))
+        .volumes
+        .expect("volumes");
+    assert_eq!(
+        volumes[0]
+            .persistent_volume_claim
+            .as_ref()
+            .map(|c| c.claim_name.as_str()),
+        Some("shared-models")
+    );
+
     // A change of the deployment alone (replicas) rolls nothing by itself.
     let (more, _) = render_ok(&["--recipe", DGX, "--set", "deploy.replicas=2"]);
     let more = documents(&more);
@@ -803,5 +828,135 @@ fn bad_deployments_are_refused_with_what_to_do() {
     assert!(
         stderr.contains("was not rendered by `sous deploy render --out`"),
         "{stderr}"
+    );
+}
+
+/// Runs a rendered pod's commands on this machine, its mounts as directories: the
+/// volume's and the ConfigMap's paths replaced by temporary ones everywhere (files,
+/// commands, environment), the image's sous by this build's.
+struct Pod {
+    data: PathBuf,
+    config: PathBuf,
+}
+
+impl Pod {
+    fn map(&self, text: &str) -> String {
+        text.replace("/usr/local/bin/sous", env!("CARGO_BIN_EXE_sous"))
+            .replace("/var/lib/sous", self.data.to_str().expect("utf-8"))
+            .replace("/etc/sous", self.config.to_str().expect("utf-8"))
+    }
+
+    fn command(&self, container: &k8s_openapi::api::core::v1::Container, hub: &str) -> Std {
+        let argv: Vec<String> = container
+            .command
+            .clone()
+            .expect("command")
+            .iter()
+            .map(|a| self.map(a))
+            .collect();
+        let mut cmd = Std::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        for var in container.env.clone().unwrap_or_default() {
+            if let Some(value) = var.value {
+                cmd.env(&var.name, self.map(&value));
+            }
+        }
+        cmd.env("HF_ENDPOINT", hub).env("NO_COLOR", "1");
+        cmd
+    }
+}
+
+#[test]
+fn a_rendered_pod_pulls_quantizes_and_serves_and_a_restart_downloads_nothing() {
+    let Some(_) = smollm2() else { return };
+    let _cpu = crate::util::cpu_exclusive();
+    let mirror = Mirror::start(&root().join("target/models"), &[], &[]);
+    let work = tempfile::tempdir().expect("tempdir");
+    let port = crate::util::free_port().to_string();
+    let (code, stream, stderr) = deploy(
+        &[
+            "render",
+            "--recipe",
+            "recipes/local/smollm2-135m-nvfp4.toml",
+            "--set",
+            &format!("server.port={port}"),
+        ],
+        &[("HF_ENDPOINT", mirror.url.as_str()), ("HF_HUB_OFFLINE", "0")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let docs = documents(&stream);
+    let spec = pod_spec(&kind::<Deployment>(&docs, "Deployment"));
+    let pod = Pod {
+        data: work.path().join("data"),
+        config: work.path().join("config"),
+    };
+    std::fs::create_dir_all(&pod.data).expect("data");
+    std::fs::create_dir_all(&pod.config).expect("config");
+    for (name, contents) in kind::<ConfigMap>(&docs, "ConfigMap").data.expect("data") {
+        std::fs::write(pod.config.join(name), pod.map(&contents)).expect("config file");
+    }
+    let init = spec.init_containers.clone().expect("init containers");
+    assert_eq!(
+        init.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        ["pull", "quantize"]
+    );
+    for round in 0..2 {
+        mirror.clear();
+        for container in &init {
+            let out = pod.command(container, &mirror.url).output().expect("init runs");
+            assert!(
+                out.status.success(),
+                "init container {} (round {round}): {}",
+                container.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let downloads: Vec<String> = mirror
+            .requests()
+            .into_iter()
+            .filter(|r| r.contains("/resolve/"))
+            .collect();
+        if round == 0 {
+            assert!(!downloads.is_empty(), "the first start downloads the model");
+        } else {
+            // A restart: the marker is there, nothing is downloaded again.
+            assert!(downloads.is_empty(), "a restart downloaded {downloads:?}");
+        }
+    }
+    assert!(
+        pod.data
+            .join("models/smollm2-135m-nvfp4/.download-complete")
+            .is_file()
+    );
+
+    let mut engine = pod.command(&spec.containers[0], &mirror.url);
+    let mut child = engine
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("engine starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let port: u16 = port.parse().expect("port");
+    let mut ready = false;
+    while std::time::Instant::now() < deadline {
+        if matches!(crate::util::health(port), Ok((200, _))) {
+            ready = true;
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the engine container exited: {status}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let _ = Std::new("kill")
+        .args(["-s", "TERM", &child.id().to_string()])
+        .status();
+    let status = child.wait().expect("engine exits");
+    assert!(ready, "the engine container never answered /health");
+    assert!(
+        status.success(),
+        "the engine container stopped with {status} on SIGTERM"
     );
 }
