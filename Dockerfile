@@ -29,8 +29,8 @@ LABEL org.opencontainers.image.title="sous" \
       org.opencontainers.image.source="https://github.com/sous-dev/sous" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# ca-certificates for HTTPS to the Hub; curl for the health check the compose target
-# renders for the native engine.
+# curl for the health check the compose target renders for the native engine, and
+# ca-certificates for curl (sous itself carries the Mozilla roots, webpki-roots).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl \
  && rm -rf /var/lib/apt/lists/*
