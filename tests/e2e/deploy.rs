@@ -301,7 +301,7 @@ fn secrets_are_referenced_never_written() {
         std::fs::write(
             &file,
             format!(
-                "[model]\nrepo = \"Qwen/Qwen3-0.6B\"\nrevision = \"{}\"\n[engine]\nkind = \"{engine}\"\nimage = \"example/{engine}:1\"\n[server]\napi_key_env = \"SOUS_API_KEY\"\n[deploy.storage]\nsize = \"20Gi\"\n",
+                "[model]\nrepo = \"Qwen/Qwen3-0.6B\"\nrevision = \"{}\"\n[engine]\nkind = \"{engine}\"\nimage = \"example/{engine}:1\"\n[server]\napi_key_env = \"SOUS_API_KEY\"\n[env]\nLITERAL = \"$(HF_TOKEN) ${{HF_TOKEN}}\"\n[deploy.storage]\nsize = \"20Gi\"\n",
                 "a".repeat(40)
             ),
         )
@@ -338,6 +338,12 @@ fn secrets_are_referenced_never_written() {
                 "{var:?}"
             );
         }
+        // A literal `$` is no reference: doubled, which Kubernetes reads back as one.
+        let literal = engine_env
+            .iter()
+            .find(|e| e.name == "LITERAL")
+            .and_then(|e| e.value.clone());
+        assert_eq!(literal.as_deref(), Some("$$(HF_TOKEN) $${HF_TOKEN}"));
         let command = pod_spec(&d).containers[0].command.clone().expect("command");
         if engine == "sglang" {
             assert!(command.contains(&"$(SOUS_API_KEY)".to_owned()), "{command:?}");
@@ -428,7 +434,7 @@ fn multi_node(dir: &Path, engine: &str, tp: u32) -> PathBuf {
     std::fs::write(
         &file,
         format!(
-            "[model]\nrepo = \"deepseek-ai/DeepSeek-V3\"\n[engine]\nkind = \"{engine}\"\nimage = \"example/{engine}:1\"\n[serving]\ntensor_parallel = {tp}\npipeline_parallel = 2\n[deploy]\ngpus_per_node = 8\n[deploy.storage]\nsize = \"1500Gi\"\n"
+            "[model]\nrepo = \"deepseek-ai/DeepSeek-V3\"\n[engine]\nkind = \"{engine}\"\nimage = \"example/{engine}:1\"\n[serving]\ntensor_parallel = {tp}\npipeline_parallel = 2\n[deploy]\ngpus_per_node = 8\n[deploy.storage]\nsize = \"1500Gi\"\naccess_mode = \"ReadWriteMany\"\n"
         ),
     )
     .expect("recipe");
@@ -472,6 +478,8 @@ fn an_instance_across_nodes_is_a_leader_worker_set() {
                 _ => assert!(command.contains("--nnodes $(LWS_GROUP_SIZE)"), "{command}"),
             }
             assert_eq!(engine_container.startup_probe.is_some(), role == "leaderTemplate");
+            // Every pod loads the model: each waits for it to be on the shared volume.
+            assert_eq!(pod.init_containers.map(|c| c.len()), Some(1), "{role}");
         }
         let svc: Service = kind(&docs, "Service");
         assert_eq!(
@@ -494,6 +502,23 @@ fn an_instance_across_nodes_is_a_leader_worker_set() {
             assert!(stderr.contains("runs one machine"), "{stderr}");
         }
     }
+    // A volume one node can mount cannot feed a group across nodes.
+    let file = multi_node(dir.path(), "vllm", 8);
+    let (code, _, stderr) = deploy(
+        &[
+            "render",
+            "--recipe",
+            file.to_str().expect("utf-8"),
+            "--set",
+            "deploy.storage.access_mode=ReadWriteOnce",
+        ],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("spans 2 nodes") && stderr.contains("ReadWriteMany"),
+        "{stderr}"
+    );
     let trtllm = multi_node(dir.path(), "trtllm", 8);
     let (code, _, stderr) = deploy(&["render", "--recipe", trtllm.to_str().expect("utf-8")], &[]);
     assert_eq!(code, 1);
@@ -720,6 +745,22 @@ fn the_out_directory_is_written_whole_and_only_where_sous_owns_it() {
         "{diff}"
     );
     assert!(!diff.contains("pvc.yaml"), "{diff}");
+    // A hand edit of a file sous wrote is not lost silently.
+    let deployment = out.join("deployment.yaml");
+    let rendered = std::fs::read_to_string(&deployment).expect("deployment");
+    std::fs::write(&deployment, rendered.replace("replicas: 1", "replicas: 2")).expect("edit");
+    let (code, _, stderr) = deploy(&["render", "--recipe", DGX, "--out", out_s], &[]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("edited since sous rendered") && stderr.contains("deployment.yaml"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--force"), "{stderr}");
+    render_ok(&["--recipe", DGX, "--out", out_s, "--force"]);
+    assert_eq!(
+        std::fs::read_to_string(&deployment).expect("deployment"),
+        rendered
+    );
     // The operator's own file beside the rendering is theirs.
     std::fs::write(out.join(".env"), "HF_TOKEN=x\n").expect("env");
     // A monitor added, then dropped: its file comes and goes.
@@ -959,4 +1000,43 @@ fn a_rendered_pod_pulls_quantizes_and_serves_and_a_restart_downloads_nothing() {
         status.success(),
         "the engine container stopped with {status} on SIGTERM"
     );
+}
+
+#[test]
+fn metrics_are_scraped_where_each_engine_serves_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (engine, path) in [
+        ("vllm", "/metrics"),
+        ("sglang", "/metrics"),
+        ("trtllm", "/prometheus/metrics"),
+    ] {
+        let file = dir.path().join(format!("{engine}.toml"));
+        std::fs::write(
+            &file,
+            format!(
+                "[model]\nrepo = \"Qwen/Qwen3-0.6B\"\n[engine]\nkind = \"{engine}\"\nimage = \"example/{engine}:1\"\n[deploy]\nservice_monitor = true\n[deploy.storage]\nsize = \"20Gi\"\n"
+            ),
+        )
+        .expect("recipe");
+        let (stream, _) = render_ok(&["--recipe", file.to_str().expect("utf-8")]);
+        let docs = documents(&stream);
+        let monitor = docs
+            .iter()
+            .find(|d| d["kind"].as_str() == Some("ServiceMonitor"))
+            .expect("a ServiceMonitor");
+        assert_eq!(
+            monitor["spec"]["endpoints"][0]["path"].as_str(),
+            Some(path),
+            "{engine}"
+        );
+        assert_eq!(monitor["spec"]["endpoints"][0]["port"].as_str(), Some("http"));
+        let (compose, _) = render_ok(&["--recipe", file.to_str().expect("utf-8"), "--target", "compose"]);
+        let hash = kind::<ConfigMap>(&docs, "ConfigMap").metadata.name.expect("name");
+        let hash = hash.rsplit('-').next().expect("hash");
+        assert!(
+            compose.contains(&format!("sous.dev/recipe-hash: \"{hash}\""))
+                || compose.contains(&format!("sous.dev/recipe-hash: {hash}")),
+            "{compose}"
+        );
+    }
 }

@@ -21,6 +21,8 @@ use super::{DeployError, File};
 
 /// The compose file's name.
 pub const COMPOSE_FILE: &str = "docker-compose.yml";
+/// The label carrying the recipe's content hash (the pods' annotation on Kubernetes).
+const HASH_LABEL: &str = "sous.dev/recipe-hash";
 
 #[derive(Serialize)]
 struct Compose {
@@ -36,6 +38,10 @@ struct Volume {
 #[derive(Serialize, Default)]
 struct Service {
     image: String,
+    /// The content hash of the bound files: a changed recipe changes the service, so
+    /// `docker compose up -d` recreates it (a changed bound file alone would not).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    labels: BTreeMap<String, String>,
     command: Vec<String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     environment: BTreeMap<String, String>,
@@ -167,14 +173,7 @@ pub(super) fn render(plan: &Plan, warnings: &mut Vec<String>) -> Result<Vec<File
             .entry(var.clone())
             .or_insert_with(|| secret(&var, optional));
     }
-    let command = pod::argv_with(&plan.engine.argv, |var| secret(var, false))
-        .into_iter()
-        .zip(&plan.engine.argv)
-        .map(|(text, arg)| match arg {
-            Arg::Lit(_) => escape(&text),
-            Arg::FromEnv(_) => text,
-        })
-        .collect::<Vec<_>>();
+    let command = pod::argv_with(&plan.engine.argv, escape, |var| secret(var, false));
     let port = plan.port();
     let url = format!("http://127.0.0.1:{port}{}", plan.health_path());
     let timeout = plan.health_timeout().as_secs();
@@ -197,10 +196,9 @@ pub(super) fn render(plan: &Plan, warnings: &mut Vec<String>) -> Result<Vec<File
         };
         let host_port = u32::from(port) + replica;
         if host_port > u32::from(u16::MAX) {
-            return Err(DeployError::TargetCannotSpan {
-                target: "compose",
-                gpus: plan.gpus,
-                nodes: deploy.replicas,
+            return Err(DeployError::Ports {
+                port,
+                replicas: deploy.replicas,
             });
         }
         let gpus: Vec<String> = (replica * plan.gpus..(replica + 1) * plan.gpus)
@@ -210,6 +208,7 @@ pub(super) fn render(plan: &Plan, warnings: &mut Vec<String>) -> Result<Vec<File
             name,
             Service {
                 image: plan.image.clone(),
+                labels: BTreeMap::from([(HASH_LABEL.to_owned(), plan.hash.clone())]),
                 command: command.clone(),
                 environment: environment.clone(),
                 volumes: volumes.clone(),
@@ -288,5 +287,5 @@ fn completed(service: Option<&str>) -> BTreeMap<String, Dependency> {
 
 /// A literal for compose, which interpolates `$`.
 fn escape(text: &str) -> String {
-    text.replace('$', "$$")
+    pod::escape_dollars(text)
 }

@@ -60,6 +60,30 @@ pub enum DeployError {
         /// Nodes one instance needs.
         nodes: u32,
     },
+    /// An instance across nodes on a volume only one node can mount.
+    #[error(
+        "one instance spans {nodes} nodes, and every one of them loads the model from the volume, which `ReadWriteOnce` lets one node mount"
+    )]
+    MultiNodeClaim {
+        /// Nodes.
+        nodes: u32,
+    },
+    /// Host ports past 65535.
+    #[error("{replicas} replicas from port {port} need host ports past 65535")]
+    Ports {
+        /// The first port.
+        port: u16,
+        /// Replicas.
+        replicas: u32,
+    },
+    /// Files sous wrote that were edited since.
+    #[error("{} edited since sous rendered {}: {}", if .files.len() == 1 { "a file was" } else { "files were" }, .dir.display(), .files.join(", "))]
+    Edited {
+        /// The directory.
+        dir: PathBuf,
+        /// The files.
+        files: Vec<String>,
+    },
     /// A target that cannot express a GPU count.
     #[error(
         "{target} runs one machine: an instance of {gpus} GPUs across {nodes} nodes cannot be rendered for it"
@@ -139,6 +163,13 @@ impl Diagnose for DeployError {
             }
             DeployError::MultiNode { .. } => {
                 "use vLLM or SGLang, or lower the parallelism to fit `deploy.gpus_per_node`".into()
+            }
+            DeployError::MultiNodeClaim { .. } => {
+                "set `deploy.storage.access_mode = \"ReadWriteMany\"` (a storage class that offers it), or `deploy.storage.existing_claim`".into()
+            }
+            DeployError::Ports { .. } => "lower `server.port` or `deploy.replicas`".into(),
+            DeployError::Edited { .. } => {
+                "put the change into the recipe and render again, or pass --force to overwrite the edits".into()
             }
             DeployError::TargetCannotSpan { .. } => "use `--target k8s`, or raise `deploy.gpus_per_node`".into(),
             DeployError::Render(e) => return e.hint(),

@@ -3,9 +3,9 @@
 //!
 //! The directory is sous's only where sous says so: a manifest (`.sous-deploy`)
 //! lists the files it wrote. sous refuses (unless forced) a directory it never
-//! rendered into that holds anything, and a file of its own name that it did not
-//! write; a file the operator added beside a rendering (an `.env`) is theirs and is
-//! left alone. Files sous wrote before and no longer renders are removed; every file
+//! rendered into that holds anything, a file of its own name that it did not write,
+//! and a file it wrote that was edited since; a file the operator added beside a
+//! rendering (an `.env`) is theirs and is left alone. Files sous wrote before and no longer renders are removed; every file
 //! is replaced atomically, the manifest last, and everything is rendered before the
 //! first byte is written.
 
@@ -89,6 +89,24 @@ pub fn write(rendering: &Rendering, dir: &Path, force: bool) -> Result<Written, 
         }
     }
     let manifest = previous.unwrap_or_default();
+    if !force {
+        // A file sous wrote and someone edited since: a hand fix the rendering would lose.
+        let edited: Vec<String> = manifest
+            .files
+            .iter()
+            .filter(|(name, written)| {
+                std::fs::read(dir.join(name))
+                    .is_ok_and(|bytes| hex::encode(Sha256::digest(&bytes)) != **written)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        if !edited.is_empty() {
+            return Err(DeployError::Edited {
+                dir: dir.to_path_buf(),
+                files: edited,
+            });
+        }
+    }
     std::fs::create_dir_all(dir).map_err(|source| DeployError::Io {
         what: "creating",
         path: dir.to_path_buf(),

@@ -365,14 +365,25 @@ impl Plan {
     }
 }
 
-/// The engine's arguments as strings, a secret argument written by `secret`.
-pub fn argv_with(args: &[Arg], secret: impl Fn(&str) -> String) -> Vec<String> {
+/// The engine's arguments as strings: a literal written by `literal` (escaped for the
+/// target's own expansion), a secret argument by `secret` (a reference to a variable).
+pub fn argv_with(
+    args: &[Arg],
+    literal: impl Fn(&str) -> String,
+    secret: impl Fn(&str) -> String,
+) -> Vec<String> {
     args.iter()
         .map(|a| match a {
-            Arg::Lit(s) => s.clone(),
+            Arg::Lit(s) => literal(s),
             Arg::FromEnv(var) => secret(var),
         })
         .collect()
+}
+
+/// A literal for a field Kubernetes and compose expand (`$(VAR)`, `${VAR}`): each `$`
+/// doubled, which both read back as one.
+pub fn escape_dollars(text: &str) -> String {
+    text.replace('$', "$$")
 }
 
 /// A hash of the files, in name order, that changes when any byte of them does: 12

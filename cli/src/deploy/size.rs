@@ -57,6 +57,10 @@ fn dir_bytes(dir: &Path) -> Option<u64> {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+            // Not sous's locks and partial downloads (`.cache/`), nor other hidden files.
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
             let meta = entry.metadata().ok()?;
             if meta.is_dir() {
                 stack.push(entry.path());

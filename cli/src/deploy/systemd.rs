@@ -57,13 +57,11 @@ pub(super) fn render(recipe: &Recipe, options: &Options) -> Result<Vec<File>, De
                 recipe.server.port,
             )
         } else {
-            let port = u16::try_from(u32::from(recipe.server.port) + replica).map_err(|_| {
-                DeployError::TargetCannotSpan {
-                    target: "systemd",
-                    gpus,
-                    nodes: deploy.replicas,
-                }
-            })?;
+            let port =
+                u16::try_from(u32::from(recipe.server.port) + replica).map_err(|_| DeployError::Ports {
+                    port: recipe.server.port,
+                    replicas: deploy.replicas,
+                })?;
             (
                 format!("sous-{}-{replica}.service", deploy.name),
                 format!("{}-{replica}", recipe.name),

@@ -44,6 +44,25 @@ impl Family {
         }
     }
 
+    /// The family an engine's metrics follow (the native engine writes vLLM's).
+    pub fn of_engine(engine: crate::recipe::EngineKind) -> Family {
+        use crate::recipe::EngineKind;
+        match engine {
+            EngineKind::Vllm | EngineKind::Native => Family::Vllm,
+            EngineKind::Sglang => Family::Sglang,
+            EngineKind::Trtllm => Family::Trtllm,
+        }
+    }
+
+    /// The path the family's server exposes Prometheus text at: `/metrics`, or for
+    /// trtllm-serve `/prometheus/metrics` (`tensorrt_llm/serve/openai_server.py`).
+    pub fn metrics_path(self) -> &'static str {
+        match self {
+            Family::Vllm | Family::Sglang => "/metrics",
+            Family::Trtllm => "/prometheus/metrics",
+        }
+    }
+
     /// The family whose naming a metric follows, by its prefix.
     pub fn of_metric(name: &str) -> Option<Family> {
         Family::ALL.into_iter().find(|f| name.starts_with(f.prefix()))

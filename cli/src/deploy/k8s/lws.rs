@@ -78,7 +78,7 @@ pub(super) fn leader_worker_set(
     per_node: u32,
 ) -> Result<LeaderWorkerSet, DeployError> {
     let kind = plan.recipe.engine.kind;
-    let argv = pod::argv_with(&plan.engine.argv, |var| format!("$({var})"));
+    let argv = pod::argv_with(&plan.engine.argv, pod::escape_dollars, |var| format!("$({var})"));
     let (leader, worker) = match kind {
         EngineKind::Vllm => {
             let mut serve = argv;
@@ -122,8 +122,8 @@ pub(super) fn leader_worker_set(
             parts.engine.liveness_probe = None;
             parts.engine.lifecycle = None;
             parts.engine.ports = None;
-            // The leader's init containers fill the shared volume.
-            parts.init.clear();
+            // Workers keep the init containers: they load the model too, and wait on
+            // the pull's locks while the leader's init container downloads it.
         }
         let mut labels = names.pod_labels.clone();
         labels.insert(ROLE_LABEL.into(), role.into());

@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
+use sous_engine::dialect::Family;
 use sous_engine::recipe::{EngineKind, Quantity as RecipeQuantity};
 
 use super::pod::Plan;
@@ -136,6 +137,10 @@ pub(super) fn render(
             });
         }
         let nodes = plan.gpus / per_node;
+        // Every pod of the group loads the model from the volume.
+        if deploy.storage.existing_claim.is_none() && deploy.storage.access_mode.as_str() == "ReadWriteOnce" {
+            return Err(DeployError::MultiNodeClaim { nodes });
+        }
         // Only the leader serves HTTP.
         service_selector.insert(lws::ROLE_LABEL.into(), "leader".into());
         files.push(yaml(
@@ -293,7 +298,7 @@ fn service_monitor(plan: &Plan, names: &Names) -> ServiceMonitor {
             },
             endpoints: vec![MonitorEndpoint {
                 port: PORT_NAME,
-                path: "/metrics",
+                path: Family::of_engine(plan.recipe.engine.kind).metrics_path(),
                 interval: "15s",
             }],
         },

@@ -96,9 +96,10 @@ pub(super) fn pod_parts(plan: &Plan, names: &Names, gpus: u32) -> PodParts {
         }),
         ..Default::default()
     };
+    // Kubernetes expands `$(NAME)` in values and commands: literals double their `$`.
     let literal = |name: &str, value: &str| EnvVar {
         name: name.to_owned(),
-        value: Some(value.to_owned()),
+        value: Some(pod::escape_dollars(value)),
         ..Default::default()
     };
     let cache_env: Vec<EnvVar> = plan.cache_env.iter().map(|(k, v)| literal(k, v)).collect();
@@ -114,7 +115,7 @@ pub(super) fn pod_parts(plan: &Plan, names: &Names, gpus: u32) -> PodParts {
             name: step.name.to_owned(),
             image: Some(deploy.sous_image.clone()),
             image_pull_policy: Some("IfNotPresent".into()),
-            command: Some(step.argv.clone()),
+            command: Some(step.argv.iter().map(|a| pod::escape_dollars(a)).collect()),
             env: Some(init_env.clone()),
             volume_mounts: Some(mounts.clone()),
             ..Default::default()
@@ -142,7 +143,7 @@ pub(super) fn pod_parts(plan: &Plan, names: &Names, gpus: u32) -> PodParts {
         env.entry(var.clone()).or_insert_with(|| secret(&var, optional));
     }
     // Kubernetes expands `$(NAME)` in a command from the container's environment.
-    let command = pod::argv_with(&plan.engine.argv, |var| format!("$({var})"));
+    let command = pod::argv_with(&plan.engine.argv, pod::escape_dollars, |var| format!("$({var})"));
 
     let mut limits = BTreeMap::new();
     let mut requests = BTreeMap::new();
