@@ -30,6 +30,7 @@ pub mod dialect;
 pub mod launch;
 pub mod native;
 pub mod paths;
+pub mod plan;
 pub mod recipe;
 pub mod repo;
 pub mod reporter;

@@ -225,6 +225,58 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// The KV cache the native engine sizes at start-up (its "GPU KV cache size" line),
+/// which `sous plan` predicts with the same code.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    /// Blocks of [`BLOCK_SIZE`] tokens.
+    pub blocks: usize,
+    /// Tokens they hold.
+    pub tokens: usize,
+    /// Requests of `max_model_len` tokens that fit at once.
+    pub max_concurrency: f64,
+}
+
+/// The KV budget in bytes: `memory.kv_cache_bytes`; else `memory.gpu_utilization` of
+/// host RAM less the weights; else the smaller of [`DEFAULT_KV_BYTES`] and a quarter of
+/// RAM. `host` is the RAM (`/proc/meminfo`).
+pub fn kv_budget(
+    kv_cache_bytes: Option<u64>,
+    memory_fraction: Option<f64>,
+    weights: u64,
+    host: Option<u64>,
+) -> Result<u64, NativeError> {
+    Ok(match (kv_cache_bytes, memory_fraction) {
+        (Some(bytes), _) => bytes,
+        (None, Some(fraction)) => {
+            let total = host.ok_or_else(|| NativeError::Settings {
+                message: "`memory.gpu_utilization` is a fraction of host RAM for the native engine, \
+                          and /proc/meminfo cannot be read"
+                    .into(),
+                hint: "set `memory.kv_cache_bytes` instead".into(),
+            })?;
+            ((total as f64 * fraction) as u64).saturating_sub(weights)
+        }
+        (None, None) => DEFAULT_KV_BYTES.min(host.map_or(DEFAULT_KV_BYTES, |m| m / 4)),
+    })
+}
+
+/// Blocks, tokens and concurrency of a `budget` at `per_token` bytes per token.
+pub fn capacity(per_token: u64, budget: u64, max_model_len: usize) -> Capacity {
+    let blocks = if per_token == 0 {
+        0
+    } else {
+        (budget / (per_token * BLOCK_SIZE as u64)) as usize
+    };
+    let tokens = blocks * BLOCK_SIZE;
+    let max_concurrency = tokens as f64 / (max_model_len.div_ceil(BLOCK_SIZE).max(1) * BLOCK_SIZE) as f64;
+    Capacity {
+        blocks,
+        tokens,
+        max_concurrency,
+    }
+}
+
 /// Total host RAM in bytes (`MemTotal` of `/proc/meminfo`), if known.
 pub fn host_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -284,21 +336,17 @@ impl Engine {
             quantization,
         ));
         let per_token = model::kv_bytes_per_token(model.config());
-        let budget = match (settings.kv_cache_bytes, settings.memory_fraction) {
-            (Some(bytes), _) => bytes,
-            (None, Some(fraction)) => {
-                let total = host_memory().ok_or_else(|| NativeError::Settings {
-                    message: "`memory.gpu_utilization` is a fraction of host RAM for the native engine, \
-                              and /proc/meminfo cannot be read"
-                        .into(),
-                    hint: "set `memory.kv_cache_bytes` instead".into(),
-                })?;
-                ((total as f64 * fraction) as u64).saturating_sub(weights)
-            }
-            (None, None) => DEFAULT_KV_BYTES.min(host_memory().map_or(DEFAULT_KV_BYTES, |m| m / 4)),
-        };
-        let blocks = (budget / (per_token * BLOCK_SIZE as u64)) as usize;
-        let kv_tokens = blocks * BLOCK_SIZE;
+        let budget = kv_budget(
+            settings.kv_cache_bytes,
+            settings.memory_fraction,
+            weights,
+            host_memory(),
+        )?;
+        let Capacity {
+            blocks,
+            tokens: kv_tokens,
+            max_concurrency,
+        } = capacity(per_token, budget, max_model_len);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         log(format!("Available KV cache memory: {:.2} GiB", gib(budget)));
         if kv_tokens < max_model_len {
@@ -324,7 +372,6 @@ impl Engine {
                 hint,
             });
         }
-        let max_concurrency = kv_tokens as f64 / (max_model_len.div_ceil(BLOCK_SIZE) * BLOCK_SIZE) as f64;
         log(crate::dialect::log::vllm::capacity_line(
             "CPU",
             kv_tokens,

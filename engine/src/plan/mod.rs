@@ -1,0 +1,390 @@
+//! `sous plan`'s arithmetic: whether a recipe fits a machine, the KV cache its engine
+//! will size at start-up (tokens and concurrency, as the engine logs them), and a
+//! ceiling on single-stream decode speed, from the model's `config.json` and weight
+//! sizes, without a GPU and without the weights.
+//!
+//! - `shape`: the layers of a `config.json`.
+//! - `kv`: vLLM's cache layout (groups, hybrid block alignment, blocks, concurrency).
+//! - `hardware`: the machines, from `recipes/hardware.toml`.
+//!
+//! The native engine's capacity is its own start-up code ([`crate::native::capacity`]),
+//! so the plan and the log line cannot disagree. SGLang and TensorRT-LLM size their
+//! pools by other rules, which sous does not model yet: a plan for them says so.
+
+pub mod hardware;
+pub mod kv;
+pub mod shape;
+
+use serde::Serialize;
+
+pub use hardware::{Hardware, HardwareError};
+pub use shape::{Layer, Shape, ShapeError};
+
+use crate::recipe::{EngineKind, Recipe};
+
+/// vLLM's default `--gpu-memory-utilization` (`vllm/config/cache.py`).
+pub const VLLM_DEFAULT_UTILIZATION: f64 = 0.9;
+/// vLLM's CPU backend's KV space when `VLLM_CPU_KVCACHE_SPACE` is unset (`vllm/envs.py`:
+/// 4 GiB; sous passes `memory.kv_cache_bytes` there).
+pub const VLLM_CPU_DEFAULT_KV: u64 = 4 << 30;
+/// vLLM's default `--max-num-batched-tokens` for online serving on GPUs (chunked
+/// prefill), and its default `--max-num-seqs` (`vllm/engine/arg_utils.py`).
+pub const VLLM_DEFAULT_BATCHED_TOKENS: u64 = 8192;
+/// See [`VLLM_DEFAULT_BATCHED_TOKENS`].
+pub const VLLM_DEFAULT_MAX_SEQS: u64 = 256;
+/// What sous sets aside for CUDA graphs and the CUDA context when it estimates a GPU
+/// budget: vLLM captures graphs for up to 512 batch sizes and logs their memory
+/// ("Graph capturing finished in N secs, took X GiB"), typically 0.5 to 1.5 GiB.
+pub const CUDA_GRAPHS_ESTIMATE: u64 = 1 << 30;
+
+/// The model's side of a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Model {
+    /// From `config.json`.
+    pub shape: Shape,
+    /// Bytes of the weights the engine loads (after a planned quantization).
+    pub weight_bytes: u64,
+    /// Bytes of the routed experts among them (MoE), for the bytes read per token.
+    pub expert_bytes: u64,
+    /// The native engine's KV bytes per token (its own rule), when it can serve the model.
+    pub native_kv_per_token: Option<u64>,
+}
+
+/// Why a plan could not be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// An engine whose memory rules sous does not model.
+    #[error("sous cannot plan for {0} yet: only vLLM's and the native engine's memory rules are modelled")]
+    Engine(&'static str),
+    /// A KV dtype without a known size.
+    #[error("`memory.kv_cache_dtype` {0} has no size sous knows")]
+    KvDtype(String),
+    /// The native engine's budget could not be computed.
+    #[error("{0}")]
+    Native(String),
+}
+
+impl crate::diagnose::Diagnose for PlanError {
+    fn class(&self) -> crate::diagnose::Class {
+        crate::diagnose::Class::User
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            PlanError::Engine(_) => {
+                Some("plan the recipe with `--set engine.kind=vllm` for vLLM's figures".into())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Where the KV budget comes from, line by line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Budget {
+    /// Bytes the cache gets.
+    pub kv_bytes: u64,
+    /// Whether the figure is the recipe's own (`kv_cache_bytes`) rather than an estimate.
+    pub exact: bool,
+    /// The arithmetic, one step a line.
+    pub steps: Vec<String>,
+}
+
+/// A plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    /// The engine planned for.
+    pub engine: String,
+    /// The machine.
+    pub hardware: String,
+    /// Its memory per GPU, bytes.
+    pub memory_bytes: u64,
+    /// Weights per GPU, bytes.
+    pub weight_bytes: u64,
+    /// The KV budget per GPU.
+    pub budget: Budget,
+    /// Tokens of KV cache, as the engine's start-up line will say.
+    pub kv_tokens: u64,
+    /// Requests of `max_model_len` tokens at once, as the engine will say.
+    pub max_concurrency: f64,
+    /// `serving.max_model_len` (or the model's limit).
+    pub max_model_len: u64,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// KV bytes per token per growing layer.
+    pub bytes_per_token_per_layer: u64,
+    /// Layers whose cache grows with the context, of all layers.
+    pub growing_layers: usize,
+    /// All decoder layers.
+    pub layers: usize,
+    /// Whether one request of `max_model_len` fits.
+    pub fits: bool,
+    /// What to do, most useful first.
+    pub advice: Vec<String>,
+    /// What the field reports learned that applies here.
+    pub warnings: Vec<String>,
+    /// A ceiling on single-stream decode, tokens/s: bandwidth over the bytes read per
+    /// token (active weights plus the KV of a full-length context). An upper bound.
+    pub decode_ceiling_tok_s: Option<f64>,
+}
+
+/// Plans `recipe` for `model` on `hardware`.
+pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan, PlanError> {
+    let max_model_len = recipe
+        .serving
+        .max_model_len
+        .or(model.shape.max_position_embeddings)
+        .unwrap_or(4096);
+    let mut plan = match recipe.engine.kind {
+        EngineKind::Native => native(recipe, model, hardware, max_model_len)?,
+        EngineKind::Vllm => vllm(recipe, model, hardware, max_model_len)?,
+        kind => return Err(PlanError::Engine(kind.display_name())),
+    };
+    plan.warnings.extend(warnings(recipe, hardware));
+    if let Some(bandwidth) = hardware.bandwidth_gbs {
+        let (n, k) = model.shape.experts.unwrap_or((1, 1));
+        let active =
+            model.weight_bytes - model.expert_bytes + model.expert_bytes * k as u64 / n.max(1) as u64;
+        let kv = plan.bytes_per_token_per_layer * plan.growing_layers as u64 * max_model_len;
+        let tp = recipe.serving.tensor_parallel.unwrap_or(1) as f64;
+        plan.decode_ceiling_tok_s = Some(bandwidth * 1e9 * tp / (active + kv) as f64);
+    }
+    Ok(plan)
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn native(
+    recipe: &Recipe,
+    model: &Model,
+    hardware: &Hardware,
+    max_model_len: u64,
+) -> Result<Plan, PlanError> {
+    let per_token = model
+        .native_kv_per_token
+        .ok_or(PlanError::Engine("the native engine (this architecture)"))?;
+    let host = hardware.cpu.then_some(hardware.memory).or(Some(hardware.memory));
+    let fraction = recipe.memory.gpu_utilization;
+    let kv_bytes = crate::native::kv_budget(recipe.memory.kv_cache_bytes, fraction, model.weight_bytes, host)
+        .map_err(|e| PlanError::Native(e.to_string()))?;
+    let steps = match (recipe.memory.kv_cache_bytes, fraction) {
+        (Some(b), _) => vec![format!("`memory.kv_cache_bytes`: {}", gib(b))],
+        (None, Some(f)) => vec![
+            format!(
+                "{f} of {} RAM = {}",
+                gib(hardware.memory),
+                gib((hardware.memory as f64 * f) as u64)
+            ),
+            format!(
+                "less the weights ({}) = {}",
+                gib(model.weight_bytes),
+                gib(kv_bytes)
+            ),
+        ],
+        (None, None) => vec![format!(
+            "the default: 4 GiB, at most a quarter of RAM = {}",
+            gib(kv_bytes)
+        )],
+    };
+    let cap = crate::native::capacity(per_token, kv_bytes, max_model_len as usize);
+    let layers = model.shape.layers.len();
+    let fits = cap.tokens as u64 >= max_model_len;
+    let mut advice = Vec::new();
+    if !fits {
+        advice.push(format!(
+            "set `serving.max_model_len` to {} or less, or `memory.kv_cache_bytes` to at least {}",
+            cap.tokens,
+            gib(per_token * max_model_len)
+        ));
+    }
+    Ok(Plan {
+        engine: "native".into(),
+        hardware: hardware.name.clone(),
+        memory_bytes: hardware.memory,
+        weight_bytes: model.weight_bytes,
+        budget: Budget {
+            kv_bytes,
+            exact: recipe.memory.kv_cache_bytes.is_some(),
+            steps,
+        },
+        kv_tokens: cap.tokens as u64,
+        max_concurrency: cap.max_concurrency,
+        max_model_len,
+        block_size: crate::native::BLOCK_SIZE,
+        bytes_per_token_per_layer: per_token / layers.max(1) as u64,
+        growing_layers: layers,
+        layers,
+        fits,
+        advice,
+        warnings: Vec::new(),
+        decode_ceiling_tok_s: None,
+    })
+}
+
+fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64) -> Result<Plan, PlanError> {
+    let shape = &model.shape;
+    let model_bytes = shape::dtype_bytes(&shape.dtype).unwrap_or(2.0);
+    let kv_bytes_el = match recipe.memory.kv_cache_dtype {
+        None | Some(crate::recipe::KvCacheDtype::Auto) => model_bytes,
+        Some(d) => d
+            .element_bytes()
+            .ok_or_else(|| PlanError::KvDtype(d.as_str().into()))?,
+    };
+    let tp = recipe.serving.tensor_parallel.unwrap_or(1).max(1) as u64;
+    let pp = recipe.serving.pipeline_parallel.unwrap_or(1).max(1) as u64;
+    let weights = model.weight_bytes / (tp * pp);
+    let batched = recipe
+        .serving
+        .max_batched_tokens
+        .unwrap_or(VLLM_DEFAULT_BATCHED_TOKENS);
+    let seqs = recipe
+        .serving
+        .max_num_seqs
+        .map_or(VLLM_DEFAULT_MAX_SEQS, u64::from);
+    let (available, exact, steps) = if hardware.cpu {
+        let b = recipe.memory.kv_cache_bytes.unwrap_or(VLLM_CPU_DEFAULT_KV);
+        (
+            b,
+            true,
+            vec![format!(
+                "`VLLM_CPU_KVCACHE_SPACE` (`memory.kv_cache_bytes`): {}",
+                gib(b)
+            )],
+        )
+    } else if let Some(b) = recipe.memory.kv_cache_bytes {
+        (
+            b,
+            true,
+            vec![format!(
+                "`--kv-cache-memory-bytes` (`memory.kv_cache_bytes`): {}",
+                gib(b)
+            )],
+        )
+    } else {
+        let util = recipe.memory.gpu_utilization.unwrap_or(VLLM_DEFAULT_UTILIZATION);
+        let requested = (hardware.memory as f64 * util) as u64;
+        // The profile run's peak (`gpu_worker.determine_available_memory`): activations
+        // of one `max_num_batched_tokens` step, estimated as the residual stream, the
+        // attention and MLP intermediates, and the sampler's logits for `max_num_seqs`.
+        let h = shape.hidden_size as u64;
+        let i = shape.intermediate_size as u64;
+        let activation = (batched * (4 * h + 2 * i) / tp) as f64 * model_bytes
+            + (seqs * shape.vocab_size as u64 * 4) as f64;
+        let activation = activation as u64;
+        let kv = requested.saturating_sub(weights + activation + CUDA_GRAPHS_ESTIMATE);
+        (
+            kv,
+            false,
+            vec![
+                format!(
+                    "{util} of {} = {} for vLLM (`--gpu-memory-utilization`)",
+                    gib(hardware.memory),
+                    gib(requested)
+                ),
+                format!("less the weights, {} per GPU", gib(weights)),
+                format!(
+                    "less activations of a {batched}-token step (estimated) {}",
+                    gib(activation)
+                ),
+                format!(
+                    "less CUDA graphs and context (estimated) {}",
+                    gib(CUDA_GRAPHS_ESTIMATE)
+                ),
+                format!("= {} for the KV cache", gib(kv)),
+            ],
+        )
+    };
+    let settings = kv::Settings {
+        block_size: recipe_block_size(hardware),
+        kv_bytes: kv_bytes_el,
+        state_bytes: model_bytes,
+        tensor_parallel: tp as usize,
+        max_model_len,
+        max_batched_tokens: batched,
+        kernel_alignment: 16,
+    };
+    let layout = kv::layout(&shape.layers, &settings, available);
+    let tokens = layout.tokens();
+    let concurrency = layout.max_concurrency();
+    let fits = concurrency >= 1.0;
+    let mut advice = Vec::new();
+    if !fits {
+        // The longest context one request can have in this budget.
+        let mut lo = 1u64;
+        let mut hi = max_model_len;
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            let l = kv::layout(
+                &shape.layers,
+                &kv::Settings {
+                    max_model_len: mid,
+                    ..settings
+                },
+                available,
+            );
+            if l.max_concurrency() >= 1.0 {
+                lo = mid
+            } else {
+                hi = mid - 1
+            }
+        }
+        advice.push(format!("set `serving.max_model_len` to {lo} or less"));
+        if kv_bytes_el > 1.0 && !hardware.cpu {
+            advice.push("set `memory.kv_cache_dtype = \"fp8\"`: half the bytes per token".into());
+        }
+    }
+    if !exact && recipe.memory.gpu_utilization.is_some_and(|u| u < 0.6) && !hardware.unified {
+        advice.push(format!(
+            "`memory.gpu_utilization` {} leaves {} of this GPU unused: 0.90 is vLLM's default",
+            recipe.memory.gpu_utilization.unwrap_or_default(),
+            gib(hardware.memory
+                - (hardware.memory as f64 * recipe.memory.gpu_utilization.unwrap_or_default()) as u64)
+        ));
+    }
+    Ok(Plan {
+        engine: format!("vllm{}", if hardware.cpu { " (CPU backend)" } else { "" }),
+        hardware: hardware.name.clone(),
+        memory_bytes: hardware.memory,
+        weight_bytes: weights,
+        budget: Budget {
+            kv_bytes: available,
+            exact,
+            steps,
+        },
+        kv_tokens: tokens,
+        max_concurrency: concurrency,
+        max_model_len,
+        block_size: layout.block_size,
+        bytes_per_token_per_layer: layout.attention_bytes_per_token,
+        growing_layers: shape.growing_layers(),
+        layers: shape.layers.len(),
+        fits,
+        advice,
+        warnings: Vec::new(),
+        decode_ceiling_tok_s: None,
+    })
+}
+
+/// vLLM's default block size: 128 on its CPU backend, 16 on GPUs.
+fn recipe_block_size(hardware: &Hardware) -> usize {
+    if hardware.cpu { 128 } else { 16 }
+}
+
+fn warnings(recipe: &Recipe, hardware: &Hardware) -> Vec<String> {
+    let mut w = Vec::new();
+    if hardware.unified && !hardware.cpu {
+        w.push(format!(
+            "{} shares its memory with the CPU and the OS: a fraction of it is a fraction of everything, and a pod's memory limit may not count CUDA allocations",
+            hardware.description
+        ));
+    }
+    if recipe.quantize.is_some() && !hardware.native_fp4 && !hardware.cpu {
+        w.push(format!(
+            "{} has no FP4 tensor cores: NVFP4 weights run a slower emulated path there",
+            hardware.description
+        ));
+    }
+    w
+}
