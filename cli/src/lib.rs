@@ -6,6 +6,8 @@
 //!   go through it.
 //! - [`hub`]: the Hugging Face Hub: a resumable, verified downloader into the shared
 //!   cache, and a local read-only mirror.
+//! - [`plan`]: a recipe's model read for `sous plan` (config and safetensors headers,
+//!   locally or by range requests) and the weights a planned quantization writes.
 //! - [`quantize`]: safetensors in, an NVFP4 checkpoint out (compressed-tensors or
 //!   ModelOpt layout).
 //! - [`import`]: a GGUF file to a Hugging Face model directory.
@@ -26,6 +28,7 @@ pub mod error;
 pub mod hub;
 pub mod import;
 pub mod pipeline;
+pub mod plan;
 pub mod quantize;
 
 pub use sous_engine as engine;

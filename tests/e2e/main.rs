@@ -10,6 +10,7 @@ mod deploy;
 mod hub_python;
 mod native;
 mod pipeline;
+mod plan;
 mod pull;
 mod quantize;
 mod quantize_large;

@@ -6,6 +6,7 @@ mod completions;
 mod deploy;
 mod hub;
 mod import;
+mod plan;
 mod pull;
 mod quantize;
 mod recipe;
@@ -46,6 +47,9 @@ enum Command {
     Hub(hub::HubCommand),
     /// Quantize a model's weights to NVFP4 (compressed-tensors or ModelOpt checkpoint).
     Quantize(quantize::QuantizeArgs),
+    /// Whether a recipe fits a machine, the KV cache its engine will size, and a decode
+    /// ceiling, from the model's config and headers (no GPU, no weights).
+    Plan(plan::PlanArgs),
     /// Serve a recipe's model: pull and quantize it if needed, then run its engine until
     /// Ctrl-C (--dry-run prints the exact command line instead).
     Serve(serve::ServeArgs),
@@ -69,6 +73,7 @@ pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
         Command::Hub(cmd) => hub::exec(cmd, shell),
         Command::Import(cmd) => import::exec(cmd, shell),
         Command::Bench(cmd) => bench::exec(cmd, shell),
+        Command::Plan(args) => plan::exec(args, shell),
         Command::Deploy(cmd) => deploy::exec(cmd, shell),
         Command::Completions(args) => completions::exec(args, shell),
     }

@@ -27,6 +27,8 @@ pub struct Built {
     pub recipe: Recipe,
     /// What the engine serves.
     pub weights: Weights,
+    /// The KV tokens `sous plan` predicts, where it can (the native engine).
+    pub planned_kv_tokens: Option<u64>,
 }
 
 /// The model on disk after the build step.
@@ -128,8 +130,10 @@ pub async fn build(
         sous_engine::native::Settings::from_recipe(recipe, &dir)?;
         sous_engine::native::config::ModelConfig::read(&dir)?;
     }
+    let planned_kv_tokens = crate::plan::predicted_native_tokens(recipe, &dir);
     Ok(Built {
         recipe: recipe.clone(),
+        planned_kv_tokens,
         weights: Weights {
             dir,
             given_to_engine: recipe.quantize.is_some() || native,

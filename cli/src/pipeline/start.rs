@@ -110,5 +110,12 @@ pub fn launch(
 ) -> Result<Instance, PipelineError> {
     let ctx = built.render_context(setup);
     let hash = built.hash(setup)?;
-    Ok(Instance::start(&built.recipe, &ctx, &hash, replacing, reporter))
+    Ok(Instance::start(
+        &built.recipe,
+        &ctx,
+        &hash,
+        replacing,
+        reporter,
+        built.planned_kv_tokens,
+    ))
 }

@@ -23,7 +23,7 @@ use sous_engine::recipe::QuantFormat;
 
 use super::error::QuantizeError;
 use super::select::Decision;
-use super::source::Source;
+use super::source::SourceTensor;
 
 /// What an output tensor holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,7 +84,7 @@ impl Layout {
     /// `max_shard` bytes of tensor data (a tensor larger than that gets a shard of its
     /// own), with `metadata` in every header.
     pub fn plan(
-        source: &Source,
+        tensors: &[SourceTensor],
         decisions: &[Decision],
         format: QuantFormat,
         max_shard: u64,
@@ -94,7 +94,7 @@ impl Layout {
         // Units that stay together in one shard: a kept tensor, or a quantized
         // layer's three tensors.
         let mut units: Vec<Vec<OutTensor>> = Vec::new();
-        for (i, t) in source.tensors.iter().enumerate() {
+        for (i, t) in tensors.iter().enumerate() {
             let out = |name: String, dtype: Dtype, shape: Vec<usize>, len: u64, content: Content| OutTensor {
                 name,
                 dtype,

@@ -42,7 +42,7 @@ use sous_engine::reporter::Reporter;
 pub use checkpoint::ModelOptExport;
 pub use error::QuantizeError;
 pub use marker::MARKER;
-pub use source::Provenance;
+pub use source::{Provenance, SourceTensor, header_tensors};
 pub use write::TensorReport;
 
 use error::io;
@@ -146,15 +146,7 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
     }
     let started = Instant::now();
     let source = Source::open(&request.source)?;
-    let mtp_from = source
-        .config
-        .get("num_nextn_predict_layers")
-        .and_then(Value::as_u64)
-        .filter(|&n| n > 0)
-        .and(source.hidden_layers());
-    let selector = Selector::new(&request.ignore, mtp_from)?;
-    let decisions: Vec<Decision> = source.tensors.iter().map(|t| selector.decide(t)).collect();
-    validate(&source, &decisions)?;
+    let decisions = decide(&source.config, &source.tensors, &request.ignore)?;
     let groups = fused::groups(&source.tensors, &decisions)?;
     let fingerprint = marker::fingerprint(&inputs(&source, request));
     let done = || {
@@ -179,7 +171,7 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         .clone()
         .unwrap_or_else(|| source.provenance.clone());
     let layout = Layout::plan(
-        &source,
+        &source.tensors,
         &decisions,
         request.format,
         request.max_shard_bytes,
@@ -289,9 +281,46 @@ fn check_output(request: &Request) -> Result<(), QuantizeError> {
     Ok(())
 }
 
+/// What happens to each tensor of a model with this `config.json`: quantized, or kept
+/// (with the reason), checked for what the kernels can read.
+fn decide(
+    config: &serde_json::Map<String, Value>,
+    tensors: &[SourceTensor],
+    ignore: &[String],
+) -> Result<Vec<Decision>, QuantizeError> {
+    let text = config.get("text_config").and_then(Value::as_object);
+    let hidden_layers = [Some(config), text]
+        .into_iter()
+        .flatten()
+        .find_map(|c| c.get("num_hidden_layers").and_then(Value::as_u64))
+        .map(|n| n as usize);
+    let mtp_from = config
+        .get("num_nextn_predict_layers")
+        .and_then(Value::as_u64)
+        .filter(|&n| n > 0)
+        .and(hidden_layers);
+    let selector = Selector::new(ignore, mtp_from)?;
+    let decisions: Vec<Decision> = tensors.iter().map(|t| selector.decide(t)).collect();
+    validate(tensors, &decisions)?;
+    Ok(decisions)
+}
+
+/// The bytes of tensor data a quantization of these tensors writes: the same
+/// decisions and layout `run` uses, without reading a weight (`sous plan`).
+pub fn planned_bytes(
+    config: &serde_json::Map<String, Value>,
+    tensors: &[SourceTensor],
+    format: QuantFormat,
+    ignore: &[String],
+) -> Result<u64, QuantizeError> {
+    let decisions = decide(config, tensors, ignore)?;
+    let layout = Layout::plan(tensors, &decisions, format, u64::MAX, &HashMap::new())?;
+    Ok(layout.data_bytes())
+}
+
 /// Every quantized weight must be a float type the kernels read, with whole blocks.
-fn validate(source: &Source, decisions: &[Decision]) -> Result<(), QuantizeError> {
-    for (t, d) in source.tensors.iter().zip(decisions) {
+fn validate(tensors: &[SourceTensor], decisions: &[Decision]) -> Result<(), QuantizeError> {
+    for (t, d) in tensors.iter().zip(decisions) {
         if *d != Decision::Quantize {
             continue;
         }

@@ -155,16 +155,6 @@ impl Source {
         }
         map_window(&shard.file, tensor.offset + start, len).map_err(io(&shard.path))
     }
-
-    /// The `num_hidden_layers` of the config (or its `text_config`), if any.
-    pub fn hidden_layers(&self) -> Option<usize> {
-        let text = self.config.get("text_config").and_then(Value::as_object);
-        [Some(&self.config), text]
-            .into_iter()
-            .flatten()
-            .find_map(|c| c.get("num_hidden_layers").and_then(Value::as_u64))
-            .map(|n| n as usize)
-    }
 }
 
 /// A read-only map of `len` bytes of `file` from `offset` (any alignment: memmap2
@@ -209,15 +199,36 @@ fn read_shard(dir: &Path, name: &str, index: usize) -> Result<(Shard, Vec<Source
     }
     let mut header = vec![0u8; header_len as usize];
     file.read_exact(&mut header).map_err(io(&path))?;
-    let metadata: Metadata =
-        serde_json::from_slice(&header).map_err(|e| bad(&path, &format!("bad safetensors header: {e}")))?;
     let data_start = 8 + header_len;
-    if data_start + metadata.data_len() as u64 != size {
+    let (tensors, data_len) = header_tensors(&header, index, data_start).map_err(|m| bad(&path, &m))?;
+    if data_start + data_len != size {
         return Err(bad(
             &path,
             "the header's tensors do not cover the file (truncated or damaged download?)",
         ));
     }
+    Ok((
+        Shard {
+            path,
+            name: name.to_owned(),
+            file,
+            size,
+            mtime_ns,
+        },
+        tensors,
+    ))
+}
+
+/// The tensors a safetensors header (the JSON after the 8-byte length) describes, in
+/// file order, for shard `index` whose data starts at `data_start`; and the bytes of
+/// data the header covers. `sous plan` reads headers fetched by range requests with it.
+pub fn header_tensors(
+    header: &[u8],
+    index: usize,
+    data_start: u64,
+) -> Result<(Vec<SourceTensor>, u64), String> {
+    let metadata: Metadata =
+        serde_json::from_slice(header).map_err(|e| format!("bad safetensors header: {e}"))?;
     let mut tensors: Vec<SourceTensor> = metadata
         .tensors()
         .into_iter()
@@ -231,16 +242,7 @@ fn read_shard(dir: &Path, name: &str, index: usize) -> Result<(Shard, Vec<Source
         })
         .collect();
     tensors.sort_by_key(|t| t.offset);
-    Ok((
-        Shard {
-            path,
-            name: name.to_owned(),
-            file,
-            size,
-            mtime_ns,
-        },
-        tensors,
-    ))
+    Ok((tensors, metadata.data_len() as u64))
 }
 
 /// Every tensor the index lists must be in the shard it names, and the reverse.

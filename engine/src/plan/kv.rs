@@ -18,8 +18,11 @@ pub struct Settings {
     pub block_size: usize,
     /// Bytes of one KV element (`--kv-cache-dtype`; the model's dtype for `auto`).
     pub kv_bytes: f64,
-    /// Bytes of one element of a linear-attention state (the model's dtype).
+    /// Bytes of one element of a linear-attention convolution state (the model's dtype).
     pub state_bytes: f64,
+    /// Bytes of one element of a linear-attention recurrent state (vLLM's
+    /// `mamba_ssm_cache_dtype`: the config's `mamba_ssm_dtype`, else the model's).
+    pub ssm_bytes: f64,
     /// Tensor-parallel size: KV heads are split across it.
     pub tensor_parallel: usize,
     /// `--max-model-len`.
@@ -135,7 +138,7 @@ fn specs(layers: &[Layer], s: &Settings) -> Vec<Spec> {
                 let conv = (conv_dim / tp) * (conv_kernel - 1);
                 let temporal = (value_heads / tp) * key_dim * value_dim;
                 Spec::State {
-                    bytes: ((conv + temporal) as f64 * s.state_bytes) as u64,
+                    bytes: (conv as f64 * s.state_bytes + temporal as f64 * s.ssm_bytes) as u64,
                 }
             }
         })
@@ -256,6 +259,7 @@ mod tests {
             block_size: 16,
             kv_bytes,
             state_bytes: 2.0,
+            ssm_bytes: 2.0,
             tensor_parallel: 1,
             max_model_len,
             max_batched_tokens: 8192,

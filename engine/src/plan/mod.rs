@@ -225,7 +225,12 @@ fn native(
 
 fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64) -> Result<Plan, PlanError> {
     let shape = &model.shape;
-    let model_bytes = shape::dtype_bytes(&shape.dtype).unwrap_or(2.0);
+    // `--dtype` overrides the checkpoint's (`serving.dtype`).
+    let dtype = match recipe.dtype() {
+        None | Some(crate::recipe::ModelDtype::Auto) => shape.dtype.as_str(),
+        Some(d) => d.as_str(),
+    };
+    let model_bytes = shape::dtype_bytes(dtype).unwrap_or(2.0);
     let kv_bytes_el = match recipe.memory.kv_cache_dtype {
         None | Some(crate::recipe::KvCacheDtype::Auto) => model_bytes,
         Some(d) => d
@@ -300,6 +305,11 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
         block_size: recipe_block_size(hardware),
         kv_bytes: kv_bytes_el,
         state_bytes: model_bytes,
+        ssm_bytes: shape
+            .ssm_dtype
+            .as_deref()
+            .and_then(shape::dtype_bytes)
+            .unwrap_or(model_bytes),
         tensor_parallel: tp as usize,
         max_model_len,
         max_batched_tokens: batched,

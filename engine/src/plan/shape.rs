@@ -58,6 +58,9 @@ pub struct Shape {
     pub layers: Vec<Layer>,
     /// The checkpoint's compute dtype (`torch_dtype` / `dtype`), e.g. `bfloat16`.
     pub dtype: String,
+    /// The dtype of linear-attention recurrent states when the config fixes one
+    /// (`mamba_ssm_dtype`, e.g. `float32` for Qwen3.5).
+    pub ssm_dtype: Option<String>,
     /// The longest context the model supports.
     pub max_position_embeddings: Option<u64>,
     /// MoE: routed experts, and how many each token uses.
@@ -201,6 +204,10 @@ impl Shape {
             architecture,
             layers,
             dtype,
+            ssm_dtype: text
+                .get("mamba_ssm_dtype")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
             hidden_size,
             intermediate_size: get(text, "intermediate_size")
                 .or_else(|| get(text, "moe_intermediate_size"))

@@ -43,6 +43,7 @@ struct Launched {
     recipe_hash: String,
     replacing: Option<InstanceState>,
     reporter: Arc<dyn Reporter>,
+    planned_kv_tokens: Option<u64>,
 }
 
 /// An instance that answered.
@@ -73,13 +74,16 @@ impl Instance {
     /// `replacing`, another instance of the recipe still serves: the new engine
     /// starts beside it (on the same port when both engines allow it, see
     /// [`instance`]) and the old one is stopped once the new one is ready. If the new
-    /// one fails to start, the old one goes on serving.
+    /// one fails to start, the old one goes on serving. With `planned_kv_tokens` (what
+    /// `sous plan` predicts), the ready line shows the prediction beside the engine's
+    /// own figure, and a difference is a warning.
     pub fn start(
         recipe: &Recipe,
         ctx: &RenderContext,
         recipe_hash: &str,
         replacing: Option<InstanceState>,
         reporter: Arc<dyn Reporter>,
+        planned_kv_tokens: Option<u64>,
     ) -> Instance {
         let (stop, stop_rx) = oneshot::channel();
         let (ready_tx, ready_rx) = oneshot::channel();
@@ -89,6 +93,7 @@ impl Instance {
             recipe_hash: recipe_hash.to_owned(),
             replacing,
             reporter,
+            planned_kv_tokens,
         };
         let task = tokio::spawn(supervise::supervise(job, stop_rx, ready_tx));
         Instance {

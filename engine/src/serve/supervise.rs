@@ -37,6 +37,7 @@ pub(super) async fn supervise(
         recipe_hash,
         replacing,
         reporter,
+        planned_kv_tokens,
     } = job;
     let mut ready = Some(ready);
     let mut replacing = replacing;
@@ -152,8 +153,16 @@ pub(super) async fn supervise(
                 let seconds = started.elapsed().as_secs_f64();
                 reporter.status(
                     "ready",
-                    &ready_line(&url, seconds, utilization, capacity.as_ref()),
+                    &ready_line(&url, seconds, utilization, capacity.as_ref(), planned_kv_tokens),
                 );
+                if let (Some(c), Some(planned)) = (&capacity, planned_kv_tokens)
+                    && c.tokens != planned
+                {
+                    reporter.warn(&format!(
+                        "the engine's KV cache holds {} tokens, `sous plan` predicted {planned}: the engine sized its memory differently from the plan's model of it",
+                        c.tokens
+                    ));
+                }
                 let state = InstanceState {
                     name: recipe.name.clone(),
                     sous_pid: std::process::id(),
@@ -246,13 +255,20 @@ fn stopping(reporter: &dyn Reporter, grace: Duration) {
 }
 
 /// `http://… after 12.3 s, memory fraction 0.9, KV cache 450000 tokens, max concurrency 54.93x`.
-fn ready_line(url: &str, seconds: f64, utilization: Option<f64>, capacity: Option<&Capacity>) -> String {
+fn ready_line(
+    url: &str,
+    seconds: f64,
+    utilization: Option<f64>,
+    capacity: Option<&Capacity>,
+    planned: Option<u64>,
+) -> String {
     let fraction = utilization.map_or(String::new(), |u| format!(", memory fraction {u}"));
     let kv = capacity.map_or(String::new(), |c| {
         let concurrency = c
             .max_concurrency
             .map_or(String::new(), |x| format!(", max concurrency {x}x"));
-        format!(", KV cache {} tokens{concurrency}", c.tokens)
+        let plan = planned.map_or(String::new(), |p| format!(" (plan: {p})"));
+        format!(", KV cache {} tokens{plan}{concurrency}", c.tokens)
     });
     format!("{url} after {seconds:.1} s{fraction}{kv}")
 }

@@ -1,0 +1,179 @@
+//! `sous plan --recipe FILE [--gpu NAME | --gpu-memory SIZE] [--json]`: whether the
+//! recipe fits the machine, the KV cache its engine will size (tokens and concurrency,
+//! as the engine's start-up line will print them), and a ceiling on single-stream
+//! decode, from the model's config and safetensors headers, without a GPU and without
+//! the weights.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::json;
+use sous::hub::config::HubConfig;
+use sous_engine::plan::{self, Hardware, Plan};
+use sous_engine::recipe::EngineKind;
+use sous_engine::size::ByteSize;
+
+use super::{OverrideArgs, RecipeArg, display, load_recipe};
+use crate::failure::UserError;
+use crate::shell::Shell;
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    recipe: RecipeArg,
+    /// The machine, by name: gb10 (dgx-spark), rtx-pro-6000, rtx-5090, h100, h200, b200,
+    /// gb200, or cpu (this machine's RAM). Default for the native engine: cpu.
+    #[arg(long, value_name = "NAME", conflicts_with = "gpu_memory")]
+    gpu: Option<String>,
+    /// A GPU sous has no entry for, by its memory: `48GiB`, `80GB`.
+    #[arg(long, value_name = "SIZE")]
+    gpu_memory: Option<ByteSize>,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    overrides: OverrideArgs,
+}
+
+pub fn exec(args: PlanArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
+    let loaded = load_recipe(&args.recipe.recipe, &args.overrides)?;
+    for w in &loaded.warnings {
+        shell.warn(&w.message);
+    }
+    let recipe = loaded.recipe;
+    let hardware = match (&args.gpu, args.gpu_memory) {
+        (Some(name), _) => Hardware::named(name)?,
+        (None, Some(size)) => Hardware::with_memory(size.0),
+        (None, None) if recipe.engine.kind == EngineKind::Native => Hardware::this_cpu()?,
+        (None, None) => {
+            return Err(UserError::new(
+                "which machine? a plan needs its memory",
+                Some(&format!(
+                    "pass --gpu NAME ({}) or --gpu-memory SIZE",
+                    plan::hardware::names().join(", ")
+                )),
+            )
+            .into());
+        }
+    };
+    let runtime = super::runtime()?;
+    let hub = HubConfig::from_env();
+    let files = runtime
+        .block_on(sous::plan::model_files(&recipe, &hub))
+        .with_context(|| format!("recipe {}", display(&args.recipe.recipe)))?;
+    let model = sous::plan::model(&files, &recipe)?;
+    let plan = plan::plan(&recipe, &model, &hardware)?;
+    if args.json {
+        let mut value = serde_json::to_value(&plan)?;
+        value["recipe"] = json!(recipe.name);
+        value["model"] = json!(files.from);
+        shell.data(&serde_json::to_string_pretty(&value)?)?;
+    } else {
+        shell.data(&render(&recipe.name, &files.from, &hardware, &plan))?;
+    }
+    for w in &plan.warnings {
+        shell.warn(w);
+    }
+    Ok(if plan.fits {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The plan as a table and a sentence.
+fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String {
+    let mut rows: Vec<(String, String)> = vec![
+        ("recipe".into(), format!("{recipe}, {}", plan.engine)),
+        (
+            "machine".into(),
+            format!(
+                "{} ({}, {})",
+                hardware.name,
+                hardware.description,
+                gib(hardware.memory)
+            ),
+        ),
+        ("model".into(), from.to_owned()),
+        (
+            "layers".into(),
+            format!(
+                "{} ({} with a cache that grows with the context)",
+                plan.layers, plan.growing_layers
+            ),
+        ),
+        (
+            "weights".into(),
+            format!(
+                "{}{}",
+                gib(plan.weight_bytes),
+                if hardware.cpu { "" } else { " per GPU" }
+            ),
+        ),
+    ];
+    let budget = if plan.budget.exact { "" } else { " (estimated)" };
+    rows.push((
+        "KV budget".into(),
+        format!("{}{budget}", gib(plan.budget.kv_bytes)),
+    ));
+    for step in &plan.budget.steps {
+        rows.push((String::new(), format!("  {step}")));
+    }
+    rows.push((
+        "KV per token".into(),
+        format!(
+            "{} B per layer × {} layers = {} B per token",
+            group(plan.bytes_per_token_per_layer),
+            plan.growing_layers,
+            group(plan.bytes_per_token_per_layer * plan.growing_layers as u64)
+        ),
+    ));
+    rows.push(("block".into(), format!("{} tokens", plan.block_size)));
+    rows.push((
+        "KV cache".into(),
+        format!(
+            "{} tokens; maximum concurrency for {} tokens per request: {:.2}x",
+            group(plan.kv_tokens),
+            group(plan.max_model_len),
+            plan.max_concurrency
+        ),
+    ));
+    if let Some(ceiling) = plan.decode_ceiling_tok_s {
+        rows.push((
+            "decode".into(),
+            format!("at most {ceiling:.0} tok/s single stream at a full context (memory bandwidth bound)"),
+        ));
+    }
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out: String = rows.iter().map(|(k, v)| format!("{k:width$}  {v}\n")).collect();
+    out.push('\n');
+    if plan.fits {
+        out.push_str(&format!(
+            "Fits: {} tokens of KV cache hold {:.2} requests of {} tokens at once.\n",
+            group(plan.kv_tokens),
+            plan.max_concurrency,
+            group(plan.max_model_len)
+        ));
+    } else {
+        out.push_str(&format!(
+            "Does not fit: one request of {} tokens needs more KV cache than the {} there is.\n",
+            group(plan.max_model_len),
+            gib(plan.budget.kv_bytes)
+        ));
+    }
+    for advice in &plan.advice {
+        out.push_str(&format!("  - {advice}\n"));
+    }
+    out.trim_end().to_owned()
+}
+
+/// Bytes in GiB, as the engines log memory.
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// `604705` → `604,705`, as the engines log it.
+fn group(n: u64) -> String {
+    sous_engine::dialect::log::vllm::thousands(n as usize)
+}
