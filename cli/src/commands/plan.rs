@@ -130,6 +130,9 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
         ),
     ));
     rows.push(("block".into(), format!("{} tokens", plan.block_size)));
+    for (i, step) in plan.layout.iter().enumerate() {
+        rows.push((if i == 0 { "layout".into() } else { String::new() }, step.clone()));
+    }
     rows.push((
         "KV cache".into(),
         format!(
@@ -143,6 +146,14 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
         rows.push((
             "decode".into(),
             format!("at most {ceiling:.0} tok/s single stream at a full context (memory bandwidth bound)"),
+        ));
+    }
+    if let Some(ceiling) = plan.decode_ceiling_speculative_tok_s {
+        rows.push((
+            String::new(),
+            format!(
+                "at most {ceiling:.0} tok/s with speculative decoding if every drafted token were accepted"
+            ),
         ));
     }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);

@@ -66,6 +66,82 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Where the memory goes, one step a line, for people to check by hand.
+    pub fn explain(&self, layers: &[Layer], s: &Settings, available: u64) -> Vec<String> {
+        let n = thousands;
+        let mut out = Vec::new();
+        let specs = specs(layers, s);
+        let count = |f: fn(&Spec) -> bool| specs.iter().filter(|sp| f(sp)).count();
+        let attention = count(|sp| !matches!(sp, Spec::State { .. }));
+        if attention > 0 {
+            out.push(format!(
+                "{attention} attention layers ({}): {} B per token each{}",
+                kinds_of(&specs),
+                n(self.attention_bytes_per_token),
+                if s.tensor_parallel > 1 {
+                    format!(" on each of {} GPUs", s.tensor_parallel)
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        if let Some(state) = specs.iter().find_map(|sp| match sp {
+            Spec::State { bytes } => Some(*bytes),
+            _ => None,
+        }) {
+            out.push(format!(
+                "{} linear-attention layers: a fixed state of {} B per request each, whatever the context",
+                count(|sp| matches!(sp, Spec::State { .. })),
+                n(state)
+            ));
+            out.push(format!(
+                "attention blocks of {} tokens, so that one page ({} B) holds a state",
+                self.block_size,
+                n(self.page_bytes)
+            ));
+        } else {
+            out.push(format!(
+                "blocks of {} tokens: {} B a page",
+                self.block_size,
+                n(self.page_bytes)
+            ));
+        }
+        out.push(format!(
+            "{} group(s) of {} layers share {} pools: {} B / {} B / {} = {} blocks",
+            self.groups.len(),
+            self.group_size,
+            self.group_size,
+            n(available),
+            n(self.page_bytes),
+            self.group_size,
+            n(self.num_blocks)
+        ));
+        out.push(format!(
+            "one request of {} tokens needs {} blocks in every pool: {:.2} at once",
+            n(s.max_model_len),
+            n(self.blocks_per_request),
+            self.max_concurrency()
+        ));
+        out.push(format!(
+            "{} blocks // {} group(s) × {} tokens = {} tokens (the engine's start-up line); {:.2} × {} = {} tokens of context at full concurrency",
+            n(self.num_blocks),
+            self.groups.len(),
+            self.block_size,
+            n(self.tokens()),
+            self.max_concurrency(),
+            n(s.max_model_len),
+            n(self.context_tokens(s.max_model_len))
+        ));
+        out
+    }
+
+    /// Tokens of context the pool holds with every request at `max_model_len`:
+    /// `max_concurrency * max_model_len` (what newer vLLM releases log as the cache
+    /// size, counting the blocks a sliding window or a state does not need).
+    pub fn context_tokens(&self, max_model_len: u64) -> u64 {
+        (self.max_concurrency() * max_model_len as f64) as u64
+    }
+
     /// "GPU KV cache size: N tokens": `num_blocks // len(groups) * min_block_size`.
     pub fn tokens(&self) -> u64 {
         self.num_blocks / self.groups.len().max(1) as u64 * self.block_size as u64
@@ -79,6 +155,24 @@ impl Layout {
         }
         self.num_blocks as f64 / self.blocks_per_request as f64
     }
+}
+
+fn thousands(n: u64) -> String {
+    crate::dialect::log::vllm::thousands(n as usize)
+}
+
+fn kinds_of(specs: &[Spec]) -> String {
+    let mut kinds: Vec<String> = Vec::new();
+    for sp in specs {
+        if matches!(sp, Spec::State { .. }) {
+            continue;
+        }
+        let k = sp.kind();
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    kinds.join(", ")
 }
 
 /// The spec of one layer: its bytes per token (attention) or per request (state).

@@ -107,6 +107,11 @@ pub struct Plan {
     pub kv_tokens: u64,
     /// Requests of `max_model_len` tokens at once, as the engine will say.
     pub max_concurrency: f64,
+    /// Tokens of context the cache holds at full concurrency (`max_concurrency ×
+    /// max_model_len`), which counts what sliding windows and fixed states leave free.
+    pub context_tokens: u64,
+    /// How the cache is laid out, one step a line.
+    pub layout: Vec<String>,
     /// `serving.max_model_len` (or the model's limit).
     pub max_model_len: u64,
     /// Tokens per block.
@@ -126,6 +131,10 @@ pub struct Plan {
     /// A ceiling on single-stream decode, tokens/s: bandwidth over the bytes read per
     /// token (active weights plus the KV of a full-length context). An upper bound.
     pub decode_ceiling_tok_s: Option<f64>,
+    /// The same ceiling with the recipe's speculative decoding, if every drafted token
+    /// were accepted (`tokens + 1` per step); measured acceptance lengths are lower
+    /// (2.3 to 2.6 of 3 in the DGX Spark report).
+    pub decode_ceiling_speculative_tok_s: Option<f64>,
 }
 
 /// Plans `recipe` for `model` on `hardware`.
@@ -140,6 +149,11 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
         EngineKind::Vllm => vllm(recipe, model, hardware, max_model_len)?,
         kind => return Err(PlanError::Engine(kind.display_name())),
     };
+    if model.weight_bytes == 0 {
+        plan.warnings.push(
+            "no *.safetensors beside config.json: the weights are not counted, so only a KV budget the recipe fixes (`memory.kv_cache_bytes`) is exact".into(),
+        );
+    }
     plan.warnings.extend(warnings(recipe, hardware));
     if let Some(bandwidth) = hardware.bandwidth_gbs {
         let (n, k) = model.shape.experts.unwrap_or((1, 1));
@@ -147,7 +161,11 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
             model.weight_bytes - model.expert_bytes + model.expert_bytes * k as u64 / n.max(1) as u64;
         let kv = plan.bytes_per_token_per_layer * plan.growing_layers as u64 * max_model_len;
         let tp = recipe.serving.tensor_parallel.unwrap_or(1) as f64;
-        plan.decode_ceiling_tok_s = Some(bandwidth * 1e9 * tp / (active + kv) as f64);
+        let ceiling = bandwidth * 1e9 * tp / (active + kv) as f64;
+        plan.decode_ceiling_tok_s = Some(ceiling);
+        if let Some(tokens) = recipe.serving.speculative.as_ref().and_then(|s| s.tokens) {
+            plan.decode_ceiling_speculative_tok_s = Some(ceiling * f64::from(tokens + 1));
+        }
     }
     Ok(plan)
 }
@@ -211,6 +229,17 @@ fn native(
         },
         kv_tokens: cap.tokens as u64,
         max_concurrency: cap.max_concurrency,
+        context_tokens: (cap.max_concurrency * max_model_len as f64) as u64,
+        layout: vec![
+            format!("{layers} layers: {per_token} B per token in f32 (the native engine computes in f32)"),
+            format!(
+                "{} B / ({per_token} B × {} tokens a block) = {} blocks = {} tokens",
+                kv_bytes,
+                crate::native::BLOCK_SIZE,
+                cap.blocks,
+                cap.tokens
+            ),
+        ],
         max_model_len,
         block_size: crate::native::BLOCK_SIZE,
         bytes_per_token_per_layer: per_token / layers.max(1) as u64,
@@ -220,6 +249,7 @@ fn native(
         advice,
         warnings: Vec::new(),
         decode_ceiling_tok_s: None,
+        decode_ceiling_speculative_tok_s: None,
     })
 }
 
@@ -353,6 +383,13 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
                 - (hardware.memory as f64 * recipe.memory.gpu_utilization.unwrap_or_default()) as u64)
         ));
     }
+    let mut warnings = Vec::new();
+    if layout.block_size > settings.block_size && recipe.serving.prefix_caching == Some(true) {
+        warnings.push(format!(
+            "the hybrid layout makes attention blocks of {} tokens: prefix caching only reuses whole blocks, so a shared prefix shorter than that is never a hit",
+            layout.block_size
+        ));
+    }
     Ok(Plan {
         engine: format!("vllm{}", if hardware.cpu { " (CPU backend)" } else { "" }),
         hardware: hardware.name.clone(),
@@ -365,6 +402,8 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
         },
         kv_tokens: tokens,
         max_concurrency: concurrency,
+        context_tokens: layout.context_tokens(max_model_len),
+        layout: layout.explain(&shape.layers, &settings, available),
         max_model_len,
         block_size: layout.block_size,
         bytes_per_token_per_layer: layout.attention_bytes_per_token,
@@ -372,8 +411,9 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
         layers: shape.layers.len(),
         fits,
         advice,
-        warnings: Vec::new(),
+        warnings,
         decode_ceiling_tok_s: None,
+        decode_ceiling_speculative_tok_s: None,
     })
 }
 

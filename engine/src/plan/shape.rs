@@ -165,8 +165,12 @@ impl Shape {
                 head_dim,
                 window,
             };
-            if let Some(pattern) = get(text, "sliding_window_pattern") {
-                // Gemma 3: every `pattern`-th layer is global.
+            // Gemma 3: every `pattern`-th layer is global; transformers' default pattern
+            // is 6 (`Gemma3TextConfig`, `configuration_gemma3.py`), which the published
+            // configs rely on by leaving the key out.
+            let pattern = get(text, "sliding_window_pattern")
+                .or_else(|| architecture.starts_with("Gemma3").then_some(6));
+            if let Some(pattern) = pattern {
                 (0..count)
                     .map(|i| if (i + 1) % pattern == 0 { full } else { sliding })
                     .collect()
