@@ -279,3 +279,163 @@ fn what_the_plan_cannot_know_is_asked_for() {
     );
     assert!(stderr.contains("sous pull --recipe"), "{stderr}");
 }
+
+/// A model directory with `config.json` from the fixtures and, with `weights`, a
+/// safetensors file whose header describes a dense Qwen3-style checkpoint of that shape
+/// in bf16 (the planner reads headers only, so the data is not written).
+fn model_dir(dir: &Path, config: &str, weights: bool) -> String {
+    let text = std::fs::read_to_string(root().join("tests/fixtures/plan").join(config)).expect("fixture");
+    std::fs::create_dir_all(dir).expect("dir");
+    std::fs::write(dir.join("config.json"), &text).expect("config");
+    if weights {
+        let c: Value = serde_json::from_str(&text).expect("json");
+        let n = |k: &str| c[k].as_u64().expect(k) as usize;
+        let (h, i, v, layers) = (
+            n("hidden_size"),
+            n("intermediate_size"),
+            n("vocab_size"),
+            n("num_hidden_layers"),
+        );
+        let (heads, kv, d) = (n("num_attention_heads"), n("num_key_value_heads"), n("head_dim"));
+        let mut tensors: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![v, h])];
+        for l in 0..layers {
+            let p = format!("model.layers.{l}");
+            for (name, shape) in [
+                ("input_layernorm.weight", vec![h]),
+                ("post_attention_layernorm.weight", vec![h]),
+                ("self_attn.q_proj.weight", vec![heads * d, h]),
+                ("self_attn.k_proj.weight", vec![kv * d, h]),
+                ("self_attn.v_proj.weight", vec![kv * d, h]),
+                ("self_attn.o_proj.weight", vec![h, heads * d]),
+                ("self_attn.q_norm.weight", vec![d]),
+                ("self_attn.k_norm.weight", vec![d]),
+                ("mlp.gate_proj.weight", vec![i, h]),
+                ("mlp.up_proj.weight", vec![i, h]),
+                ("mlp.down_proj.weight", vec![h, i]),
+            ] {
+                tensors.push((format!("{p}.{name}"), shape));
+            }
+        }
+        tensors.push(("model.norm.weight".into(), vec![h]));
+        tensors.push(("lm_head.weight".into(), vec![v, h]));
+        let mut header = serde_json::Map::new();
+        let mut at = 0usize;
+        for (name, shape) in tensors {
+            let len = shape.iter().product::<usize>() * 2;
+            header.insert(
+                name,
+                serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [at, at + len]}),
+            );
+            at += len;
+        }
+        let json = Value::Object(header).to_string();
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(json.as_bytes());
+        std::fs::write(dir.join("model.safetensors"), bytes).expect("header");
+    }
+    dir.to_str().expect("utf-8").to_owned()
+}
+
+fn offline_plan(args: &[&str]) -> (i32, String, String) {
+    let empty = tempfile::tempdir().expect("tempdir");
+    run(sous()
+        .arg("plan")
+        .args(args)
+        .env("HF_HUB_CACHE", empty.path())
+        .env("HF_HUB_OFFLINE", "1"))
+}
+
+#[test]
+fn the_titan_recipe_explains_where_its_kv_budget_goes() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let model = model_dir(&work.path().join("qwen3-next"), "qwen3-next-80b-a3b.json", false);
+    let path = format!("model.path={model}");
+    let args = [
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--gpu",
+        "rtx-pro-6000",
+        "--set",
+        &path,
+    ];
+    let (code, out, stderr) = offline_plan(&args);
+    assert_eq!(code, 0, "{stderr}");
+    for line in [
+        "12 attention layers (full): 2,048 B per token each",
+        "36 linear-attention layers: a fixed state of 1,097,728 B per request each",
+        "attention blocks of 544 tokens, so that one page (1,114,112 B) holds a state",
+        "4 group(s) of 12 layers share 12 pools: 15,569,256,448 B / 1,114,112 B / 12 = 1,164 blocks",
+        "one request of 524,288 tokens needs 967 blocks in every pool: 1.20 at once",
+        "1,164 blocks // 4 group(s) × 544 tokens = 158,304 tokens",
+        "631,097 tokens of context at full concurrency",
+    ] {
+        assert!(out.contains(line), "no {line:?} in\n{out}");
+    }
+    // The fixed budget makes the KV figure exact even without the weights.
+    assert!(
+        out.contains("14.50 GiB\n") || out.contains("KV budget     14.50 GiB"),
+        "{out}"
+    );
+    assert!(
+        stderr.contains("prefix caching only reuses whole blocks"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("no *.safetensors"), "{stderr}");
+}
+
+#[test]
+fn on_a_dgx_spark_0_90_of_the_gpu_holds_far_more_than_0_45() {
+    // The report's checkpoint is not published; Qwen3-32B's config is the nearest
+    // published dense shape, quantized to NVFP4 by the plan as `sous quantize` would.
+    let work = tempfile::tempdir().expect("tempdir");
+    let model = model_dir(&work.path().join("qwen3-32b"), "qwen3-32b.json", true);
+    let plan_of = |recipe: &str, extra: &[&str]| -> Value {
+        let path = format!("model.path={model}");
+        let mut args = vec![
+            "--recipe",
+            recipe,
+            "--gpu",
+            "dgx-spark",
+            "--json",
+            "--set",
+            &path,
+            "--set",
+            "quantize.scheme=nvfp4a16",
+        ];
+        args.extend(extra);
+        let (code, out, stderr) = offline_plan(&args);
+        assert!(code == 0 || code == 1, "{stderr}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {stderr}"))
+    };
+    let baseline = plan_of("recipes/dgx-spark/qwen3.8-27b-nvfp4-baseline.toml", &[]);
+    let tuned = plan_of("recipes/dgx-spark/qwen3.8-27b-nvfp4.toml", &[]);
+    let tokens = |p: &Value| p["kv_tokens"].as_u64().expect("tokens");
+    // Weights: 32B parameters' linear layers in NVFP4 (about 0.56 B each), the rest bf16.
+    let weights = baseline["weight_bytes"].as_u64().expect("weights");
+    assert!((15 << 30..25 << 30).contains(&weights), "{weights}");
+    // 0.45 → 0.90 more than doubles the cache: the weights and activations come out of
+    // the smaller share too.
+    assert!(
+        tokens(&tuned) > 2 * tokens(&baseline),
+        "{} vs {}",
+        tokens(&tuned),
+        tokens(&baseline)
+    );
+    assert!(
+        baseline["advice"].to_string().contains("gpu_utilization"),
+        "{baseline}"
+    );
+    // fp8 KV (both recipes) against bf16: half the bytes, twice the tokens.
+    let bf16 = plan_of(
+        "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml",
+        &["--set", "memory.kv_cache_dtype=auto"],
+    );
+    let ratio = tokens(&tuned) as f64 / tokens(&bf16) as f64;
+    assert!((ratio - 2.0).abs() < 0.01, "{ratio}");
+    assert!(
+        tuned["warnings"]
+            .to_string()
+            .contains("shares its memory with the CPU"),
+        "{tuned}"
+    );
+}

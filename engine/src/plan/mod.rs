@@ -155,7 +155,9 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
         );
     }
     plan.warnings.extend(warnings(recipe, hardware));
-    if let Some(bandwidth) = hardware.bandwidth_gbs {
+    if let Some(bandwidth) = hardware.bandwidth_gbs
+        && model.weight_bytes > 0
+    {
         let (n, k) = model.shape.experts.unwrap_or((1, 1));
         let active =
             model.weight_bytes - model.expert_bytes + model.expert_bytes * k as u64 / n.max(1) as u64;
@@ -230,16 +232,23 @@ fn native(
         kv_tokens: cap.tokens as u64,
         max_concurrency: cap.max_concurrency,
         context_tokens: (cap.max_concurrency * max_model_len as f64) as u64,
-        layout: vec![
-            format!("{layers} layers: {per_token} B per token in f32 (the native engine computes in f32)"),
-            format!(
-                "{} B / ({per_token} B × {} tokens a block) = {} blocks = {} tokens",
-                kv_bytes,
-                crate::native::BLOCK_SIZE,
-                cap.blocks,
-                cap.tokens
-            ),
-        ],
+        layout: {
+            let n = |v: u64| crate::dialect::log::vllm::thousands(v as usize);
+            vec![
+                format!(
+                    "{layers} layers: {} B per token in f32 (the native engine computes in f32)",
+                    n(per_token)
+                ),
+                format!(
+                    "{} B / ({} B × {} tokens a block) = {} blocks = {} tokens",
+                    n(kv_bytes),
+                    n(per_token),
+                    crate::native::BLOCK_SIZE,
+                    n(cap.blocks as u64),
+                    n(cap.tokens as u64)
+                ),
+            ]
+        },
         max_model_len,
         block_size: crate::native::BLOCK_SIZE,
         bytes_per_token_per_layer: per_token / layers.max(1) as u64,
@@ -375,7 +384,7 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
             advice.push("set `memory.kv_cache_dtype = \"fp8\"`: half the bytes per token".into());
         }
     }
-    if !exact && recipe.memory.gpu_utilization.is_some_and(|u| u < 0.6) && !hardware.unified {
+    if !exact && recipe.memory.gpu_utilization.is_some_and(|u| u < 0.6) {
         advice.push(format!(
             "`memory.gpu_utilization` {} leaves {} of this GPU unused: 0.90 is vLLM's default",
             recipe.memory.gpu_utilization.unwrap_or_default(),
