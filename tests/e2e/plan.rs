@@ -191,6 +191,13 @@ fn the_plan_reads_as_a_table_and_says_what_to_do_when_it_does_not_fit() {
     );
     settings.add_filter(r"@[0-9a-f]{12}", "@COMMIT");
     settings.bind(|| insta::assert_snapshot!("smollm2-native", table));
+    // The JSON, whose fields docs/plan.md documents.
+    let (code, json, stderr) = plan(&mirror, &["--recipe", SMOLLM2_NVFP4, "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(r#""memory_bytes": \d+"#, r#""memory_bytes": RAM"#);
+    settings.add_filter(r"@[0-9a-f]{12}", "@COMMIT");
+    settings.bind(|| insta::assert_snapshot!("smollm2-nvfp4-json", json));
 
     // 32K tokens do not fit in 64 MiB: the largest length that does is named.
     let (code, out, _) = plan(
@@ -254,19 +261,59 @@ fn what_the_plan_cannot_know_is_asked_for() {
         stderr.contains("which machine?") && stderr.contains("--gpu NAME"),
         "{stderr}"
     );
-    let (code, _, stderr) = plan(
+    // SGLang's pool: 0.88 (assumed) of 80 GB less 0.25 GiB of weights and 1 GiB; a
+    // token is 30 × 2 × 3 × 64 × 2 = 23,040 B.
+    let work = tempfile::tempdir().expect("tempdir");
+    let sglang_recipe = work.path().join("sglang.toml");
+    std::fs::write(
+        &sglang_recipe,
+        "[model]\nrepo = \"HuggingFaceTB/SmolLM2-135M-Instruct\"\n[engine]\nkind = \"sglang\"\n[serving]\nmax_model_len = 8192\n",
+    )
+    .expect("recipe");
+    let sglang_path = sglang_recipe.to_str().expect("utf-8");
+    let sglang = plan_json(&mirror, &["--recipe", sglang_path, "--gpu", "h100"]);
+    let expected = ((80e9 * 0.88 - sglang["weight_bytes"].as_f64().expect("weights") - (1u64 << 30) as f64)
+        as u64)
+        / 23_040;
+    assert_eq!(sglang["kv_tokens"].as_u64(), Some(expected), "{sglang}");
+    // TensorRT-LLM: 0.9 of what the weights leave, in blocks of 32 tokens.
+    let trtllm_recipe = work.path().join("trtllm.toml");
+    std::fs::write(
+        &trtllm_recipe,
+        "[model]\nrepo = \"HuggingFaceTB/SmolLM2-135M-Instruct\"\n[engine]\nkind = \"trtllm\"\n[serving]\nmax_model_len = 8192\n",
+    )
+    .expect("recipe");
+    let trtllm = plan_json(
         &mirror,
         &[
             "--recipe",
-            SMOLLM2,
-            "--set",
-            "engine.kind=sglang",
+            trtllm_recipe.to_str().expect("utf-8"),
             "--gpu",
             "h100",
         ],
     );
+    assert_eq!(trtllm["block_size"], 32);
+    let free = 80_000_000_000 - trtllm["weight_bytes"].as_u64().expect("weights") - (1 << 30);
+    assert_eq!(
+        trtllm["kv_tokens"].as_u64(),
+        Some((free as f64 * 0.9) as u64 / 23_040 / 32 * 32),
+        "{trtllm}"
+    );
+    // A hybrid model is not modelled for SGLang: said, not guessed.
+    let next = model_dir(&work.path().join("next"), "qwen3-next-80b-a3b.json", false);
+    let (code, _, stderr) = offline_plan(&[
+        "--recipe",
+        sglang_path,
+        "--gpu",
+        "h200",
+        "--set",
+        &format!("model.path={next}"),
+    ]);
     assert_eq!(code, 1);
-    assert!(stderr.contains("cannot plan for SGLang yet"), "{stderr}");
+    assert!(
+        stderr.contains("cannot plan for SGLang with sliding-window or linear-attention layers yet"),
+        "{stderr}"
+    );
     let offline = tempfile::tempdir().expect("tempdir");
     let (code, _, stderr) = run(sous()
         .args(["plan", "--recipe", SMOLLM2])

@@ -8,8 +8,9 @@
 //! - `hardware`: the machines, from `recipes/hardware.toml`.
 //!
 //! The native engine's capacity is its own start-up code ([`crate::native::capacity`]),
-//! so the plan and the log line cannot disagree. SGLang and TensorRT-LLM size their
-//! pools by other rules, which sous does not model yet: a plan for them says so.
+//! so the plan and the log line cannot disagree. SGLang and TensorRT-LLM size a pool of
+//! token slots by their own fractions (`pool`); their hybrid and sliding-window pools
+//! are not modelled, and a plan for such a model says so.
 
 pub mod hardware;
 pub mod kv;
@@ -53,8 +54,8 @@ pub struct Model {
 /// Why a plan could not be made.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlanError {
-    /// An engine whose memory rules sous does not model.
-    #[error("sous cannot plan for {0} yet: only vLLM's and the native engine's memory rules are modelled")]
+    /// An engine whose memory rules sous does not model for this model.
+    #[error("sous cannot plan for {0} yet")]
     Engine(&'static str),
     /// A KV dtype without a known size.
     #[error("`memory.kv_cache_dtype` {0} has no size sous knows")]
@@ -147,7 +148,7 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
     let mut plan = match recipe.engine.kind {
         EngineKind::Native => native(recipe, model, hardware, max_model_len)?,
         EngineKind::Vllm => vllm(recipe, model, hardware, max_model_len)?,
-        kind => return Err(PlanError::Engine(kind.display_name())),
+        EngineKind::Sglang | EngineKind::Trtllm => pool(recipe, model, hardware, max_model_len)?,
     };
     if model.weight_bytes == 0 {
         plan.warnings.push(
@@ -421,6 +422,154 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
         fits,
         advice,
         warnings,
+        decode_ceiling_tok_s: None,
+        decode_ceiling_speculative_tok_s: None,
+    })
+}
+
+/// SGLang's default `--mem-fraction-static` when the recipe sets none: its
+/// `ServerArgs` picks one by GPU memory; 0.88 is the value it picks for 80 GB and
+/// larger GPUs (`python/sglang/srt/server_args.py`), and is labelled an assumption.
+pub const SGLANG_ASSUMED_FRACTION: f64 = 0.88;
+/// TensorRT-LLM's default `kv_cache_config.free_gpu_memory_fraction`
+/// (`tensorrt_llm/llmapi/llm_args.py`) and tokens per KV block (`tokens_per_block`).
+pub const TRTLLM_DEFAULT_FREE_FRACTION: f64 = 0.9;
+/// See [`TRTLLM_DEFAULT_FREE_FRACTION`].
+pub const TRTLLM_TOKENS_PER_BLOCK: usize = 32;
+
+/// SGLang and TensorRT-LLM: a pool of token slots, `cell_size` bytes each over every
+/// layer. SGLang (`model_runner.profile_max_num_token`): `rest = free_after_weights -
+/// total * (1 - mem_fraction_static)`, `max_total_num_tokens = rest // cell_size`, the
+/// cell `kv_heads/tp * head_dim * layers * 2 * dtype` or, for MLA, `(kv_lora_rank +
+/// qk_rope_head_dim) * layers * dtype`. TensorRT-LLM (`KvCacheCreator`): the fraction
+/// `free_gpu_memory_fraction` of the memory free after the weights and a profiling
+/// run, in blocks of 32 tokens.
+fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64) -> Result<Plan, PlanError> {
+    let kind = recipe.engine.kind;
+    let shape = &model.shape;
+    if shape
+        .layers
+        .iter()
+        .any(|l| !matches!(l, Layer::Full { .. } | Layer::Mla { .. }))
+    {
+        return Err(PlanError::Engine(match kind {
+            EngineKind::Sglang => "SGLang with sliding-window or linear-attention layers",
+            _ => "TensorRT-LLM with sliding-window or linear-attention layers",
+        }));
+    }
+    let dtype = match recipe.dtype() {
+        None | Some(crate::recipe::ModelDtype::Auto) => shape.dtype.as_str(),
+        Some(d) => d.as_str(),
+    };
+    let model_bytes = shape::dtype_bytes(dtype).unwrap_or(2.0);
+    let kv_el = match recipe.memory.kv_cache_dtype {
+        None | Some(crate::recipe::KvCacheDtype::Auto) => model_bytes,
+        Some(d) => d
+            .element_bytes()
+            .ok_or_else(|| PlanError::KvDtype(d.as_str().into()))?,
+    };
+    let tp = recipe.serving.tensor_parallel.unwrap_or(1).max(1) as usize;
+    let pp = recipe.serving.pipeline_parallel.unwrap_or(1).max(1) as u64;
+    let per_layer = |l: &Layer| -> f64 {
+        match *l {
+            Layer::Full { kv_heads, head_dim } => ((kv_heads / tp).max(1) * head_dim * 2) as f64 * kv_el,
+            Layer::Mla { latent } => latent as f64 * kv_el,
+            _ => 0.0,
+        }
+    };
+    let cell = (shape.layers.iter().map(per_layer).sum::<f64>() / pp as f64) as u64;
+    let weights = model.weight_bytes / (tp as u64 * pp);
+    let gib_of = |b: f64| format!("{:.2} GiB", b / (1u64 << 30) as f64);
+    let (kv_bytes, exact, steps, block) = if let Some(b) = recipe.memory.kv_cache_bytes {
+        (b, true, vec![format!("`memory.kv_cache_bytes`: {}", gib(b))], 1)
+    } else if kind == EngineKind::Sglang {
+        let (fraction, assumed) = match recipe.memory.gpu_utilization {
+            Some(f) => (f, ""),
+            None => (SGLANG_ASSUMED_FRACTION, " (assumed: SGLang picks it by GPU size)"),
+        };
+        let total = hardware.memory as f64;
+        let kv = (total * fraction - weights as f64 - CUDA_GRAPHS_ESTIMATE as f64).max(0.0);
+        (
+            kv as u64,
+            false,
+            vec![
+                format!(
+                    "`--mem-fraction-static` {fraction}{assumed} of {} = {}",
+                    gib(hardware.memory),
+                    gib_of(total * fraction)
+                ),
+                format!("less the weights, {} per GPU", gib(weights)),
+                format!(
+                    "less CUDA graphs and context (estimated) {}",
+                    gib(CUDA_GRAPHS_ESTIMATE)
+                ),
+                format!("= {} for the token pool", gib_of(kv)),
+            ],
+            1,
+        )
+    } else {
+        let fraction = recipe
+            .memory
+            .gpu_utilization
+            .unwrap_or(TRTLLM_DEFAULT_FREE_FRACTION);
+        let free = hardware.memory.saturating_sub(weights + CUDA_GRAPHS_ESTIMATE);
+        let kv = (free as f64 * fraction) as u64;
+        (
+            kv,
+            false,
+            vec![
+                format!(
+                    "{} less the weights ({}) and runtime buffers (estimated {}) = {} free",
+                    gib(hardware.memory),
+                    gib(weights),
+                    gib(CUDA_GRAPHS_ESTIMATE),
+                    gib(free)
+                ),
+                format!("`free_gpu_memory_fraction` {fraction} of it = {}", gib(kv)),
+            ],
+            TRTLLM_TOKENS_PER_BLOCK,
+        )
+    };
+    let tokens = if cell == 0 {
+        0
+    } else {
+        kv_bytes / cell / block as u64 * block as u64
+    };
+    let max_concurrency = tokens as f64 / max_model_len.max(1) as f64;
+    let fits = tokens >= max_model_len;
+    let mut advice = Vec::new();
+    if !fits {
+        advice.push(format!("set `serving.max_model_len` to {tokens} or less"));
+        if kv_el > 1.0 {
+            advice.push("set `memory.kv_cache_dtype = \"fp8\"`: half the bytes per token".into());
+        }
+    }
+    let growing = shape.growing_layers();
+    Ok(Plan {
+        engine: kind.as_str().into(),
+        hardware: hardware.name.clone(),
+        memory_bytes: hardware.memory,
+        weight_bytes: weights,
+        budget: Budget {
+            kv_bytes,
+            exact,
+            steps,
+        },
+        kv_tokens: tokens,
+        max_concurrency,
+        context_tokens: tokens,
+        layout: vec![format!(
+            "{growing} layers: {} B per token over all of them (the pool's cell); {} B / {} B = {} tokens",
+            cell, kv_bytes, cell, tokens
+        )],
+        max_model_len,
+        block_size: block,
+        bytes_per_token_per_layer: cell / growing.max(1) as u64,
+        growing_layers: growing,
+        layers: shape.layers.len(),
+        fits,
+        advice,
+        warnings: Vec::new(),
         decode_ceiling_tok_s: None,
         decode_ceiling_speculative_tok_s: None,
     })
