@@ -530,11 +530,7 @@ fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
             TRTLLM_TOKENS_PER_BLOCK,
         )
     };
-    let tokens = if cell == 0 {
-        0
-    } else {
-        kv_bytes / cell / block as u64 * block as u64
-    };
+    let tokens = kv_bytes.checked_div(cell).unwrap_or(0) / block as u64 * block as u64;
     let max_concurrency = tokens as f64 / max_model_len.max(1) as f64;
     let fits = tokens >= max_model_len;
     let mut advice = Vec::new();
