@@ -485,4 +485,23 @@ fn on_a_dgx_spark_0_90_of_the_gpu_holds_far_more_than_0_45() {
             .contains("shares its memory with the CPU"),
         "{tuned}"
     );
+    // 65 GB of bf16 weights on a 32 GB GPU: no cache at all, and the ways out.
+    let path = format!("model.path={model}");
+    let (code, out, _) = offline_plan(&[
+        "--recipe",
+        "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml",
+        "--gpu",
+        "rtx-5090",
+        "--set",
+        &path,
+    ]);
+    assert_eq!(code, 1, "{out}");
+    for fix in [
+        "Does not fit",
+        "[quantize] scheme",
+        "serving.tensor_parallel = 2",
+        "towards 0.95",
+    ] {
+        assert!(out.contains(fix), "no {fix:?} in {out}");
+    }
 }

@@ -360,6 +360,27 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
     let concurrency = layout.max_concurrency();
     let fits = concurrency >= 1.0;
     let mut advice = Vec::new();
+    if !exact && available == 0 {
+        // The weights (and activations) alone exceed the share the engine may take.
+        let util = recipe.memory.gpu_utilization.unwrap_or(VLLM_DEFAULT_UTILIZATION);
+        let ceiling = if hardware.unified { 0.9 } else { 0.95 };
+        if util < ceiling {
+            advice.push(format!(
+                "raise `memory.gpu_utilization` towards {ceiling} (the most that leaves this machine room for the CUDA context{})",
+                if hardware.unified { " and the OS" } else { "" }
+            ));
+        }
+        if recipe.quantize.is_none() && !hardware.cpu {
+            advice.push(
+                "quantize the weights: `[quantize] scheme = \"nvfp4a16\"` writes about 0.28 of bf16's bytes"
+                    .into(),
+            );
+        }
+        advice.push(format!(
+            "split the model across GPUs: `serving.tensor_parallel = {}`",
+            recipe.serving.tensor_parallel.unwrap_or(1).max(1) * 2
+        ));
+    }
     if !fits {
         // The longest context one request can have in this budget.
         let mut lo = 1u64;
