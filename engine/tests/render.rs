@@ -21,7 +21,10 @@ fn shipped() -> Vec<PathBuf> {
             let path = entry.expect("entry").path();
             if path.is_dir() {
                 stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "toml") {
+            } else if path.extension().is_some_and(|e| e == "toml")
+                // The hardware table `sous plan` reads is data beside the recipes, not one.
+                && !path.ends_with("hardware.toml")
+            {
                 found.push(path);
             }
         }

@@ -601,7 +601,7 @@ fn warnings(recipe: &Recipe, hardware: &Hardware) -> Vec<String> {
     let mut w = Vec::new();
     if hardware.unified && !hardware.cpu {
         w.push(format!(
-            "{} shares its memory with the CPU and the OS: a fraction of it is a fraction of everything, and a pod's memory limit may not count CUDA allocations",
+            "{} shares its memory with the CPU and the OS: a fraction of it is a fraction of everything, vLLM refuses to start when that fraction is more than is free at start-up (the OS and every other process count), and a pod's memory limit may not count CUDA allocations",
             hardware.description
         ));
     }
