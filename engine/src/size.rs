@@ -158,6 +158,11 @@ impl fmt::Display for ByteSize {
     }
 }
 
+/// A size in GiB with two decimals, as the engines log memory: `14.50 GiB`.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
 /// A size for people to read, in decimal units with one or two decimals: `269.1 MB`,
 /// `4.27 GB`. Lossy; never parse it back.
 pub fn human(bytes: u64) -> String {

@@ -12,7 +12,7 @@ use serde_json::json;
 use sous::hub::config::HubConfig;
 use sous_engine::plan::{self, Hardware, Plan};
 use sous_engine::recipe::EngineKind;
-use sous_engine::size::ByteSize;
+use sous_engine::size::{ByteSize, gib};
 
 use super::{OverrideArgs, RecipeArg, display, load_recipe};
 use crate::failure::UserError;
@@ -177,11 +177,6 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
         out.push_str(&format!("  - {advice}\n"));
     }
     out.trim_end().to_owned()
-}
-
-/// Bytes in GiB, as the engines log memory.
-fn gib(bytes: u64) -> String {
-    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
 /// `604705` → `604,705`, as the engines log it.

@@ -279,15 +279,7 @@ impl Plan {
         }
         let hash = content_hash(&config);
 
-        let gpus = match recipe.engine.kind {
-            EngineKind::Native => 0,
-            _ => {
-                let s = &recipe.serving;
-                s.tensor_parallel.unwrap_or(1)
-                    * s.pipeline_parallel.unwrap_or(1)
-                    * s.data_parallel.unwrap_or(1)
-            }
-        };
+        let gpus = recipe.gpus();
 
         let data = |sub: &str| format!("{DATA_DIR}/{sub}");
         let mut cache_env = BTreeMap::from([

@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use sous_engine::recipe::{EngineKind, Recipe};
+use sous_engine::recipe::Recipe;
 
 use super::{DeployError, File, Options};
 
@@ -26,13 +26,7 @@ pub(super) fn render(recipe: &Recipe, options: &Options) -> Result<Vec<File>, De
     let toml = toml::to_string(&file).map_err(|e| DeployError::Toml(e.to_string()))?;
     let recipe_file = format!("{}.toml", recipe.name);
     let recipe_path = format!("{ETC_DIR}/{recipe_file}");
-    let gpus = match recipe.engine.kind {
-        EngineKind::Native => 0,
-        _ => {
-            let s = &recipe.serving;
-            s.tensor_parallel.unwrap_or(1) * s.pipeline_parallel.unwrap_or(1) * s.data_parallel.unwrap_or(1)
-        }
-    };
+    let gpus = recipe.gpus();
     if let Some(per_node) = deploy.gpus_per_node
         && gpus > per_node
     {

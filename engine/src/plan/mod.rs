@@ -22,6 +22,7 @@ pub use hardware::{Hardware, HardwareError};
 pub use shape::{Layer, Shape, ShapeError};
 
 use crate::recipe::{EngineKind, Recipe};
+use crate::size::gib;
 
 /// vLLM's default `--gpu-memory-utilization` (`vllm/config/cache.py`).
 pub const VLLM_DEFAULT_UTILIZATION: f64 = 0.9;
@@ -173,10 +174,6 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
     Ok(plan)
 }
 
-fn gib(bytes: u64) -> String {
-    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
-}
-
 fn native(
     recipe: &Recipe,
     model: &Model,
@@ -265,18 +262,7 @@ fn native(
 
 fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64) -> Result<Plan, PlanError> {
     let shape = &model.shape;
-    // `--dtype` overrides the checkpoint's (`serving.dtype`).
-    let dtype = match recipe.dtype() {
-        None | Some(crate::recipe::ModelDtype::Auto) => shape.dtype.as_str(),
-        Some(d) => d.as_str(),
-    };
-    let model_bytes = shape::dtype_bytes(dtype).unwrap_or(2.0);
-    let kv_bytes_el = match recipe.memory.kv_cache_dtype {
-        None | Some(crate::recipe::KvCacheDtype::Auto) => model_bytes,
-        Some(d) => d
-            .element_bytes()
-            .ok_or_else(|| PlanError::KvDtype(d.as_str().into()))?,
-    };
+    let (model_bytes, kv_bytes_el) = element_bytes(recipe, shape)?;
     let tp = recipe.serving.tensor_parallel.unwrap_or(1).max(1) as u64;
     let pp = recipe.serving.pipeline_parallel.unwrap_or(1).max(1) as u64;
     let weights = model.weight_bytes / (tp * pp);
@@ -478,17 +464,7 @@ fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
             _ => "TensorRT-LLM with sliding-window or linear-attention layers",
         }));
     }
-    let dtype = match recipe.dtype() {
-        None | Some(crate::recipe::ModelDtype::Auto) => shape.dtype.as_str(),
-        Some(d) => d.as_str(),
-    };
-    let model_bytes = shape::dtype_bytes(dtype).unwrap_or(2.0);
-    let kv_el = match recipe.memory.kv_cache_dtype {
-        None | Some(crate::recipe::KvCacheDtype::Auto) => model_bytes,
-        Some(d) => d
-            .element_bytes()
-            .ok_or_else(|| PlanError::KvDtype(d.as_str().into()))?,
-    };
+    let (_, kv_el) = element_bytes(recipe, shape)?;
     let tp = recipe.serving.tensor_parallel.unwrap_or(1).max(1) as usize;
     let pp = recipe.serving.pipeline_parallel.unwrap_or(1).max(1) as u64;
     let per_layer = |l: &Layer| -> f64 {
@@ -500,7 +476,6 @@ fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
     };
     let cell = (shape.layers.iter().map(per_layer).sum::<f64>() / pp as f64) as u64;
     let weights = model.weight_bytes / (tp as u64 * pp);
-    let gib_of = |b: f64| format!("{:.2} GiB", b / (1u64 << 30) as f64);
     let (kv_bytes, exact, steps, block) = if let Some(b) = recipe.memory.kv_cache_bytes {
         (b, true, vec![format!("`memory.kv_cache_bytes`: {}", gib(b))], 1)
     } else if kind == EngineKind::Sglang {
@@ -517,14 +492,14 @@ fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
                 format!(
                     "`--mem-fraction-static` {fraction}{assumed} of {} = {}",
                     gib(hardware.memory),
-                    gib_of(total * fraction)
+                    gib((total * fraction) as u64)
                 ),
                 format!("less the weights, {} per GPU", gib(weights)),
                 format!(
                     "less CUDA graphs and context (estimated) {}",
                     gib(CUDA_GRAPHS_ESTIMATE)
                 ),
-                format!("= {} for the token pool", gib_of(kv)),
+                format!("= {} for the token pool", gib(kv as u64)),
             ],
             1,
         )
@@ -590,6 +565,23 @@ fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
         decode_ceiling_tok_s: None,
         decode_ceiling_speculative_tok_s: None,
     })
+}
+
+/// Bytes of one element of the model's compute dtype (`serving.dtype` over the
+/// checkpoint's) and of the KV cache (`memory.kv_cache_dtype`, `auto` being the model's).
+fn element_bytes(recipe: &Recipe, shape: &Shape) -> Result<(f64, f64), PlanError> {
+    let dtype = match recipe.dtype() {
+        None | Some(crate::recipe::ModelDtype::Auto) => shape.dtype.as_str(),
+        Some(d) => d.as_str(),
+    };
+    let model = shape::dtype_bytes(dtype).unwrap_or(2.0);
+    let kv = match recipe.memory.kv_cache_dtype {
+        None | Some(crate::recipe::KvCacheDtype::Auto) => model,
+        Some(d) => d
+            .element_bytes()
+            .ok_or_else(|| PlanError::KvDtype(d.as_str().into()))?,
+    };
+    Ok((model, kv))
 }
 
 /// vLLM's default block size: 128 on its CPU backend, 16 on GPUs.

@@ -229,6 +229,20 @@ impl Recipe {
         }
     }
 
+    /// GPUs one instance of the recipe takes: tensor × pipeline × data parallel (vLLM's
+    /// in-process data parallelism takes DP × TP GPUs); none for the native engine.
+    pub fn gpus(&self) -> u32 {
+        match self.engine.kind {
+            EngineKind::Native => 0,
+            _ => {
+                let s = &self.serving;
+                s.tensor_parallel.unwrap_or(1)
+                    * s.pipeline_parallel.unwrap_or(1)
+                    * s.data_parallel.unwrap_or(1)
+            }
+        }
+    }
+
     /// The data type the model computes in, when the recipe fixes it.
     pub fn dtype(&self) -> Option<ModelDtype> {
         self.serving.dtype
