@@ -17,6 +17,7 @@ use sous_engine::recipe::{EngineKind, Recipe, Runtime};
 use sous_engine::serve::{HEALTH_PATH, health_timeout};
 
 use super::DeployError;
+use crate::hub::cache::is_commit;
 
 /// Where the data volume is mounted in every container: the Hugging Face cache, the
 /// models, the quantized checkpoints and the engines' compile caches.
@@ -172,13 +173,9 @@ impl Plan {
                 (mount, true)
             }
         };
-        if pulls
-            && let Some(revision) = &recipe.model.revision
-            && revision.len() == 40
-            && revision.chars().all(|c| c.is_ascii_hexdigit())
-        {
-            // Pinned: a restart needs no answer from the Hub.
-        } else if pulls {
+        // A commit id is pinned: a restart needs no answer from the Hub.
+        let pinned = recipe.model.revision.as_deref().is_some_and(is_commit);
+        if pulls && !pinned {
             warnings.push(format!(
                 "`model.revision` is {}, a branch: every pod start asks the Hub which commit it is, so a Hub outage blocks restarts and a new push changes what a restart serves; pin a commit id",
                 recipe.model.revision.as_deref().unwrap_or("unset (main)")

@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use sous_engine::dialect::Family;
-use sous_engine::recipe::{EngineKind, Quantity as RecipeQuantity};
+use sous_engine::recipe::{AccessMode, EngineKind, Quantity as RecipeQuantity};
 
 use super::pod::Plan;
 use super::{DeployError, File, Options};
@@ -138,7 +138,8 @@ pub(super) fn render(
         }
         let nodes = plan.gpus / per_node;
         // Every pod of the group loads the model from the volume.
-        if deploy.storage.existing_claim.is_none() && deploy.storage.access_mode.as_str() == "ReadWriteOnce" {
+        if deploy.storage.existing_claim.is_none() && deploy.storage.access_mode == AccessMode::ReadWriteOnce
+        {
             return Err(DeployError::MultiNodeClaim { nodes });
         }
         // Only the leader serves HTTP.
@@ -170,7 +171,7 @@ pub(super) fn render(
         );
     }
     if deploy.replicas > 1
-        && deploy.storage.access_mode.as_str() == "ReadWriteOnce"
+        && deploy.storage.access_mode == AccessMode::ReadWriteOnce
         && deploy.storage.existing_claim.is_none()
     {
         warnings.push(format!(
