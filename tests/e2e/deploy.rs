@@ -721,6 +721,24 @@ fn the_out_directory_is_written_whole_and_only_where_sous_owns_it() {
         assert!(out.join(file).is_file(), "{file}");
         assert!(kustomization.contains(&format!("- {file}\n")), "{kustomization}");
     }
+    // For scripts: what a render wrote, and a rendering's files, as JSON.
+    let (code, json, stderr) = deploy(&["render", "--recipe", DGX, "--out", out_s, "--json"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(json["target"], "k8s");
+    assert_eq!(json["changed"].as_array().map(Vec::len), Some(0), "{json}");
+    assert_eq!(json["unchanged"].as_array().map(Vec::len), Some(5), "{json}");
+    let (code, json, stderr) = deploy(&["render", "--recipe", DGX, "--target", "compose", "--json"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let names: Vec<&str> = json["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert_eq!(names, ["docker-compose.yml", "recipe.toml"]);
+    assert!(json["warnings"].as_array().is_some_and(|w| !w.is_empty()));
     // Again: nothing changes, and the diff is empty.
     let (_, stderr) = render_ok(&["--recipe", DGX, "--out", out_s]);
     assert!(stderr.contains("(0 changed)"), "{stderr}");
