@@ -138,20 +138,11 @@ fn local(dir: &Path) -> Result<ModelFiles, ModelError> {
         let mut file = std::fs::File::open(&path).map_err(io)?;
         let mut len = [0u8; 8];
         file.read_exact(&mut len).map_err(io)?;
-        let n = u64::from_le_bytes(len);
-        if n > MAX_HEADER {
-            return Err(ModelError::Bad {
-                path: path.display().to_string(),
-                message: "not a safetensors file (bad header length)".into(),
-            });
-        }
+        let name = path.display().to_string();
+        let n = header_length(u64::from_le_bytes(len), &name)?;
         let mut header = vec![0u8; n as usize];
         file.read_exact(&mut header).map_err(io)?;
-        let (mut found, _) = header_tensors(&header, i, 8 + n).map_err(|message| ModelError::Bad {
-            path: path.display().to_string(),
-            message,
-        })?;
-        tensors.append(&mut found);
+        tensors.append(&mut shard_tensors(&header, i, &name)?);
     }
     Ok(ModelFiles {
         config,
@@ -206,18 +197,9 @@ async fn remote(client: &HubClient, repo: &str, revision: &str) -> Result<ModelF
                 path: (*shard).to_owned(),
                 message: "the Hub did not answer the range request for the header's length".into(),
             })?;
-        if n > MAX_HEADER {
-            return Err(ModelError::Bad {
-                path: (*shard).to_owned(),
-                message: "not a safetensors file (bad header length)".into(),
-            });
-        }
+        let n = header_length(n, shard)?;
         let header = get(shard, Some((8, 8 + n - 1))).await?;
-        let (mut found, _) = header_tensors(&header, i, 8 + n).map_err(|message| ModelError::Bad {
-            path: (*shard).to_owned(),
-            message,
-        })?;
-        tensors.append(&mut found);
+        tensors.append(&mut shard_tensors(&header, i, shard)?);
     }
     Ok(ModelFiles {
         config,
@@ -225,6 +207,28 @@ async fn remote(client: &HubClient, repo: &str, revision: &str) -> Result<ModelF
         from: format!("{repo}@{}", &commit[..commit.len().min(12)]),
         dir: None,
     })
+}
+
+/// A safetensors header length, refused past the safetensors crate's own limit.
+fn header_length(n: u64, path: &str) -> Result<u64, ModelError> {
+    if n > MAX_HEADER {
+        return Err(ModelError::Bad {
+            path: path.to_owned(),
+            message: "not a safetensors file (bad header length)".into(),
+        });
+    }
+    Ok(n)
+}
+
+/// The tensors of shard `index`, from its header (data after the 8 + header bytes).
+fn shard_tensors(header: &[u8], index: usize, path: &str) -> Result<Vec<SourceTensor>, ModelError> {
+    let data_start = 8 + header.len() as u64;
+    header_tensors(header, index, data_start)
+        .map(|(tensors, _)| tensors)
+        .map_err(|message| ModelError::Bad {
+            path: path.to_owned(),
+            message,
+        })
 }
 
 fn read_config(bytes: &[u8], path: &str) -> Result<Map<String, Value>, ModelError> {
