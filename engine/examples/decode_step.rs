@@ -14,7 +14,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = args.next().map_or(Ok(64), |s| s.parse())?;
     let config = ModelConfig::read(&dir)?;
     let checkpoint = Checkpoint::open(&dir, &config)?;
-    let model = Model::load(config, &checkpoint, candle_core::DType::F32, 4096)?;
+    let model = Model::load(
+        config,
+        &checkpoint,
+        sous_engine::native::weights::Precision::Stored,
+        4096,
+    )?;
     let mut cache = KvCache::new(&model, 64, 16);
     let blocks: Vec<u32> = (0..64).collect();
     let mut token = 1u32;
@@ -42,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let settings = sous_engine::native::Settings {
         model_dir: dir.clone(),
         served_name: "m".into(),
-        dtype: candle_core::DType::F32,
+        precision: sous_engine::native::weights::Precision::Stored,
         max_model_len: Some(4096),
         max_num_seqs: 8,
         max_batched_tokens: 512,

@@ -11,7 +11,7 @@
 //! - [`chat`]: chat templates rendered as transformers renders them (minijinja).
 //! - [`launch`]: engine adapters that turn a [`recipe::Recipe`] into the exact command
 //!   line, environment and option files of vLLM, SGLang or TensorRT-LLM.
-//! - [`native`]: the built-in CPU engine (candle + axum) with an OpenAI-compatible API.
+//! - [`native`]: the built-in CPU engine (our own kernels + axum) with an OpenAI-compatible API.
 //! - [`serve`]: running an engine: launch, readiness, OOM fallback, restarts, stop.
 //! - [`size`]: byte sizes as users write them (`5GB`, `14.5GiB`) and as sous shows them.
 //! - [`version`]: engine release numbers.

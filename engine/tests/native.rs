@@ -70,7 +70,7 @@ impl Loop {
         let settings = Settings {
             model_dir: dir.to_owned(),
             served_name: "smollm2".into(),
-            dtype: candle_core::DType::F32,
+            precision: sous_engine::native::weights::Precision::Stored,
             max_model_len: Some(2048),
             max_num_seqs,
             max_batched_tokens,

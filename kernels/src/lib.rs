@@ -23,6 +23,7 @@
 
 pub mod fast;
 pub mod formats;
+pub mod gemm;
 pub mod reference;
 pub mod scale;
 pub mod stats;

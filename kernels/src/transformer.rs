@@ -1,6 +1,6 @@
 //! The element-wise and attention loops of a Llama-family decoder on the CPU, in f32.
 //!
-//! The native engine runs its matrix products through candle (gemm); everything between
+//! The native engine runs its matrix products through [`crate::gemm`]; everything between
 //! them lives here, because this crate is built optimized in every profile and these
 //! loops run once per token per layer. Each function follows the arithmetic of
 //! transformers' `modeling_llama.py` (RMSNorm in f32, rotary embedding by
@@ -215,166 +215,6 @@ fn slots(query: Query<'_>, shape: KvShape, kv_head: usize) -> impl Iterator<Item
         })
 }
 
-/// `out = x · wᵀ` for a few rows of `x` (`rows × k`), with `w` row-major `n × k` (a
-/// linear layer's `[out, in]` weight as checkpoints store it).
-///
-/// This is the decode-time product: one or a few tokens against a whole weight matrix,
-/// bound by reading the weights. General GEMM libraries pack the weight into panels
-/// first, which for a handful of rows costs more than the product; here each weight row
-/// is read once, straight from the checkpoint layout, and dotted with every input row
-/// while it is in L1. Rows of `w` are split across the rayon pool. The dot product is
-/// compiled for AVX-512 and AVX2+FMA and chosen at run time (`multiversion`).
-pub fn matmul_t(x: &[f32], rows: usize, w: &[f32], k: usize, out: &mut [f32]) {
-    by_weight_rows(x, rows, w, k, out, dots);
-}
-
-/// [`matmul_t`] with bf16 weights (their raw bits), computed in f32: each weight is
-/// widened exactly (`bits << 16`), so the result equals the f32 product of the upcast
-/// weights while reading half the bytes.
-pub fn matmul_t_bf16(x: &[f32], rows: usize, w: &[u16], k: usize, out: &mut [f32]) {
-    by_weight_rows(x, rows, w, k, out, dots_bf16);
-}
-
-/// Splits the weight rows across the rayon pool (about 64 KiB of weights per task, so
-/// tasks are many and even), runs `dots` on each slice into a `[n, rows]` buffer and
-/// writes it out as `[rows, n]`.
-fn by_weight_rows<W: Sync>(
-    x: &[f32],
-    rows: usize,
-    w: &[W],
-    k: usize,
-    out: &mut [f32],
-    dots: impl Fn(&[f32], usize, &[W], usize, &mut [f32]) + Sync,
-) {
-    let n = w.len() / k;
-    debug_assert_eq!(x.len(), rows * k);
-    debug_assert_eq!(out.len(), rows * n);
-    let per_task = (65536 / (k * std::mem::size_of::<W>())).max(1);
-    let mut transposed = vec![0.0f32; n * rows];
-    transposed
-        .par_chunks_mut(per_task * rows)
-        .zip(w.par_chunks(per_task * k))
-        .for_each(|(dst, wc)| dots(x, rows, wc, k, dst));
-    for (j, col) in transposed.chunks_exact(rows).enumerate() {
-        for (m, &v) in col.iter().enumerate() {
-            out[m * n + j] = v;
-        }
-    }
-}
-
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn dots_bf16(x: &[f32], rows: usize, w: &[u16], k: usize, dst: &mut [f32]) {
-    let fma = multiversion::target::selected_target!().supports_feature_str("fma");
-    const L: usize = 16;
-    let mut wide = vec![0.0f32; k];
-    for (wr, d) in w.chunks_exact(k).zip(dst.chunks_exact_mut(rows)) {
-        if rows == 1 {
-            // One input row: widen and multiply in the same pass.
-            let xr = &x[..k];
-            let mut acc = [0.0f32; L];
-            let chunks = k / L;
-            for (xc, wc) in xr.chunks_exact(L).zip(wr.chunks_exact(L)) {
-                for ((a, &xv), &bits) in acc.iter_mut().zip(xc).zip(wc) {
-                    let wv = f32::from_bits(u32::from(bits) << 16);
-                    *a = if fma { xv.mul_add(wv, *a) } else { *a + xv * wv };
-                }
-            }
-            let mut sum: f32 = acc.iter().sum();
-            for (&xv, &bits) in xr[chunks * L..].iter().zip(&wr[chunks * L..]) {
-                sum += xv * f32::from_bits(u32::from(bits) << 16);
-            }
-            d[0] = sum;
-            continue;
-        }
-        for (dst, &bits) in wide.iter_mut().zip(wr) {
-            *dst = f32::from_bits(u32::from(bits) << 16);
-        }
-        rows_dot(x, rows, &wide, k, d, fma);
-    }
-}
-
-/// `d[m] = x[m] · w` for every row of `x`, four rows at a time so that each loaded
-/// weight lane feeds four multiply-adds.
-#[inline(always)]
-fn rows_dot(x: &[f32], rows: usize, w: &[f32], k: usize, d: &mut [f32], fma: bool) {
-    let mut m = 0;
-    while m + 4 <= rows {
-        let sums = dot4(&x[m * k..(m + 4) * k], w, k, fma);
-        d[m..m + 4].copy_from_slice(&sums);
-        m += 4;
-    }
-    for (r, out) in d.iter_mut().enumerate().skip(m) {
-        let xr = &x[r * k..(r + 1) * k];
-        *out = if fma { dot_fma(xr, w) } else { dot(xr, w) };
-    }
-}
-
-/// Four dot products of consecutive rows of `x` (`4 × k`) with `w`.
-// Explicit lanes: the fixed-size inner loops are what the vectorizer turns into
-// registers, one per row.
-#[allow(clippy::needless_range_loop)]
-#[inline(always)]
-fn dot4(x: &[f32], w: &[f32], k: usize, fma: bool) -> [f32; 4] {
-    const L: usize = 16;
-    let (x0, rest) = x.split_at(k);
-    let (x1, rest) = rest.split_at(k);
-    let (x2, x3) = rest.split_at(k);
-    let mut acc = [[0.0f32; L]; 4];
-    let lanes = w
-        .chunks_exact(L)
-        .zip(x0.chunks_exact(L))
-        .zip(x1.chunks_exact(L))
-        .zip(x2.chunks_exact(L))
-        .zip(x3.chunks_exact(L));
-    for ((((wc, c0), c1), c2), c3) in lanes {
-        type Lanes<'a> = &'a [f32; L];
-        let (wc, c0, c1, c2, c3): (Lanes, Lanes, Lanes, Lanes, Lanes) = match (
-            wc.try_into(),
-            c0.try_into(),
-            c1.try_into(),
-            c2.try_into(),
-            c3.try_into(),
-        ) {
-            (Ok(a), Ok(b), Ok(c), Ok(d), Ok(e)) => (a, b, c, d, e),
-            _ => continue,
-        };
-        let [a0, a1, a2, a3] = &mut acc;
-        for l in 0..L {
-            let wv = wc[l];
-            if fma {
-                a0[l] = c0[l].mul_add(wv, a0[l]);
-                a1[l] = c1[l].mul_add(wv, a1[l]);
-                a2[l] = c2[l].mul_add(wv, a2[l]);
-                a3[l] = c3[l].mul_add(wv, a3[l]);
-            } else {
-                a0[l] += c0[l] * wv;
-                a1[l] += c1[l] * wv;
-                a2[l] += c2[l] * wv;
-                a3[l] += c3[l] * wv;
-            }
-        }
-    }
-    let tail = k / L * L;
-    let mut out = [0.0f32; 4];
-    for (r, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
-        let mut sum: f32 = a.iter().sum();
-        for i in tail..k {
-            sum += x[r * k + i] * w[i];
-        }
-        *o = sum;
-    }
-    out
-}
-
-/// `dst[j * rows + m] = x[m] · w[j]` for the weight rows in `w`.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn dots(x: &[f32], rows: usize, w: &[f32], k: usize, dst: &mut [f32]) {
-    let fma = multiversion::target::selected_target!().supports_feature_str("fma");
-    for (wr, d) in w.chunks_exact(k).zip(dst.chunks_exact_mut(rows)) {
-        rows_dot(x, rows, wr, k, d, fma);
-    }
-}
-
 /// [`dot`] with fused multiply-adds (only called where FMA is enabled).
 #[inline(always)]
 fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
@@ -482,33 +322,6 @@ mod tests {
             let want = naive(&q[head * 8..(head + 1) * 8], &keys, &values);
             for (a, b) in out[head * 8..(head + 1) * 8].iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "head {head}: {a} vs {b}");
-            }
-        }
-    }
-
-    #[test]
-    fn matmul_t_matches_the_plain_product() {
-        for (rows, n, k) in [(1, 37, 64), (3, 5, 19), (8, 300, 576), (13, 40, 1536)] {
-            let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
-            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.05).collect();
-            let mut out = vec![0.0; rows * n];
-            matmul_t(&x, rows, &w, k, &mut out);
-            // The weights truncated to bf16 bits, against the product of those values.
-            let bits: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
-            let mut out16 = vec![0.0; rows * n];
-            matmul_t_bf16(&x, rows, &bits, k, &mut out16);
-            for m in 0..rows {
-                for j in 0..n {
-                    let want: f32 = (0..k).map(|i| x[m * k + i] * w[j * k + i]).sum();
-                    assert!((out[m * n + j] - want).abs() < 1e-3, "({rows},{n},{k}) [{m},{j}]");
-                    let want16: f32 = (0..k)
-                        .map(|i| x[m * k + i] * f32::from_bits(u32::from(bits[j * k + i]) << 16))
-                        .sum();
-                    assert!(
-                        (out16[m * n + j] - want16).abs() < 1e-3,
-                        "bf16 ({rows},{n},{k}) [{m},{j}]"
-                    );
-                }
             }
         }
     }

@@ -1,4 +1,4 @@
-//! The built-in `native` engine: a Llama-family decoder on the CPU (candle), served
+//! The built-in `native` engine: a Llama-family decoder on the CPU, served
 //! in-process with an OpenAI-compatible API and vLLM's metrics.
 //!
 //! - [`config`], [`weights`], [`model`]: reading a Hugging Face model directory
@@ -24,8 +24,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use candle_core::DType;
-
 use crate::diagnose::{Class, Diagnose, user_unless};
 use crate::recipe::{ModelDtype, Recipe};
 use crate::reporter::Reporter;
@@ -33,7 +31,7 @@ use config::ModelConfig;
 use metrics::Metrics;
 use model::Model;
 use text::TextModel;
-use weights::Checkpoint;
+use weights::{Checkpoint, Precision};
 
 /// Tokens per KV block (vLLM's default `--block-size`).
 pub const BLOCK_SIZE: usize = 16;
@@ -99,9 +97,6 @@ pub enum NativeError {
         /// Why.
         source: std::io::Error,
     },
-    /// A tensor operation failed.
-    #[error("tensor operation failed: {0}")]
-    Candle(#[from] candle_core::Error),
     /// A bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -109,7 +104,7 @@ pub enum NativeError {
 
 impl Diagnose for NativeError {
     fn class(&self) -> Class {
-        user_unless(matches!(self, NativeError::Candle(_) | NativeError::Internal(_)))
+        user_unless(matches!(self, NativeError::Internal(_)))
     }
 
     fn hint(&self) -> Option<String> {
@@ -131,8 +126,8 @@ pub struct Settings {
     pub model_dir: PathBuf,
     /// Name clients use.
     pub served_name: String,
-    /// Compute dtype of the matrix products.
-    pub dtype: DType,
+    /// The precision float weights are held in (products accumulate in f32).
+    pub precision: Precision,
     /// Longest prompt + output; `None`: the model's.
     pub max_model_len: Option<usize>,
     /// Most sequences at once.
@@ -163,10 +158,21 @@ impl Settings {
     /// The settings of `recipe`, serving the model in `model_dir`.
     pub fn from_recipe(recipe: &Recipe, model_dir: &Path) -> Result<Settings, NativeError> {
         let s = &recipe.serving;
-        let dtype = match s.dtype {
-            None | Some(ModelDtype::Auto) | Some(ModelDtype::Float32) => DType::F32,
-            Some(ModelDtype::Bfloat16) => DType::BF16,
-            Some(ModelDtype::Float16) => DType::F16,
+        // The native engine computes in f32 everywhere; `dtype` picks what the weights
+        // are held in. A bf16 checkpoint stays bf16 under `float32` (widening is exact,
+        // so the numbers are the same and half the bytes are read).
+        let precision = match s.dtype {
+            None | Some(ModelDtype::Auto) | Some(ModelDtype::Float32) => Precision::Stored,
+            Some(ModelDtype::Bfloat16) => Precision::Bf16,
+            Some(ModelDtype::Float16) => {
+                return Err(NativeError::Settings {
+                    message: "`serving.dtype = \"float16\"`: the native engine holds weights in bf16 or f32 \
+                              and computes in f32"
+                        .into(),
+                    hint: "use \"bfloat16\" (bf16 weights) or \"float32\" / \"auto\" (the checkpoint's own)"
+                        .into(),
+                });
+            }
         };
         let api_key = match &recipe.server.api_key_env {
             Some(var) => Some(std::env::var(var).map_err(|_| NativeError::Settings {
@@ -178,7 +184,7 @@ impl Settings {
         Ok(Settings {
             model_dir: model_dir.to_owned(),
             served_name: recipe.model.served_name.clone(),
-            dtype,
+            precision,
             max_model_len: s.max_model_len.map(|v| v as usize),
             max_num_seqs: s.max_num_seqs.map_or(DEFAULT_MAX_NUM_SEQS, |v| v as usize),
             max_batched_tokens: s
@@ -324,16 +330,17 @@ impl Engine {
         let text = TextModel::load(dir, &config.eos_token_ids)?;
         let checkpoint = Checkpoint::open(dir, &config)?;
         let quantization = checkpoint.quantization();
-        let model = Model::load(config, &checkpoint, settings.dtype, max_model_len)?;
+        let model = Model::load(config, &checkpoint, settings.precision, max_model_len)?;
         drop(checkpoint);
         let weights = model.weight_bytes();
         log(format!(
-            "Model loading took {:.4} GiB memory and {:.6} seconds ({}, {:?} compute, weights {:?})",
+            "Model loading took {:.4} GiB memory and {:.6} seconds ({}, weights {:?}, {:?}, f32 compute, {} kernels)",
             weights as f64 / (1u64 << 30) as f64,
             started.elapsed().as_secs_f64(),
             model.config().architecture,
-            settings.dtype,
             quantization,
+            settings.precision,
+            sous_kernels::gemm::Isa::current().name(),
         ));
         let per_token = model::kv_bytes_per_token(model.config());
         let budget = kv_budget(

@@ -8,42 +8,40 @@
 //! how iteration-level batching pays off on a CPU: the weights are read once per step,
 //! not once per sequence.
 //!
-//! Matrix products run in the compute dtype (f32 or bf16) through candle; the rest
-//! (norms, rotary, attention, activations) runs in f32 in `sous_kernels::transformer`.
+//! Matrix products run through `sous_kernels::gemm` on weights packed at load in their
+//! held precision (f32, bf16 or NVFP4), accumulating in f32; the rest (norms, rotary,
+//! attention, activations) runs in f32 in `sous_kernels::transformer`.
 
-use candle_core::{DType, Device, Tensor};
+use sous_kernels::gemm::{self, Packed};
 use sous_kernels::transformer::{self as k, KvShape, Query, Rotary};
 
 use super::NativeError;
 use super::config::{Family, ModelConfig};
-use super::weights::Checkpoint;
-
-/// Products with at most this many rows use the weight-streaming kernel.
-const SMALL_PRODUCT_ROWS: usize = 16;
+use super::weights::{Checkpoint, Precision};
 
 struct Layer {
     input_norm: Vec<f32>,
     /// q, k and v projections stacked: `[(heads + 2 kv_heads) head_dim, hidden]`.
-    qkv: Tensor,
+    qkv: Packed,
     qkv_bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    o: Tensor,
+    o: Packed,
     post_norm: Vec<f32>,
     /// gate and up projections stacked: `[2 intermediate, hidden]`.
-    gate_up: Tensor,
-    down: Tensor,
+    gate_up: Packed,
+    down: Packed,
 }
 
 /// A loaded model.
 pub struct Model {
     config: ModelConfig,
-    dtype: DType,
-    embed: Tensor,
+    precision: Precision,
+    embed: Packed,
     layers: Vec<Layer>,
     norm: Vec<f32>,
     /// `None`: tied to `embed`.
-    lm_head: Option<Tensor>,
+    lm_head: Option<Packed>,
     rotary: Rotary,
 }
 
@@ -51,7 +49,7 @@ impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model")
             .field("architecture", &self.config.architecture)
-            .field("dtype", &self.dtype)
+            .field("precision", &self.precision)
             .finish()
     }
 }
@@ -123,14 +121,21 @@ pub enum Logits {
 }
 
 impl Model {
-    /// Loads the weights of `checkpoint` for computing in `dtype`, with rotary tables for
-    /// `max_len` positions.
+    /// Loads the weights of `checkpoint`, float ones held in `precision`, with rotary
+    /// tables for `max_len` positions.
     pub fn load(
         config: ModelConfig,
         checkpoint: &Checkpoint,
-        dtype: DType,
+        precision: Precision,
         max_len: usize,
     ) -> Result<Model, NativeError> {
+        let dtype = precision;
+        let stack = |name: String, parts: Vec<Packed>| {
+            Packed::stack(parts).map_err(|e| NativeError::Config {
+                path: name.into(),
+                message: format!("cannot fuse the projections: {e}"),
+            })
+        };
         let c = &config;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let mut layers = Vec::with_capacity(c.layers);
@@ -159,23 +164,17 @@ impl Model {
             let up = checkpoint.linear(&format!("{p}.mlp.up_proj"), [c.intermediate_size, h], dtype)?;
             layers.push(Layer {
                 input_norm: checkpoint.vector(&format!("{p}.input_layernorm.weight"))?,
-                qkv: Tensor::cat(&[q, kp, v], 0)?,
+                qkv: stack(format!("{p}.self_attn"), vec![q, kp, v])?,
                 qkv_bias,
                 q_norm,
                 k_norm,
                 o: checkpoint.linear(&format!("{p}.self_attn.o_proj"), [h, c.heads * hd], dtype)?,
                 post_norm: checkpoint.vector(&format!("{p}.post_attention_layernorm.weight"))?,
-                gate_up: Tensor::cat(&[gate, up], 0)?,
+                gate_up: stack(format!("{p}.mlp"), vec![gate, up])?,
                 down: checkpoint.linear(&format!("{p}.mlp.down_proj"), [h, c.intermediate_size], dtype)?,
             });
         }
-        let embed = checkpoint.stored("model.embed_tokens.weight", dtype)?;
-        if embed.dims() != [c.vocab_size, h] {
-            return Err(NativeError::Config {
-                path: "model.embed_tokens.weight".into(),
-                message: format!("shape {:?}, expected [{}, {h}]", embed.dims(), c.vocab_size),
-            });
-        }
+        let embed = checkpoint.matrix("model.embed_tokens.weight", [c.vocab_size, h], dtype)?;
         let lm_head = if c.tie_word_embeddings && !checkpoint.has("lm_head.weight") {
             None
         } else {
@@ -185,7 +184,7 @@ impl Model {
         Ok(Model {
             norm: checkpoint.vector("model.norm.weight")?,
             config,
-            dtype,
+            precision,
             embed,
             layers,
             lm_head,
@@ -198,66 +197,25 @@ impl Model {
         &self.config
     }
 
-    /// The compute dtype of the matrix products.
-    pub fn dtype(&self) -> DType {
-        self.dtype
+    /// The precision float weights are held in.
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// Bytes the weights take in memory.
     pub fn weight_bytes(&self) -> u64 {
-        let tensor = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as u64;
-        let mut total = tensor(&self.embed) + self.lm_head.as_ref().map_or(0, tensor);
+        let mut total = self.embed.bytes() + self.lm_head.as_ref().map_or(0, Packed::bytes);
         for l in &self.layers {
-            total += tensor(&l.qkv) + tensor(&l.o) + tensor(&l.gate_up) + tensor(&l.down);
+            total += l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes();
         }
         total
     }
 
-    /// `x · wᵀ` for `rows` rows of `x`, in the compute dtype, back to f32.
-    ///
-    /// A few rows (decode steps) in f32 go through `sous_kernels::transformer::matmul_t`,
-    /// which reads the weight once in its stored layout; more rows (prefill) go through
-    /// candle's GEMM, which packs the weight and then runs at the CPU's peak.
-    fn linear(&self, x: &[f32], rows: usize, w: &Tensor) -> Result<Vec<f32>, NativeError> {
-        let cols = x.len() / rows.max(1);
-        if rows <= SMALL_PRODUCT_ROWS && self.dtype == DType::F32 && w.is_contiguous() {
-            let (storage, layout) = w.storage_and_layout();
-            if let candle_core::Storage::Cpu(cpu) = &*storage {
-                let (start, len) = (layout.start_offset(), w.elem_count());
-                let mut out = vec![0.0f32; rows * w.dims()[0]];
-                match w.dtype() {
-                    DType::F32 => k::matmul_t(
-                        x,
-                        rows,
-                        &cpu.as_slice::<f32>()?[start..start + len],
-                        cols,
-                        &mut out,
-                    ),
-                    DType::BF16 => {
-                        use half::slice::HalfFloatSliceExt;
-                        let bits: &[u16] =
-                            cpu.as_slice::<half::bf16>()?[start..start + len].reinterpret_cast();
-                        k::matmul_t_bf16(x, rows, bits, cols, &mut out);
-                    }
-                    other => return Err(NativeError::Internal(format!("weights stored as {other:?}"))),
-                }
-                return Ok(out);
-            }
-        }
-        // Weights kept narrower than the compute dtype are widened for the product.
-        let wide;
-        let w = if w.dtype() == self.dtype {
-            w
-        } else {
-            wide = w.to_dtype(self.dtype)?;
-            &wide
-        };
-        let mut t = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
-        if self.dtype != DType::F32 {
-            t = t.to_dtype(self.dtype)?;
-        }
-        let y = t.matmul(&w.t()?)?;
-        Ok(y.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
+    /// `x · wᵀ` for `rows` rows of `x`.
+    fn linear(&self, x: &[f32], rows: usize, w: &Packed) -> Vec<f32> {
+        let mut out = vec![0.0f32; rows * w.n()];
+        gemm::matmul(x, rows, w, &mut out);
+        out
     }
 
     /// Runs the batch: writes its keys and values into `cache` and returns the logits the
@@ -290,13 +248,15 @@ impl Model {
                 });
             }
         }
-        let ids = Tensor::from_slice(&tokens, n, &Device::Cpu)?;
-        let mut x: Vec<f32> = self
-            .embed
-            .index_select(&ids, 0)?
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1()?;
+        let mut x = vec![0.0f32; n * h];
+        for (row, &id) in x.chunks_exact_mut(h).zip(&tokens) {
+            if id as usize >= c.vocab_size {
+                return Err(NativeError::Internal(format!(
+                    "token id {id} is outside the vocabulary"
+                )));
+            }
+            self.embed.row(id as usize, row);
+        }
         let mut normed = vec![0.0f32; n * h];
         let (q_len, kv_len) = (c.heads * hd, c.kv_heads * hd);
         let mut q = vec![0.0f32; n * q_len];
@@ -304,7 +264,7 @@ impl Model {
         let mut act = vec![0.0f32; n * c.intermediate_size];
         for (li, layer) in self.layers.iter().enumerate() {
             k::rms_norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
-            let mut qkv = self.linear(&normed, n, &layer.qkv)?;
+            let mut qkv = self.linear(&normed, n, &layer.qkv);
             let row_len = q_len + 2 * kv_len;
             if let Some(bias) = &layer.qkv_bias {
                 for row in qkv.chunks_exact_mut(row_len) {
@@ -327,12 +287,12 @@ impl Model {
                 v_cache[at..at + kv_len].copy_from_slice(vr);
             }
             k::paged_attention(&q, &queries, c.heads, cache.shape, k_cache, v_cache, &mut attn);
-            let o = self.linear(&attn, n, &layer.o)?;
+            let o = self.linear(&attn, n, &layer.o);
             k::add_assign(&mut x, &o);
             k::rms_norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
-            let gate_up = self.linear(&normed, n, &layer.gate_up)?;
+            let gate_up = self.linear(&normed, n, &layer.gate_up);
             k::silu_mul(&gate_up, c.intermediate_size, &mut act);
-            let down = self.linear(&act, n, &layer.down)?;
+            let down = self.linear(&act, n, &layer.down);
             k::add_assign(&mut x, &down);
         }
         // Final norm and lm_head, only for the rows asked for.
@@ -354,6 +314,6 @@ impl Model {
         for (dst, &r) in hidden.chunks_exact_mut(h).zip(&rows) {
             k::rms_norm_row(&x[r * h..(r + 1) * h], &self.norm, c.rms_norm_eps, dst);
         }
-        self.linear(&hidden, rows.len(), self.lm_head.as_ref().unwrap_or(&self.embed))
+        Ok(self.linear(&hidden, rows.len(), self.lm_head.as_ref().unwrap_or(&self.embed)))
     }
 }

@@ -1,23 +1,24 @@
-//! Reading a model directory's safetensors into candle tensors, dequantizing NVFP4.
+//! Reading a model directory's safetensors into packed weights for
+//! [`sous_kernels::gemm`], keeping NVFP4 packed.
 //!
 //! The files are those [`crate::checkpoint::index::Shards`] finds (`model.safetensors`,
 //! or the shards `model.safetensors.index.json` lists); they are memory-mapped and each
-//! tensor is copied out once, converted to the compute dtype. NVFP4 weights come in the
-//! two layouts `sous quantize` writes, named by [`crate::checkpoint::names`]:
-//! compressed-tensors and ModelOpt (`docs/nvfp4.md`). They are dequantized at load with
-//! the same arithmetic as the reference tools (`sous_kernels::reference::dequantize`);
-//! a fused NVFP4 matrix product is future work, so an NVFP4 model takes as much memory
-//! as its source once loaded.
+//! tensor is copied out once into the product's panel layout. Float weights keep their
+//! stored precision (bf16 stays bf16; f16 is widened to f32, which is exact) unless the
+//! recipe asks for bf16 ([`Precision`]). NVFP4 weights come in the two layouts
+//! `sous quantize` writes, named by [`crate::checkpoint::names`]: compressed-tensors and
+//! ModelOpt (`docs/nvfp4.md`). They stay packed (FP4 codes, E4M3 block scales) and are
+//! dequantized in registers by the product, with the reference tools' arithmetic
+//! (`sous_kernels::reference::dequantize`'s values, bit for bit).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
 use serde_json::Value;
-use sous_kernels::reference;
+use sous_kernels::gemm::Packed;
 use sous_kernels::scale::{Flavor, TensorScale};
 
 use super::NativeError;
@@ -85,6 +86,23 @@ impl Quantization {
             Quantization::Nvfp4ModelOpt => Some(QuantFormat::Modelopt),
         }
     }
+}
+
+/// The precision float weights are held in; products always accumulate in f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// As stored: bf16 and f32 as they are, f16 widened to f32 (exact).
+    Stored,
+    /// bf16: f32 and f16 weights rounded to the nearest bf16 at load (half the memory
+    /// and bytes read of f32, the numbers of a bf16 model).
+    Bf16,
+}
+
+/// A float tensor's values, in the precision the engine holds them in.
+enum Floats {
+    F32(Vec<f32>),
+    /// Raw bf16 bits.
+    Bf16(Vec<u16>),
 }
 
 /// The memory-mapped safetensors files of one model directory.
@@ -175,43 +193,78 @@ impl Checkpoint {
         Ok((view, path))
     }
 
-    /// A floating-point tensor, converted to `dtype`.
-    pub fn tensor(&self, name: &str, dtype: DType) -> Result<Tensor, NativeError> {
+    /// A float tensor's values in `precision`, and its shape.
+    fn floats(&self, name: &str, precision: Precision) -> Result<(Floats, Vec<usize>), NativeError> {
         let (view, path) = self.view(name)?;
-        let source = match view.dtype() {
-            StDtype::BF16 => DType::BF16,
-            StDtype::F16 => DType::F16,
-            StDtype::F32 => DType::F32,
-            other => {
+        let data = view.data();
+        let halves = || data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        let f32s = || {
+            data.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let values = match (view.dtype(), precision) {
+            (StDtype::BF16, _) => Floats::Bf16(halves().collect()),
+            (StDtype::F32, Precision::Stored) => Floats::F32(f32s().collect()),
+            (StDtype::F32, Precision::Bf16) => {
+                Floats::Bf16(f32s().map(|v| half::bf16::from_f32(v).to_bits()).collect())
+            }
+            (StDtype::F16, Precision::Stored) => {
+                Floats::F32(halves().map(|b| half::f16::from_bits(b).to_f32()).collect())
+            }
+            (StDtype::F16, Precision::Bf16) => Floats::Bf16(
+                halves()
+                    .map(|b| half::bf16::from_f32(half::f16::from_bits(b).to_f32()).to_bits())
+                    .collect(),
+            ),
+            (other, _) => {
                 return Err(NativeError::Config {
                     path: path.to_owned(),
                     message: format!("tensor `{name}` is {other:?}, not a floating-point type"),
                 });
             }
         };
-        let t = Tensor::from_raw_buffer(view.data(), source, view.shape(), &Device::Cpu)?;
-        Ok(t.to_dtype(dtype)?)
+        Ok((values, view.shape().to_vec()))
     }
 
-    /// A weight kept for computing in `compute`: bf16 weights stay bf16 when the compute
-    /// dtype is f32 (widening bf16 to f32 is exact, so the product is the same, and the
-    /// decode kernel reads half the bytes); anything else is converted to `compute`.
-    pub fn stored(&self, name: &str, compute: DType) -> Result<Tensor, NativeError> {
-        let (view, _) = self.view(name)?;
-        if compute == DType::F32 && view.dtype() == StDtype::BF16 {
-            return self.tensor(name, DType::BF16);
-        }
-        self.tensor(name, compute)
-    }
-
-    /// A tensor as f32 values.
+    /// A tensor as f32 values (norm weights, biases, scales).
     pub fn vector(&self, name: &str) -> Result<Vec<f32>, NativeError> {
-        Ok(self.tensor(name, DType::F32)?.flatten_all()?.to_vec1()?)
+        Ok(match self.floats(name, Precision::Stored)?.0 {
+            Floats::F32(v) => v,
+            Floats::Bf16(v) => v
+                .into_iter()
+                .map(|b| f32::from_bits(u32::from(b) << 16))
+                .collect(),
+        })
     }
 
-    /// The weight of linear layer `prefix` (`prefix.weight`, or its NVFP4 form),
-    /// `[out, in]` in `dtype`. `shape` is the expected `[out, in]`.
-    pub fn linear(&self, prefix: &str, shape: [usize; 2], dtype: DType) -> Result<Tensor, NativeError> {
+    /// A plain float matrix (`name`, shape `[n, k]`), packed for the product.
+    pub fn matrix(&self, name: &str, shape: [usize; 2], precision: Precision) -> Result<Packed, NativeError> {
+        let (values, dims) = self.floats(name, precision)?;
+        if dims != shape {
+            return Err(NativeError::Config {
+                path: self.dir.clone(),
+                message: format!("`{name}` has shape {dims:?}, expected {shape:?}"),
+            });
+        }
+        let [n, k] = shape;
+        let packed = match values {
+            Floats::F32(v) => Packed::from_f32(&v, n, k),
+            Floats::Bf16(v) => Packed::from_bf16(&v, n, k),
+        };
+        packed.map_err(|e| NativeError::Config {
+            path: self.dir.clone(),
+            message: format!("`{name}`: {e}"),
+        })
+    }
+
+    /// The weight of linear layer `prefix` (`prefix.weight`, or its NVFP4 form), `[out,
+    /// in]` as `shape` says, packed for the product: NVFP4 stays NVFP4.
+    pub fn linear(
+        &self,
+        prefix: &str,
+        shape: [usize; 2],
+        precision: Precision,
+    ) -> Result<Packed, NativeError> {
         let format = self.quantization.format();
         let flavor = match format {
             Some(QuantFormat::Modelopt) => Flavor::ModelOptGpu,
@@ -224,40 +277,33 @@ impl Checkpoint {
                     .view(&names::tensor(prefix, n.packed))
                     .is_ok_and(|(v, _)| v.dtype() == StDtype::U8)
         });
-        let tensor = if let Some(n) = quantized {
-            let (codes, path) = self.view(&names::tensor(prefix, n.packed))?;
-            let (scales, _) = self.view(&names::tensor(prefix, n.scales))?;
-            let global = self.vector(&names::tensor(prefix, n.global))?;
-            let [out, inp] = shape;
-            if codes.shape() != [out, inp / 2] || scales.shape() != [out, inp / 16] || global.len() != 1 {
-                return Err(NativeError::Config {
-                    path: path.to_owned(),
-                    message: format!(
-                        "NVFP4 weight `{prefix}` has shapes {:?}/{:?}/{:?}, expected [{out}, {}]/[{out}, {}]/[1]",
-                        codes.shape(),
-                        scales.shape(),
-                        global.len(),
-                        inp / 2,
-                        inp / 16
-                    ),
-                });
-            }
-            let scale = TensorScale::from_value(flavor, self.source, global[0]);
-            let values = reference::dequantize(codes.data(), scales.data(), &scale);
-            Tensor::from_vec(values, (out, inp), &Device::Cpu)?.to_dtype(dtype)?
-        } else {
-            self.stored(&names::tensor(prefix, names::WEIGHT), dtype)?
+        let Some(n) = quantized else {
+            return self.matrix(&names::tensor(prefix, names::WEIGHT), shape, precision);
         };
-        if tensor.dims() != shape {
+        let (codes, path) = self.view(&names::tensor(prefix, n.packed))?;
+        let (scales, _) = self.view(&names::tensor(prefix, n.scales))?;
+        let global = self.vector(&names::tensor(prefix, n.global))?;
+        let [out, inp] = shape;
+        if codes.shape() != [out, inp / 2] || scales.shape() != [out, inp / 16] || global.len() != 1 {
             return Err(NativeError::Config {
-                path: self.dir.clone(),
+                path: path.to_owned(),
                 message: format!(
-                    "`{prefix}.weight` has shape {:?}, expected {shape:?}",
-                    tensor.dims()
+                    "NVFP4 weight `{prefix}` has shapes {:?}/{:?}/{:?}, expected [{out}, {}]/[{out}, {}]/[1]",
+                    codes.shape(),
+                    scales.shape(),
+                    global.len(),
+                    inp / 2,
+                    inp / 16
                 ),
             });
         }
-        Ok(tensor)
+        let scale = TensorScale::from_value(flavor, self.source, global[0]);
+        Packed::from_nvfp4(codes.data(), scales.data(), |s| scale.divisor(s), out, inp).map_err(|e| {
+            NativeError::Config {
+                path: path.to_owned(),
+                message: format!("NVFP4 weight `{prefix}`: {e}"),
+            }
+        })
     }
 }
 
@@ -346,10 +392,18 @@ mod tests {
         let config = ModelConfig::parse(CONFIG, &dir.path().join("config.json"))?;
         let checkpoint = Checkpoint::open(dir.path(), &config)?;
         assert_eq!(checkpoint.quantization(), Quantization::Nvfp4CompressedTensors);
-        let zeros = checkpoint.linear("model.layers.0.mlp.down_proj", [4, 32], DType::F32)?;
-        assert!(zeros.flatten_all()?.to_vec1::<f32>()?.iter().all(|v| *v == 0.0));
-        let kept = checkpoint.linear("lm_head", [4, 32], DType::F32)?;
-        assert_eq!(kept.flatten_all()?.to_vec1::<f32>()?[5], 5.0);
+        let zeros = checkpoint.linear("model.layers.0.mlp.down_proj", [4, 32], Precision::Stored)?;
+        assert_eq!(zeros.format(), "nvfp4");
+        let mut row = vec![1.0f32; 32];
+        zeros.row(3, &mut row);
+        assert!(row.iter().all(|v| *v == 0.0));
+        let kept = checkpoint.linear("lm_head", [4, 32], Precision::Stored)?;
+        kept.row(0, &mut row);
+        assert_eq!(row[5], 5.0);
+        assert_eq!(
+            checkpoint.linear("lm_head", [4, 32], Precision::Bf16)?.format(),
+            "bf16"
+        );
         Ok(())
     }
 }

@@ -1,0 +1,616 @@
+//! Matrix products of the native engine: `out = x · wᵀ` for a linear layer's weight `w`
+//! (`[n, k]`, `[out, in]` as checkpoints store it), for one row (a decode step) or
+//! hundreds (a prompt chunk), with the weight kept in its stored precision.
+//!
+//! The weight is repacked once, at load, into column panels of [`NR`] output columns:
+//! panel `p` holds `w[16p..16p+16][kk]` for every `kk`, sixteen consecutive values per
+//! `kk` (the layout of BLIS's packed B). The micro-kernel keeps an `MR × 16·NP` tile of
+//! the output in registers and, for every `kk`, loads sixteen weights per panel, widens
+//! them to f32 in registers (bf16 by a shift; NVFP4 by a 16-entry table lookup times the
+//! block's scale, which comes from a 256-entry table of the tensor's divisors), and does
+//! one fused multiply-add per row and panel with `x[m][kk]` broadcast. The input rows
+//! are packed too (`[k][MR]` per block of rows), so every load is sequential.
+//!
+//! Why our own and not candle's GEMM (the `gemm` crate): for many rows that crate's
+//! AVX-512 kernels need a nightly compiler, its stable AVX2 kernel reached about
+//! 30 GFLOP/s on two cores here, and it multiplies f32 by f32 only, so bf16 weights had
+//! to be widened in memory before every product and NVFP4 weights dequantized at load
+//! (the memory of bf16). The numbers: `BENCHMARKS.md`, issue 16.
+//!
+//! The arithmetic is the same on every path (AVX-512, AVX2, portable): each output is
+//! one chain of fused multiply-adds over `kk` in order, starting from zero, so a row's
+//! result does not depend on which other rows share its batch, on the blocking, or on
+//! the CPU's vector width. An NVFP4 weight is `fp4 value × divisor`, one f32 multiply,
+//! exactly [`crate::reference::dequantize`]'s value; the product from packed NVFP4
+//! equals the product from the dequantized f32 matrix bit for bit (tested).
+//!
+//! The kernel in use is chosen at run time ([`Isa::current`]); `SOUS_KERNELS_ISA=avx2` or
+//! `=portable` forces a narrower one, for tests and for measuring the paths an older
+//! CPU would take.
+
+mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use crate::KernelError;
+use crate::formats::fp4;
+
+/// Output columns per packed panel.
+pub const NR: usize = 16;
+
+/// Depth of one pass over the packed weights: a panel's `KC × 16` slice (8 KiB in bf16)
+/// and a block of rows' `KC × MR` inputs stay in L1 across the pass.
+const KC: usize = 256;
+
+/// Rows per pass over a column panel: their packed inputs (`MC × KC` f32, 384 KiB) stay
+/// in L2 while every panel of a task streams past them.
+const MC: usize = 384;
+
+/// The instruction sets a product can run on, widest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F with FMA: 12 rows × 32 columns per tile (1–2 rows × 64 columns).
+    Avx512,
+    /// AVX2 with FMA: 6 rows × 16 columns per tile.
+    Avx2,
+    /// Scalar code with `f32::mul_add`: 4 rows × 16 columns per tile.
+    Portable,
+}
+
+impl Isa {
+    /// The widest set this CPU has, narrowed by `SOUS_KERNELS_ISA` (`avx512`, `avx2` or
+    /// `portable`) if set; checked once per process.
+    pub fn current() -> Isa {
+        static CURRENT: OnceLock<Isa> = OnceLock::new();
+        *CURRENT.get_or_init(|| {
+            let best = Isa::available().first().copied().unwrap_or(Isa::Portable);
+            match std::env::var("SOUS_KERNELS_ISA").ok().as_deref() {
+                Some("portable") => Isa::Portable,
+                Some("avx2") if Isa::available().contains(&Isa::Avx2) => Isa::Avx2,
+                _ => best,
+            }
+        })
+    }
+
+    /// Every set this CPU can run, widest first (the portable one always).
+    pub fn available() -> Vec<Isa> {
+        let mut sets = Vec::with_capacity(3);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if x86::avx512() {
+                sets.push(Isa::Avx512);
+            }
+            if x86::avx2() {
+                sets.push(Isa::Avx2);
+            }
+        }
+        sets.push(Isa::Portable);
+        sets
+    }
+
+    /// Rows and panels of one register tile for a product of `rows` rows. One or two
+    /// rows (decode) take more panels, so that more independent chains of
+    /// multiply-adds are in flight while the weights stream in.
+    fn tile(self, rows: usize) -> (usize, usize) {
+        match self {
+            Isa::Avx512 if rows <= 2 => (12, 4),
+            Isa::Avx512 => (12, 2),
+            Isa::Avx2 => (6, 1),
+            Isa::Portable => (4, 1),
+        }
+    }
+
+    /// The name `SOUS_KERNELS_ISA` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Portable => "portable",
+        }
+    }
+}
+
+/// A weight matrix packed for [`matmul`].
+#[derive(Clone)]
+pub struct Packed {
+    n: usize,
+    k: usize,
+    data: Data,
+}
+
+#[derive(Clone)]
+enum Data {
+    F32(Vec<f32>),
+    /// Raw bf16 bits.
+    Bf16(Vec<u16>),
+    Nvfp4(Nvfp4),
+}
+
+/// NVFP4 panels: per panel, `k/2` rows of 16 bytes (byte `j` holds column `j`'s codes
+/// for `kk = 2t` in the low nibble and `2t + 1` in the high one), and `k/16` rows of 16
+/// block-scale bytes.
+#[derive(Clone)]
+struct Nvfp4 {
+    codes: Vec<u8>,
+    scales: Vec<u8>,
+    /// What a block with scale byte `s` multiplies its FP4 values by, per stacked
+    /// member: `(first panel, table)`, in panel order (one entry unless
+    /// [`Packed::stack`]ed from tensors with different global scales).
+    divisors: Vec<(usize, Box<[f32; 256]>)>,
+}
+
+impl Nvfp4 {
+    /// The table of `panel` and how many panels from it share that table.
+    fn table(&self, panel: usize) -> (&[f32; 256], usize) {
+        let at = self.divisors.partition_point(|(first, _)| *first <= panel) - 1;
+        let end = self.divisors.get(at + 1).map_or(usize::MAX, |(first, _)| *first);
+        (&self.divisors[at].1, end - panel)
+    }
+}
+
+/// The FP4 values of codes 0..=15 (code 8 is -0.0), in the order a 16-lane table
+/// lookup takes them.
+fn fp4_table() -> [f32; 16] {
+    std::array::from_fn(|c| fp4::decode(c as u8))
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Packed")
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .field("format", &self.format())
+            .finish()
+    }
+}
+
+/// Panels covering `n` columns.
+fn panels(n: usize) -> usize {
+    n.div_ceil(NR)
+}
+
+/// Repacks a row-major `[n, k]` matrix into panels (`[panel][kk][16]`, columns past `n`
+/// zero).
+fn pack_panels<T: Copy + Default + Send + Sync>(w: &[T], n: usize, k: usize) -> Vec<T> {
+    let mut out = vec![T::default(); panels(n) * k * NR];
+    out.par_chunks_mut(k * NR).enumerate().for_each(|(p, panel)| {
+        for j in 0..NR.min(n - p * NR) {
+            let row = &w[(p * NR + j) * k..(p * NR + j + 1) * k];
+            for (kk, &v) in row.iter().enumerate() {
+                panel[kk * NR + j] = v;
+            }
+        }
+    });
+    out
+}
+
+fn check_len(
+    rows: usize,
+    cols: usize,
+    dtype: &'static str,
+    expected: usize,
+    actual: usize,
+) -> Result<(), KernelError> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(KernelError::WrongLength {
+            rows,
+            cols,
+            dtype,
+            expected,
+            actual,
+        })
+    }
+}
+
+impl Packed {
+    /// Packs f32 weights (`n × k`, row-major).
+    pub fn from_f32(w: &[f32], n: usize, k: usize) -> Result<Packed, KernelError> {
+        check_len(n, k, "f32", n * k * 4, w.len() * 4)?;
+        Ok(Packed {
+            n,
+            k,
+            data: Data::F32(pack_panels(w, n, k)),
+        })
+    }
+
+    /// Packs bf16 weights given as their raw bits (`n × k`, row-major).
+    pub fn from_bf16(w: &[u16], n: usize, k: usize) -> Result<Packed, KernelError> {
+        check_len(n, k, "bf16", n * k * 2, w.len() * 2)?;
+        Ok(Packed {
+            n,
+            k,
+            data: Data::Bf16(pack_panels(w, n, k)),
+        })
+    }
+
+    /// Packs an NVFP4 weight from its checkpoint layout: `codes` `n × k/2` bytes (even
+    /// element in the low nibble), `scales` `n × k/16` E4M3 bytes, and `divisor(s)` the
+    /// factor a block with scale byte `s` is multiplied by
+    /// ([`crate::TensorScale::divisor`]).
+    pub fn from_nvfp4(
+        codes: &[u8],
+        scales: &[u8],
+        divisor: impl Fn(u8) -> f32,
+        n: usize,
+        k: usize,
+    ) -> Result<Packed, KernelError> {
+        if !k.is_multiple_of(crate::BLOCK) {
+            return Err(KernelError::NotBlockAligned { cols: k });
+        }
+        check_len(n, k, "fp4", n * k / 2, codes.len())?;
+        check_len(n, k / crate::BLOCK, "fp8", n * k / crate::BLOCK, scales.len())?;
+        let p = panels(n);
+        let mut packed_codes = vec![0u8; p * k / 2 * NR];
+        packed_codes
+            .par_chunks_mut(k / 2 * NR)
+            .enumerate()
+            .for_each(|(panel, dst)| {
+                for j in 0..NR.min(n - panel * NR) {
+                    let row = &codes[(panel * NR + j) * k / 2..(panel * NR + j + 1) * k / 2];
+                    // The checkpoint's byte t holds elements 2t (low) and 2t+1 (high):
+                    // the pair this layout puts in one byte too.
+                    for (t, &byte) in row.iter().enumerate() {
+                        dst[t * NR + j] = byte;
+                    }
+                }
+            });
+        let blocks = k / crate::BLOCK;
+        let mut packed_scales = vec![0u8; p * blocks * NR];
+        for (panel, dst) in packed_scales.chunks_mut(blocks * NR).enumerate() {
+            for j in 0..NR.min(n - panel * NR) {
+                let row = &scales[(panel * NR + j) * blocks..(panel * NR + j + 1) * blocks];
+                for (b, &s) in row.iter().enumerate() {
+                    dst[b * NR + j] = s;
+                }
+            }
+        }
+        Ok(Packed {
+            n,
+            k,
+            data: Data::Nvfp4(Nvfp4 {
+                codes: packed_codes,
+                scales: packed_scales,
+                divisors: vec![(0, Box::new(std::array::from_fn(|s| divisor(s as u8))))],
+            }),
+        })
+    }
+
+    /// Output columns (`n`).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input columns (`k`).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// `f32`, `bf16` or `nvfp4`.
+    pub fn format(&self) -> &'static str {
+        match self.data {
+            Data::F32(_) => "f32",
+            Data::Bf16(_) => "bf16",
+            Data::Nvfp4(_) => "nvfp4",
+        }
+    }
+
+    /// Bytes the packed weight takes in memory.
+    pub fn bytes(&self) -> u64 {
+        let b = match &self.data {
+            Data::F32(v) => v.len() * 4,
+            Data::Bf16(v) => v.len() * 2,
+            Data::Nvfp4(q) => q.codes.len() + q.scales.len() + q.divisors.len() * 256 * 4,
+        };
+        b as u64
+    }
+
+    /// One matrix of the rows of `parts`, in order (q, k and v; gate and up), so that
+    /// one product computes them all. Every part but the last must have a multiple of
+    /// 16 rows (a panel never mixes two parts), and all must have the same `k` and
+    /// format.
+    pub fn stack(parts: Vec<Packed>) -> Result<Packed, StackError> {
+        let mut parts = parts.into_iter();
+        let Some(mut out) = parts.next() else {
+            return Err(StackError::Empty);
+        };
+        for part in parts {
+            if !out.n.is_multiple_of(NR) {
+                return Err(StackError::Unaligned { rows: out.n });
+            }
+            if part.k != out.k || part.format() != out.format() {
+                return Err(StackError::Mismatch {
+                    first: (out.format(), out.k),
+                    other: (part.format(), part.k),
+                });
+            }
+            let first_panel = panels(out.n);
+            match (&mut out.data, part.data) {
+                (Data::F32(a), Data::F32(b)) => a.extend(b),
+                (Data::Bf16(a), Data::Bf16(b)) => a.extend(b),
+                (Data::Nvfp4(a), Data::Nvfp4(b)) => {
+                    a.codes.extend(b.codes);
+                    a.scales.extend(b.scales);
+                    for (first, table) in b.divisors {
+                        if a.divisors.last().is_some_and(|(_, t)| **t == *table) {
+                            continue;
+                        }
+                        a.divisors.push((first_panel + first, table));
+                    }
+                }
+                _ => unreachable!("formats compared above"),
+            }
+            out.n += part.n;
+        }
+        Ok(out)
+    }
+
+    /// Row `r` of the matrix as f32 (an embedding lookup): the values the product uses.
+    pub fn row(&self, r: usize, out: &mut [f32]) {
+        let (panel, j) = (r / NR, r % NR);
+        let k = self.k;
+        match &self.data {
+            Data::F32(v) => {
+                let base = panel * k * NR + j;
+                for (kk, o) in out.iter_mut().enumerate().take(k) {
+                    *o = v[base + kk * NR];
+                }
+            }
+            Data::Bf16(v) => {
+                let base = panel * k * NR + j;
+                for (kk, o) in out.iter_mut().enumerate().take(k) {
+                    *o = f32::from_bits(u32::from(v[base + kk * NR]) << 16);
+                }
+            }
+            Data::Nvfp4(q) => {
+                let table = fp4_table();
+                let codes = &q.codes[panel * k / 2 * NR..];
+                let scales = &q.scales[panel * k / crate::BLOCK * NR..];
+                for (kk, o) in out.iter_mut().enumerate().take(k) {
+                    let byte = codes[kk / 2 * NR + j];
+                    let code = if kk.is_multiple_of(2) {
+                        byte & 0xF
+                    } else {
+                        byte >> 4
+                    };
+                    let factor = q.table(panel).0[usize::from(scales[kk / crate::BLOCK * NR + j])];
+                    *o = table[usize::from(code)] * factor;
+                }
+            }
+        }
+    }
+}
+
+/// The packed weights of one tile call, starting at the pass's first `kk`.
+#[derive(Clone, Copy)]
+pub(crate) enum Panels<'a> {
+    /// `[kk][16]` f32 per panel; panels `stride` values apart.
+    F32 { data: &'a [f32], stride: usize },
+    /// `[kk][16]` bf16 bits per panel.
+    Bf16 { data: &'a [u16], stride: usize },
+    /// `[kk/2][16]` code bytes and `[kk/16][16]` scale bytes per panel.
+    Nvfp4 {
+        codes: &'a [u8],
+        code_stride: usize,
+        scales: &'a [u8],
+        scale_stride: usize,
+        divisors: &'a [f32; 256],
+    },
+}
+
+/// One micro-kernel call: `c[m][j] (+)= Σ_kk a[kk][m] · w[j][kk]` for `mr` rows and
+/// `np` panels over `kc` values of `kk`.
+pub(crate) struct Tile<'a> {
+    /// Packed inputs, `[kc][mr]`.
+    pub a: &'a [f32],
+    pub mr: usize,
+    pub kc: usize,
+    pub panels: Panels<'a>,
+    pub np: usize,
+    /// The output tile, rows `ldc` apart, `16·np` columns each.
+    pub c: &'a mut [f32],
+    pub ldc: usize,
+    /// Continue from the values in `c` (a later pass over `kk`) instead of zero.
+    pub accumulate: bool,
+}
+
+impl Tile<'_> {
+    /// Panics unless every access the kernels make is inside the slices; the kernels
+    /// rely on it.
+    fn check(&self) {
+        assert!(self.a.len() >= self.kc * self.mr);
+        assert!(self.mr >= 1 && self.np >= 1);
+        assert!(self.c.len() >= (self.mr - 1) * self.ldc + self.np * NR);
+        let last = self.np - 1;
+        match self.panels {
+            Panels::F32 { data, stride } => assert!(data.len() >= last * stride + self.kc * NR),
+            Panels::Bf16 { data, stride } => assert!(data.len() >= last * stride + self.kc * NR),
+            Panels::Nvfp4 {
+                codes,
+                code_stride,
+                scales,
+                scale_stride,
+                ..
+            } => {
+                assert!(self.kc.is_multiple_of(crate::BLOCK));
+                assert!(codes.len() >= last * code_stride + self.kc / 2 * NR);
+                assert!(scales.len() >= last * scale_stride + self.kc / crate::BLOCK * NR);
+            }
+        }
+    }
+}
+
+fn run_tile(isa: Isa, tile: &mut Tile) {
+    tile.check();
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => x86::tile_avx512(tile),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::tile_avx2(tile),
+        _ => portable::tile(tile),
+    }
+}
+
+/// `out = x · wᵀ`: `x` is `rows × k`, `out` `rows × n`, row-major.
+pub fn matmul(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
+    matmul_with(Isa::current(), x, rows, w, out);
+}
+
+/// [`matmul`] on a given instruction set (one of [`Isa::available`]).
+pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
+    let (n, k) = (w.n, w.k);
+    assert_eq!(x.len(), rows * k, "x is not rows × k");
+    assert_eq!(out.len(), rows * n, "out is not rows × n");
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let (mr, np) = isa.tile(rows);
+    let a = pack_rows(x, rows, k, mr);
+    let total = panels(n);
+    // Tasks own whole tiles of columns. One row is bound by reading the weights: many
+    // small tasks (~64 KiB of weights each) balance best. Many rows are bound by
+    // arithmetic: a few large tasks keep the packed rows hot in each core's caches.
+    let weight_bytes = (w.bytes() as usize / total).max(1);
+    let per_task = if rows <= 2 * mr {
+        (65536 / weight_bytes).max(1)
+    } else {
+        total.div_ceil(4 * rayon::current_num_threads()).max(1)
+    }
+    .next_multiple_of(np);
+    let tasks = total.div_ceil(per_task);
+    let results: Vec<Vec<f32>> = (0..tasks)
+        .into_par_iter()
+        .map(|t| {
+            let first = t * per_task;
+            let count = per_task.min(total - first);
+            let mut c = vec![0.0f32; rows * count * NR];
+            columns(isa, &a, rows, w, first, count, &mut c);
+            c
+        })
+        .collect();
+    for (t, c) in results.iter().enumerate() {
+        let first = t * per_task * NR;
+        let width = c.len() / rows;
+        let valid = width.min(n - first);
+        for (dst, src) in out.chunks_exact_mut(n).zip(c.chunks_exact(width)) {
+            dst[first..first + valid].copy_from_slice(&src[..valid]);
+        }
+    }
+}
+
+/// Packs `x` (`rows × k`) into blocks of `mr` rows, `[k][width]` each (the last block
+/// as wide as the rows left).
+fn pack_rows(x: &[f32], rows: usize, k: usize, mr: usize) -> Vec<f32> {
+    let mut a = vec![0.0f32; rows * k];
+    a.chunks_mut(mr * k).enumerate().for_each(|(b, block)| {
+        let width = block.len() / k;
+        for m in 0..width {
+            let row = &x[(b * mr + m) * k..(b * mr + m + 1) * k];
+            for (kk, &v) in row.iter().enumerate() {
+                block[kk * width + m] = v;
+            }
+        }
+    });
+    a
+}
+
+/// Computes panels `first..first + count` for every row into `c` (`rows × count·16`).
+fn columns(isa: Isa, a: &[f32], rows: usize, w: &Packed, first: usize, count: usize, c: &mut [f32]) {
+    let (mr, np) = isa.tile(rows);
+    let k = w.k;
+    let ldc = count * NR;
+    // A few rows are bound by reading the weights: one pass over the whole depth reads
+    // each panel front to back, which the prefetchers follow best.
+    let depth = if rows <= mr { k } else { KC };
+    for k0 in (0..k).step_by(depth) {
+        let kc = depth.min(k - k0);
+        for i0 in (0..rows).step_by(MC) {
+            let i1 = (i0 + MC).min(rows);
+            let mut p = 0;
+            while p < count {
+                let np = np.min(count - p).min(run_length(w, first + p));
+                let panels = panel_slice(w, first + p, k0);
+                let mut m = i0;
+                while m < i1 {
+                    let width = mr.min(rows - m);
+                    // Block `m / mr` of the packed rows, from `kk = k0`.
+                    let block = &a[m * k + k0 * width..];
+                    let mut tile = Tile {
+                        a: block,
+                        mr: width,
+                        kc,
+                        panels,
+                        np,
+                        c: &mut c[m * ldc + p * NR..],
+                        ldc,
+                        accumulate: k0 > 0,
+                    };
+                    run_tile(isa, &mut tile);
+                    m += width;
+                }
+                p += np;
+            }
+        }
+    }
+}
+
+/// The weights of panel `panel` and the ones after it, from `kk = k0`.
+fn panel_slice(w: &Packed, panel: usize, k0: usize) -> Panels<'_> {
+    let k = w.k;
+    match &w.data {
+        Data::F32(v) => Panels::F32 {
+            data: &v[panel * k * NR + k0 * NR..],
+            stride: k * NR,
+        },
+        Data::Bf16(v) => Panels::Bf16 {
+            data: &v[panel * k * NR + k0 * NR..],
+            stride: k * NR,
+        },
+        Data::Nvfp4(q) => Panels::Nvfp4 {
+            codes: &q.codes[panel * k / 2 * NR + k0 / 2 * NR..],
+            code_stride: k / 2 * NR,
+            scales: &q.scales[panel * k / crate::BLOCK * NR + k0 / crate::BLOCK * NR..],
+            scale_stride: k / crate::BLOCK * NR,
+            divisors: q.table(panel).0,
+        },
+    }
+}
+
+/// How many panels from `panel` on one tile may span (NVFP4 panels of two stacked
+/// members have different divisor tables).
+fn run_length(w: &Packed, panel: usize) -> usize {
+    match &w.data {
+        Data::Nvfp4(q) => q.table(panel).1,
+        _ => usize::MAX,
+    }
+}
+
+/// Why [`Packed::stack`] refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StackError {
+    /// Nothing to stack.
+    #[error("no matrices to stack")]
+    Empty,
+    /// A part other than the last has rows that do not fill whole panels.
+    #[error("a stacked part has {rows} rows, not a multiple of 16")]
+    Unaligned {
+        /// Its rows.
+        rows: usize,
+    },
+    /// Parts differ in format or input columns.
+    #[error("cannot stack a {} matrix of {} columns on a {} matrix of {} columns", other.0, other.1, first.0, first.1)]
+    Mismatch {
+        /// Format and `k` of the first part.
+        first: (&'static str, usize),
+        /// Those of the part refused.
+        other: (&'static str, usize),
+    },
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+//! The products against a plain triple loop, and the instruction sets against each other
+//! bit for bit.
+
+use super::*;
+use crate::reference;
+use crate::{Dtype, Flavor, Matrix, TensorScale};
+
+type Result = std::result::Result<(), Box<dyn std::error::Error>>;
+
+/// Deterministic values in about [-1, 1), with some exact zeros and a few large ones.
+fn values(len: usize, salt: u64) -> Vec<f32> {
+    let mut state = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let v = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            match i % 29 {
+                0 => 0.0,
+                7 => v * 40.0,
+                _ => v,
+            }
+        })
+        .collect()
+}
+
+fn bf16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|x| (x.to_bits() >> 16) as u16).collect()
+}
+
+fn naive(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; rows * n];
+    for m in 0..rows {
+        for j in 0..n {
+            out[m * n + j] = (0..k)
+                .map(|i| f64::from(x[m * k + i]) * f64::from(w[j * k + i]))
+                .sum::<f64>() as f32;
+        }
+    }
+    out
+}
+
+fn product(isa: Isa, x: &[f32], rows: usize, w: &Packed) -> Vec<f32> {
+    let mut out = vec![f32::NAN; rows * w.n()];
+    matmul_with(isa, x, rows, w, &mut out);
+    out
+}
+
+/// Shapes with every edge: one row, rows not a multiple of any tile height, columns
+/// not a multiple of a panel or of a tile, depth past one pass and not a multiple of it.
+const SHAPES: [(usize, usize, usize); 7] = [
+    (1, 16, 16),
+    (1, 37, 64),
+    (3, 5, 19),
+    (7, 300, 576),
+    (13, 40, 1536),
+    (29, 64, 272),
+    (400, 48, 96),
+];
+
+#[test]
+fn float_products_match_the_plain_product_on_every_instruction_set() -> Result {
+    for (rows, n, k) in SHAPES {
+        let x = values(rows * k, 1);
+        let w = values(n * k, 2);
+        let wide: Vec<f32> = bf16_bits(&w)
+            .iter()
+            .map(|&b| f32::from_bits(u32::from(b) << 16))
+            .collect();
+        let packed32 = Packed::from_f32(&w, n, k)?;
+        let packed16 = Packed::from_bf16(&bf16_bits(&w), n, k)?;
+        let (want32, want16) = (naive(&x, rows, &w, n, k), naive(&x, rows, &wide, n, k));
+        let mut first: Option<(Vec<f32>, Vec<f32>)> = None;
+        for isa in Isa::available() {
+            let (got32, got16) = (
+                product(isa, &x, rows, &packed32),
+                product(isa, &x, rows, &packed16),
+            );
+            for (got, want) in [(&got32, &want32), (&got16, &want16)] {
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                        "{isa:?} {rows}x{n}x{k} [{i}]: {g} vs {w}"
+                    );
+                }
+            }
+            // The same bits on every instruction set.
+            match &first {
+                None => first = Some((got32, got16)),
+                Some((a, b)) => {
+                    assert!(
+                        bits_eq(a, &got32) && bits_eq(b, &got16),
+                        "{isa:?} {rows}x{n}x{k} differs"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn nvfp4_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Result {
+    for flavor in [Flavor::CompressedTensors, Flavor::ModelOptGpu] {
+        for (rows, n, k) in [(1, 37, 64), (5, 300, 576), (13, 40, 1536), (30, 33, 272)] {
+            let w = values(n * k, 3);
+            let bytes: Vec<u8> = bf16_bits(&w).iter().flat_map(|b| b.to_le_bytes()).collect();
+            let matrix = Matrix::new(Dtype::Bf16, n, k, &bytes)?;
+            let scale = TensorScale::from_amax(flavor, Dtype::Bf16, reference::amax(&matrix));
+            let q = reference::quantize(&matrix, &scale);
+            let dequantized = reference::dequantize(&q.packed, &q.scales, &scale);
+            let fp4 = Packed::from_nvfp4(&q.packed, &q.scales, |s| scale.divisor(s), n, k)?;
+            let f32s = Packed::from_f32(&dequantized, n, k)?;
+            let x = values(rows * k, 4);
+            for isa in Isa::available() {
+                let (a, b) = (product(isa, &x, rows, &fp4), product(isa, &x, rows, &f32s));
+                assert!(bits_eq(&a, &b), "{flavor:?} {isa:?} {rows}x{n}x{k}");
+            }
+            let mut row = vec![0.0f32; k];
+            for r in [0, n / 2, n - 1] {
+                fp4.row(r, &mut row);
+                assert!(bits_eq(&row, &dequantized[r * k..(r + 1) * k]), "row {r}");
+            }
+            // Kept packed: 4.5 bits a weight and the divisor table.
+            assert_eq!(fp4.bytes(), (panels(n) * NR * k * 9 / 16 + 1024) as u64);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_row_gets_the_same_bits_alone_and_in_any_batch() -> Result {
+    let (n, k) = (70, 600);
+    let w = Packed::from_bf16(&bf16_bits(&values(n * k, 5)), n, k)?;
+    let x = values(41 * k, 6);
+    for isa in Isa::available() {
+        let batch = product(isa, &x, 41, &w);
+        for r in [0, 11, 12, 40] {
+            let alone = product(isa, &x[r * k..(r + 1) * k], 1, &w);
+            assert!(bits_eq(&alone, &batch[r * n..(r + 1) * n]), "{isa:?} row {r}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn rows_read_back_and_bad_shapes_are_refused() -> Result {
+    let (n, k) = (20, 8);
+    let w = values(n * k, 7);
+    let packed = Packed::from_f32(&w, n, k)?;
+    let mut row = vec![0.0; k];
+    packed.row(17, &mut row);
+    assert_eq!(row, w[17 * k..18 * k]);
+    assert!(Packed::from_f32(&w[1..], n, k).is_err());
+    assert!(matches!(
+        Packed::from_nvfp4(&[0; 40], &[0; 5], |_| 1.0, 5, 8 * 2 + 1),
+        Err(KernelError::NotBlockAligned { cols: 17 })
+    ));
+    Ok(())
+}
+
+#[test]
+fn stacked_matrices_with_their_own_scales_multiply_as_separate_ones() -> Result {
+    let k = 64;
+    let x = values(9 * k, 8);
+    let mut parts = Vec::new();
+    let mut want = Vec::new();
+    for (i, n) in [32usize, 48, 21].into_iter().enumerate() {
+        // A different amax each, so a different global scale and divisor table.
+        let w: Vec<f32> = values(n * k, 10 + i as u64)
+            .iter()
+            .map(|v| v * (i + 1) as f32)
+            .collect();
+        let bytes: Vec<u8> = bf16_bits(&w).iter().flat_map(|b| b.to_le_bytes()).collect();
+        let matrix = Matrix::new(Dtype::Bf16, n, k, &bytes)?;
+        let scale = TensorScale::from_amax(Flavor::CompressedTensors, Dtype::Bf16, reference::amax(&matrix));
+        let q = reference::quantize(&matrix, &scale);
+        let part = Packed::from_nvfp4(&q.packed, &q.scales, |s| scale.divisor(s), n, k)?;
+        want.push(product(Isa::current(), &x, 9, &part));
+        parts.push(part);
+    }
+    let stacked = Packed::stack(parts)?;
+    assert_eq!(stacked.n(), 101);
+    for isa in Isa::available() {
+        let got = product(isa, &x, 9, &stacked);
+        for m in 0..9 {
+            let row: Vec<f32> = want
+                .iter()
+                .flat_map(|w| w[m * w.len() / 9..(m + 1) * w.len() / 9].to_vec())
+                .collect();
+            assert!(bits_eq(&got[m * 101..(m + 1) * 101], &row), "{isa:?} row {m}");
+        }
+    }
+    let odd = Packed::from_f32(&values(5 * k, 1), 5, k)?;
+    let more = Packed::from_f32(&values(5 * k, 2), 5, k)?;
+    assert_eq!(
+        Packed::stack(vec![odd, more]).err(),
+        Some(StackError::Unaligned { rows: 5 })
+    );
+    Ok(())
+}

@@ -1,0 +1,337 @@
+//! The micro-kernels for x86-64: AVX-512F (12 rows × 2 panels, 24 accumulators of 16
+//! lanes) and AVX2 (6 rows × 1 panel as two 8-lane halves, 12 accumulators), both with
+//! FMA. Weights are widened in registers: bf16 by zero-extension and a 16-bit shift;
+//! NVFP4 by a table lookup of each code's FP4 value (`vpermps`: 16 entries in one
+//! AVX-512 register; on AVX2 the 8 magnitudes and the sign bit, as
+//! `crate::fast::x86::codes::decode` does), times the block's divisor gathered from the
+//! tensor's 256-entry table.
+
+// `unsafe` here: SIMD loads and stores through raw pointers into slices whose bounds
+// `Tile::check` has asserted, and calls of `#[target_feature]` functions after the CPU
+// has been checked for the features.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::{NR, Panels, Tile, fp4_table};
+
+/// Whether AVX-512F (with AVX2 and FMA) is there.
+pub(super) fn avx512() -> bool {
+    is_x86_feature_detected!("avx512f") && avx2()
+}
+
+/// Whether AVX2 and FMA are there.
+pub(super) fn avx2() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+/// Runs `tile` with the AVX-512 kernel of its shape.
+pub(super) fn tile_avx512(t: &mut Tile) {
+    assert!(avx512(), "the AVX-512 kernel needs AVX-512F, AVX2 and FMA");
+    macro_rules! rows {
+        ($np:literal, [$($m:literal),*]) => {
+            match t.mr {
+                // SAFETY: the features are present (asserted above) and the tile's
+                // bounds were checked by `Tile::check`.
+                $($m => unsafe { k512::<$m, $np>(t) },)*
+                _ => unreachable!("at most 12 rows per AVX-512 tile"),
+            }
+        };
+    }
+    match t.np {
+        1 => rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
+        2 => rows!(2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
+        3 => rows!(3, [1, 2]),
+        4 => rows!(4, [1, 2]),
+        _ => unreachable!("at most 4 panels per AVX-512 tile"),
+    }
+}
+
+/// Runs `tile` with the AVX2 kernel of its shape.
+pub(super) fn tile_avx2(t: &mut Tile) {
+    assert!(avx2(), "the AVX2 kernel needs AVX2 and FMA");
+    assert_eq!(t.np, 1, "one panel per AVX2 tile");
+    match t.mr {
+        // SAFETY: as in `tile_avx512`.
+        1 => unsafe { k256::<1>(t) },
+        2 => unsafe { k256::<2>(t) },
+        3 => unsafe { k256::<3>(t) },
+        4 => unsafe { k256::<4>(t) },
+        5 => unsafe { k256::<5>(t) },
+        6 => unsafe { k256::<6>(t) },
+        _ => unreachable!("at most 6 rows per AVX2 tile"),
+    }
+}
+
+/// Sixteen bf16 values at `p`, widened.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn bf16x16(p: *const u16) -> __m512 {
+    unsafe {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(p.cast()),
+        )))
+    }
+}
+
+// The accumulator arrays are indexed by constants after unrolling, so they live in
+// registers; explicit index loops say which lane goes with which row and panel.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
+    let (a, c, ldc, kc) = (t.a.as_ptr(), t.c.as_mut_ptr(), t.ldc, t.kc);
+    let mut acc = [[_mm512_setzero_ps(); NP]; MR];
+    unsafe {
+        if t.accumulate {
+            for m in 0..MR {
+                for p in 0..NP {
+                    acc[m][p] = _mm512_loadu_ps(c.add(m * ldc + p * NR));
+                }
+            }
+        }
+        match t.panels {
+            Panels::F32 { data, stride } => {
+                pairs512::<MR, NP, false>(&mut acc, a, kc, data.as_ptr().cast(), stride * 4);
+            }
+            Panels::Bf16 { data, stride } => {
+                pairs512::<MR, NP, true>(&mut acc, a, kc, data.as_ptr().cast(), stride * 2);
+            }
+            Panels::Nvfp4 {
+                codes,
+                code_stride,
+                scales,
+                scale_stride,
+                divisors,
+            } => {
+                let table = fp4_table();
+                let lut = _mm512_loadu_ps(table.as_ptr());
+                let (q, s, d) = (codes.as_ptr(), scales.as_ptr(), divisors.as_ptr());
+                for kb in 0..kc / crate::BLOCK {
+                    let mut f = [_mm512_setzero_ps(); NP];
+                    for p in 0..NP {
+                        let idx =
+                            _mm512_cvtepu8_epi32(_mm_loadu_si128(s.add(p * scale_stride + kb * NR).cast()));
+                        f[p] = _mm512_i32gather_ps::<4>(idx, d);
+                    }
+                    for pair in 0..crate::BLOCK / 2 {
+                        let kk = kb * crate::BLOCK + 2 * pair;
+                        let mut w0 = [_mm512_setzero_ps(); NP];
+                        let mut w1 = [_mm512_setzero_ps(); NP];
+                        for p in 0..NP {
+                            let at = q.add(p * code_stride + (kk / 2) * NR);
+                            let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(at.cast()));
+                            // `vpermps` reads the low four bits of each lane: the even
+                            // element's code; the odd one's is four bits up.
+                            w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(v, lut), f[p]);
+                            w1[p] =
+                                _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), lut), f[p]);
+                        }
+                        for m in 0..MR {
+                            let x0 = _mm512_set1_ps(*a.add(kk * MR + m));
+                            let x1 = _mm512_set1_ps(*a.add((kk + 1) * MR + m));
+                            for p in 0..NP {
+                                acc[m][p] = _mm512_fmadd_ps(x0, w0[p], acc[m][p]);
+                                acc[m][p] = _mm512_fmadd_ps(x1, w1[p], acc[m][p]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for m in 0..MR {
+            for p in 0..NP {
+                _mm512_storeu_ps(c.add(m * ldc + p * NR), acc[m][p]);
+            }
+        }
+    }
+}
+
+/// The float formats' loop, two values of `kk` per iteration (the shape of the NVFP4
+/// loop, which keeps more loads in flight). `b` is panel 0's first weight, panels
+/// `stride` bytes apart; `BF16` says whether weights are bf16 (else f32).
+///
+/// The loads are written out here rather than passed in as a closure: a closure has no
+/// `target_feature`, so its `__m512` results would travel through the stack.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
+    acc: &mut [[__m512; NP]; MR],
+    a: *const f32,
+    kc: usize,
+    b: *const u8,
+    stride: usize,
+) {
+    let size = if BF16 { 2 } else { 4 };
+    let load = |kk: usize, p: usize| -> *const u8 { unsafe { b.add(p * stride + kk * NR * size) } };
+    let mut kk = 0;
+    unsafe {
+        while kk + 2 <= kc {
+            let mut w0 = [_mm512_setzero_ps(); NP];
+            let mut w1 = [_mm512_setzero_ps(); NP];
+            for p in 0..NP {
+                if BF16 {
+                    w0[p] = bf16x16(load(kk, p).cast());
+                    w1[p] = bf16x16(load(kk + 1, p).cast());
+                } else {
+                    w0[p] = _mm512_loadu_ps(load(kk, p).cast());
+                    w1[p] = _mm512_loadu_ps(load(kk + 1, p).cast());
+                }
+            }
+            for m in 0..MR {
+                let (x0, x1) = (
+                    _mm512_set1_ps(*a.add(kk * MR + m)),
+                    _mm512_set1_ps(*a.add((kk + 1) * MR + m)),
+                );
+                for p in 0..NP {
+                    acc[m][p] = _mm512_fmadd_ps(x0, w0[p], acc[m][p]);
+                    acc[m][p] = _mm512_fmadd_ps(x1, w1[p], acc[m][p]);
+                }
+            }
+            kk += 2;
+        }
+        if kk < kc {
+            for p in 0..NP {
+                let w = if BF16 {
+                    bf16x16(load(kk, p).cast())
+                } else {
+                    _mm512_loadu_ps(load(kk, p).cast())
+                };
+                for m in 0..MR {
+                    acc[m][p] = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(kk * MR + m)), w, acc[m][p]);
+                }
+            }
+        }
+    }
+}
+
+/// Eight bf16 values at `p`, widened.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bf16x8(p: *const u16) -> __m256 {
+    unsafe {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+            p.cast(),
+        ))))
+    }
+}
+
+/// Eight bytes at `p`, one per 32-bit lane.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bytes8(p: *const u8) -> __m256i {
+    unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())) }
+}
+
+/// The FP4 values of the codes in the low four bits of each lane, times `factor`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn fp4x8(codes: __m256i, grid: __m256, factor: __m256) -> __m256 {
+    // `vpermps` reads the low three bits: the magnitude; bit 3 is the sign.
+    let magnitude = _mm256_permutevar8x32_ps(grid, codes);
+    let sign = _mm256_slli_epi32::<28>(_mm256_and_si256(codes, _mm256_set1_epi32(8)));
+    _mm256_mul_ps(_mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign)), factor)
+}
+
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn k256<const MR: usize>(t: &mut Tile) {
+    let (a, c, ldc, kc) = (t.a.as_ptr(), t.c.as_mut_ptr(), t.ldc, t.kc);
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    unsafe {
+        if t.accumulate {
+            for m in 0..MR {
+                for h in 0..2 {
+                    acc[m][h] = _mm256_loadu_ps(c.add(m * ldc + h * 8));
+                }
+            }
+        }
+        macro_rules! step {
+            ($m:expr, $kk:expr, $w:expr) => {
+                let x = _mm256_set1_ps(*a.add($kk * MR + $m));
+                for h in 0..2 {
+                    acc[$m][h] = _mm256_fmadd_ps(x, $w[h], acc[$m][h]);
+                }
+            };
+        }
+        match t.panels {
+            Panels::F32 { data, .. } => {
+                let b = data.as_ptr();
+                let load = |kk: usize| {
+                    [
+                        _mm256_loadu_ps(b.add(kk * NR)),
+                        _mm256_loadu_ps(b.add(kk * NR + 8)),
+                    ]
+                };
+                let mut kk = 0;
+                while kk + 2 <= kc {
+                    let (w0, w1) = (load(kk), load(kk + 1));
+                    for m in 0..MR {
+                        step!(m, kk, w0);
+                        step!(m, kk + 1, w1);
+                    }
+                    kk += 2;
+                }
+                if kk < kc {
+                    let w = load(kk);
+                    for m in 0..MR {
+                        step!(m, kk, w);
+                    }
+                }
+            }
+            Panels::Bf16 { data, .. } => {
+                let b = data.as_ptr();
+                let load = |kk: usize| [bf16x8(b.add(kk * NR)), bf16x8(b.add(kk * NR + 8))];
+                let mut kk = 0;
+                while kk + 2 <= kc {
+                    let (w0, w1) = (load(kk), load(kk + 1));
+                    for m in 0..MR {
+                        step!(m, kk, w0);
+                        step!(m, kk + 1, w1);
+                    }
+                    kk += 2;
+                }
+                if kk < kc {
+                    let w = load(kk);
+                    for m in 0..MR {
+                        step!(m, kk, w);
+                    }
+                }
+            }
+            Panels::Nvfp4 {
+                codes,
+                scales,
+                divisors,
+                ..
+            } => {
+                let grid = _mm256_loadu_ps(crate::formats::fp4::GRID.as_ptr());
+                let (q, s, d) = (codes.as_ptr(), scales.as_ptr(), divisors.as_ptr());
+                for kb in 0..kc / crate::BLOCK {
+                    let f = [
+                        _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR))),
+                        _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR + 8))),
+                    ];
+                    for pair in 0..crate::BLOCK / 2 {
+                        let kk = kb * crate::BLOCK + 2 * pair;
+                        let at = q.add((kk / 2) * NR);
+                        let v = [bytes8(at), bytes8(at.add(8))];
+                        let w0 = [fp4x8(v[0], grid, f[0]), fp4x8(v[1], grid, f[1])];
+                        let w1 = [
+                            fp4x8(_mm256_srli_epi32::<4>(v[0]), grid, f[0]),
+                            fp4x8(_mm256_srli_epi32::<4>(v[1]), grid, f[1]),
+                        ];
+                        for m in 0..MR {
+                            step!(m, kk, w0);
+                            step!(m, kk + 1, w1);
+                        }
+                    }
+                }
+            }
+        }
+        for m in 0..MR {
+            for h in 0..2 {
+                _mm256_storeu_ps(c.add(m * ldc + h * 8), acc[m][h]);
+            }
+        }
+    }
+}
