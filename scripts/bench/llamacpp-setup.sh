@@ -4,10 +4,13 @@
 #   target/bench-py/                  venv: llama-cpp-python[server] (pinned), gguf, cmake, ninja
 #   target/cache/llamacpp/            the llama-cpp-python sdist from PyPI (SHA-256 pinned), unpacked
 #   target/llamacpp/build/            llama.cpp (the copy vendored in that sdist), built for this CPU
-#                                     (-DGGML_NATIVE=ON): shared libraries and the llama-server binary
+#                                     (-DGGML_NATIVE=ON): shared libraries and the llama-server,
+#                                     llama-perplexity, llama-bench and llama-quantize binaries
 #   target/llamacpp/gguf/             SmolLM2-135M-Instruct-{F32,BF16}.gguf, converted from the
 #                                     imported safetensors directory target/models/... (the
-#                                     model sous serves), with the sdist's convert_hf_to_gguf.py
+#                                     model sous serves), with the sdist's convert_hf_to_gguf.py;
+#                                     SmolLM2-135M-Instruct-{Q4_0,Q4_1}.gguf, quantized from the
+#                                     F32 GGUF with llama-quantize (4-bit peers of sous's NVFP4)
 #
 # The C++ is compiled once: the Python package is installed with LLAMA_BUILD=OFF and
 # llama.cpp's shared libraries from target/llamacpp/build are copied into it, so
@@ -15,7 +18,8 @@
 #
 # Idempotent: each step is skipped when its output exists and the inputs it was made from
 # (recorded in a stamp file next to it) have not changed. Prints the paths it set up, as
-# shell assignments, on stdout (LLAMA_SERVER=..., LLAMACPP_PYTHON=..., GGUF_F32=..., GGUF_BF16=...).
+# shell assignments, on stdout (LLAMA_SERVER=..., LLAMACPP_PYTHON=..., GGUF_F32=..., GGUF_BF16=...,
+# GGUF_Q4_0=..., GGUF_Q4_1=...).
 #
 # convert_hf_to_gguf.py imports torch (the whole script, even for a plain Llama). torch is
 # not installed into target/bench-py (gigabytes of CUDA wheels); CONVERT_PYTHON must name a
@@ -63,7 +67,7 @@ CMAKE_FLAGS=(
     -DLLAMA_OPENSSL=OFF
     -DLLAMA_CURL=OFF
 )
-TARGETS=(llama-server llama-perplexity llama-bench)
+TARGETS=(llama-server llama-perplexity llama-bench llama-quantize)
 
 say() { printf 'llamacpp-setup: %s\n' "$*" >&2; }
 die() { printf 'llamacpp-setup: error: %s\n' "$*" >&2; exit 1; }
@@ -161,8 +165,28 @@ for outtype in f32 bf16; do
     echo "$want" > "$stamp"
 done
 
+# 6. 4-bit GGUFs, quantized from the F32 GGUF (llama-quantize's default mixture for each
+#    type: the bulk of the weights in that type, a few tensors kept wider).
+f32_gguf="$GGUF_DIR/SmolLM2-135M-Instruct-F32.gguf"
+for qtype in Q4_0 Q4_1; do
+    out="$GGUF_DIR/SmolLM2-135M-Instruct-$qtype.gguf"
+    stamp="$out.stamp"
+    want="$(printf '%s\n' "$(cat "$f32_gguf.stamp")" "$build_stamp" "$qtype" | sha256sum | cut -d' ' -f1)"
+    if [[ -f "$out" ]] && stamp_ok "$stamp" "$want"; then
+        say "GGUF up to date: $out"
+        continue
+    fi
+    say "quantizing $f32_gguf to $qtype"
+    "$BUILD/bin/llama-quantize" "$f32_gguf" "$out.partial" "$qtype" "$JOBS" > "$out.log" 2>&1 \
+        || { tail -30 "$out.log" >&2; die "quantization to $qtype failed (log: $out.log)"; }
+    mv "$out.partial" "$out"
+    echo "$want" > "$stamp"
+done
+
 echo "LLAMACPP_PYTHON=$PY"
 echo "LLAMA_SERVER=$BUILD/bin/llama-server"
 echo "LLAMA_PERPLEXITY=$BUILD/bin/llama-perplexity"
 echo "GGUF_F32=$GGUF_DIR/SmolLM2-135M-Instruct-F32.gguf"
 echo "GGUF_BF16=$GGUF_DIR/SmolLM2-135M-Instruct-BF16.gguf"
+echo "GGUF_Q4_0=$GGUF_DIR/SmolLM2-135M-Instruct-Q4_0.gguf"
+echo "GGUF_Q4_1=$GGUF_DIR/SmolLM2-135M-Instruct-Q4_1.gguf"

@@ -13,7 +13,7 @@
 # scripts/bench/native_compare.py. Results: target/bench/native/<UTC time>/ (one JSON and
 # one markdown table per server, and summary.md). BENCHMARKS.md is written by hand.
 #
-#   scripts/bench/native.sh [--precision f32|bf16] [--peer llama-server|llama-cpp-python|both|none]
+#   scripts/bench/native.sh [--precision f32|bf16|q4_0|q4_1] [--peer llama-server|llama-cpp-python|both|none]
 #                           [--no-sous] [--quick] [--threads N] [--wait-quiet SECONDS]
 #
 # On 2 cores every other busy process (a cargo build) distorts the figures badly (llama.cpp's
@@ -24,7 +24,10 @@
 # Same precision: sous native computes in f32 from bf16 weights (and keeps an f32 KV
 # cache) by default. Its peer is then the F32 GGUF (the same bf16 weights, widened
 # exactly) with an f32 KV cache: --precision f32, the default. --precision bf16 serves the
-# BF16 GGUF with a bf16 KV cache, for comparison with a bf16-compute sous.
+# BF16 GGUF with a bf16 KV cache, for comparison with a bf16-compute sous. --precision
+# q4_0 and q4_1 serve a 4-bit GGUF (quantized from the F32 one by llama-quantize) with an
+# f32 KV cache: llama.cpp's 4-bit weights beside sous's NVFP4 model (sous itself runs as
+# with f32).
 #
 # llama.cpp peers (built by scripts/bench/llamacpp-setup.sh from the llama-cpp-python
 # sdist; the first run compiles llama.cpp, about 10 minutes on 2 cores, and needs
@@ -75,7 +78,7 @@ while [[ $# -gt 0 ]]; do
         *) echo "native.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-case "$PRECISION" in f32|bf16) ;; *) echo "native.sh: --precision is f32 or bf16" >&2; exit 2 ;; esac
+case "$PRECISION" in f32|bf16|q4_0|q4_1) ;; *) echo "native.sh: --precision is f32, bf16, q4_0 or q4_1" >&2; exit 2 ;; esac
 case "$PEER" in llama-server|llama-cpp-python|both|none) ;; *) echo "native.sh: bad --peer $PEER" >&2; exit 2 ;; esac
 
 say() { printf 'native.sh: %s\n' "$*" >&2; }
@@ -208,7 +211,12 @@ fi
 if [[ "$PEER" != none ]]; then
     setup="$(scripts/bench/llamacpp-setup.sh)" || die "llama.cpp set-up failed"
     eval "$setup"
-    if [[ "$PRECISION" == f32 ]]; then GGUF="$GGUF_F32"; KV=f32; else GGUF="$GGUF_BF16"; KV=bf16; fi
+    case "$PRECISION" in
+        f32) GGUF="$GGUF_F32"; KV=f32 ;;
+        bf16) GGUF="$GGUF_BF16"; KV=bf16 ;;
+        q4_0) GGUF="$GGUF_Q4_0"; KV=f32 ;;
+        q4_1) GGUF="$GGUF_Q4_1"; KV=f32 ;;
+    esac
     PREC_UPPER="$(echo "$PRECISION" | tr a-z A-Z)"
     if [[ "$PEER" == llama-server || "$PEER" == both ]]; then
         say "llama.cpp llama-server, $PREC_UPPER GGUF, $KV KV cache"
