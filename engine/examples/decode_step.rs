@@ -1,4 +1,5 @@
-//! Times single-token decode steps of the native engine's model on a model directory:
+//! Times single-token decode steps and a 512-token prefill of the native engine's model on
+//! a model directory:
 //! `cargo run -p sous-engine --example decode_step -- DIR [STEPS]`.
 #![allow(clippy::print_stdout)]
 
@@ -41,6 +42,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         s / steps as f64 * 1e3,
         steps as f64 / s
     );
+    // One prompt chunk of 512 tokens (a prefill), timed the same way.
+    let prompt: Vec<u32> = (0..512u32).map(|i| 100 + i * 7 % 4000).collect();
+    let mut cache = KvCache::new(&model, 64, 16);
+    for round in 0..3 {
+        let started = Instant::now();
+        let batch = [BatchSeq {
+            blocks: &blocks,
+            tokens: &prompt,
+            start: 0,
+            logits: Logits::Last,
+        }];
+        model.forward(&batch, &mut cache)?;
+        let s = started.elapsed().as_secs_f64();
+        println!(
+            "prefill of 512 tokens (round {round}): {:.1} ms, {:.1} tok/s",
+            s * 1e3,
+            512.0 / s
+        );
+    }
     drop(model);
 
     // The same through the engine loop, on its own thread, as `sous serve` runs it.

@@ -136,83 +136,147 @@ impl KvShape {
     }
 }
 
-/// One query token: which sequence's blocks it reads and how many cached positions it
-/// attends to (its own position + 1: causal).
+/// The tokens of one sequence in a batch: consecutive rows of the query matrix at
+/// consecutive positions (a prompt chunk, a decode token, or a token and its drafts).
 #[derive(Debug, Clone, Copy)]
-pub struct Query<'a> {
+pub struct Span<'a> {
     /// The sequence's block table.
     pub blocks: &'a [u32],
-    /// Positions `0..len` are attended.
+    /// Position of the first token (it attends to positions `0..=start`).
+    pub start: usize,
+    /// Tokens in the span.
     pub len: usize,
+    /// Row of the first token in `q` and `out`.
+    pub row: usize,
 }
 
-/// Causal attention of `queries.len()` tokens against a paged cache.
+/// Query tokens per attention tile: with their group of query heads (`heads /
+/// kv_heads`) they share every key and value block read.
+const QUERY_TILE: usize = 16;
+
+/// Causal attention of every span's tokens against a paged cache.
 ///
 /// `q` is `tokens × heads × head_dim`; `out` has the same shape. Heads share KV heads in
 /// groups (`heads / kv_heads`, grouped-query attention). Scores are scaled by
-/// `1/sqrt(head_dim)` and soft-maxed in f32 with the maximum subtracted.
-pub fn paged_attention(
+/// `1/sqrt(head_dim)` and soft-maxed in f32.
+///
+/// The work is tiled as flash attention is: up to 16 tokens of a span with all query
+/// heads of one KV head form a tile, which reads each cached block of keys and values
+/// once for all its rows, with the softmax computed online (running maximum and sum,
+/// rescaled block by block). Each row's arithmetic is the same whatever tile it is in:
+/// blocks in position order, the same dot products and updates. So a token gets the
+/// same bits alone (decode), in a prompt chunk, or among draft tokens being verified.
+pub fn attention(
     q: &[f32],
-    queries: &[Query],
+    spans: &[Span],
     heads: usize,
     shape: KvShape,
     k_cache: &[f32],
     v_cache: &[f32],
     out: &mut [f32],
 ) {
+    assert!(
+        shape.block_size <= 64,
+        "attention tiles hold at most 64 keys per block"
+    );
     let hd = shape.head_dim;
     let group = heads / shape.kv_heads;
-    out.par_chunks_mut(hd).enumerate().for_each(|(index, dst)| {
-        let (token, head) = (index / heads, index % heads);
-        let qv = &q[index * hd..(index + 1) * hd];
-        attend(qv, queries[token], head / group, shape, k_cache, v_cache, dst);
-    });
-}
-
-/// One query head against its sequence's cached keys and values, block by block.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn attend(q: &[f32], query: Query, kv_head: usize, shape: KvShape, k: &[f32], v: &[f32], dst: &mut [f32]) {
-    let fma = multiversion::target::selected_target!().supports_feature_str("fma");
-    let hd = shape.head_dim;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let mut scores = Vec::with_capacity(query.len);
-    let mut max = f32::NEG_INFINITY;
-    for at in slots(query, shape, kv_head) {
-        let key = &k[at..at + hd];
-        let score = if fma { dot_fma(q, key) } else { dot(q, key) } * scale;
-        max = max.max(score);
-        scores.push(score);
+    let mut tiles = Vec::new();
+    for span in spans {
+        for kv_head in 0..shape.kv_heads {
+            for first in (0..span.len).step_by(QUERY_TILE) {
+                tiles.push((*span, kv_head, first, QUERY_TILE.min(span.len - first)));
+            }
+        }
     }
-    let mut total = 0.0f32;
-    for s in &mut scores {
-        *s = (*s - max).exp();
-        total += *s;
-    }
-    dst.fill(0.0);
-    let inv = 1.0 / total;
-    for (at, &score) in slots(query, shape, kv_head).zip(&scores) {
-        let w = score * inv;
-        for (d, &x) in dst.iter_mut().zip(&v[at..at + hd]) {
-            *d = if fma { w.mul_add(x, *d) } else { *d + w * x };
+    let results: Vec<Vec<f32>> = tiles
+        .par_iter()
+        .map(|&(span, kv_head, first, count)| {
+            let mut o = vec![0.0f32; count * group * hd];
+            attend_tile(
+                q, span, first, count, heads, kv_head, shape, k_cache, v_cache, &mut o,
+            );
+            o
+        })
+        .collect();
+    for (&(span, kv_head, first, _), o) in tiles.iter().zip(&results) {
+        for (t, rows) in o.chunks_exact(group * hd).enumerate() {
+            let at = ((span.row + first + t) * heads + kv_head * group) * hd;
+            out[at..at + group * hd].copy_from_slice(rows);
         }
     }
 }
 
-/// Offsets in a layer's cache of `kv_head`'s values for every position `query` attends
-/// to, in position order, block by block.
-#[inline(always)]
-fn slots(query: Query<'_>, shape: KvShape, kv_head: usize) -> impl Iterator<Item = usize> + '_ {
-    let (bs, slot) = (shape.block_size, shape.slot_len());
-    let head = kv_head * shape.head_dim;
-    query
-        .blocks
-        .iter()
-        .enumerate()
-        .take_while(move |(b, _)| b * bs < query.len)
-        .flat_map(move |(b, &block)| {
-            let base = block as usize * bs * slot + head;
-            (0..bs.min(query.len - b * bs)).map(move |s| base + s * slot)
-        })
+/// One tile: tokens `first..first + count` of `span`, the query heads of `kv_head`,
+/// into `o` (`[token][head in group][head_dim]`).
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+#[allow(clippy::too_many_arguments)]
+fn attend_tile(
+    q: &[f32],
+    span: Span,
+    first: usize,
+    count: usize,
+    heads: usize,
+    kv_head: usize,
+    shape: KvShape,
+    k: &[f32],
+    v: &[f32],
+    o: &mut [f32],
+) {
+    let fma = multiversion::target::selected_target!().supports_feature_str("fma");
+    let (hd, bs, slot) = (shape.head_dim, shape.block_size, shape.slot_len());
+    let group = heads / shape.kv_heads;
+    let rows = count * group;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut max = vec![f32::NEG_INFINITY; rows];
+    let mut sum = vec![0.0f32; rows];
+    let mut scores = [0.0f32; 64];
+    // The last position any row of the tile attends to.
+    let last = span.start + first + count - 1;
+    for (b, &block) in span.blocks.iter().enumerate().take_while(|(b, _)| b * bs <= last) {
+        let base = block as usize * bs * slot + kv_head * hd;
+        for r in 0..rows {
+            let (t, h) = (r / group, r % group);
+            let position = span.start + first + t;
+            // Keys of this block the row sees (causal).
+            if b * bs > position {
+                continue;
+            }
+            let seen = bs.min(position + 1 - b * bs);
+            let qr = &q[((span.row + first + t) * heads + kv_head * group + h) * hd..][..hd];
+            let mut block_max = f32::NEG_INFINITY;
+            for (j, score) in scores.iter_mut().enumerate().take(seen) {
+                let key = &k[base + j * slot..][..hd];
+                *score = if fma { dot_fma(qr, key) } else { dot(qr, key) } * scale;
+                block_max = block_max.max(*score);
+            }
+            let new_max = max[r].max(block_max);
+            let correction = (max[r] - new_max).exp();
+            let or = &mut o[r * hd..(r + 1) * hd];
+            if correction != 1.0 {
+                for x in or.iter_mut() {
+                    *x *= correction;
+                }
+            }
+            let mut total = sum[r] * correction;
+            for (j, score) in scores.iter().enumerate().take(seen) {
+                let p = (score - new_max).exp();
+                total += p;
+                let value = &v[base + j * slot..][..hd];
+                for (d, &x) in or.iter_mut().zip(value) {
+                    *d = if fma { p.mul_add(x, *d) } else { *d + p * x };
+                }
+            }
+            sum[r] = total;
+            max[r] = new_max;
+        }
+    }
+    for (r, or) in o.chunks_exact_mut(hd).enumerate() {
+        let inv = 1.0 / sum[r];
+        for x in or {
+            *x *= inv;
+        }
+    }
 }
 
 /// [`dot`] with fused multiply-adds (only called where FMA is enabled).
@@ -275,20 +339,20 @@ mod tests {
     }
 
     #[test]
-    fn paged_attention_matches_contiguous_attention() {
+    fn causal_attention_over_a_paged_span_matches_contiguous_attention_row_by_row() {
         let shape = KvShape {
             block_size: 4,
             kv_heads: 2,
             head_dim: 8,
         };
-        let heads = 4;
-        let blocks_total = 6;
+        let (heads, tokens) = (4, 21);
+        let blocks_total = 9;
         let mut k_cache = vec![0.0f32; blocks_total * 4 * shape.slot_len()];
         let mut v_cache = k_cache.clone();
-        // A sequence of 10 tokens scattered over blocks 5, 1, 3.
-        let table = [5u32, 1, 3];
+        // A sequence of 21 tokens scattered over six blocks.
+        let table = [5u32, 1, 3, 8, 0, 6];
         let value = |pos: usize, h: usize, d: usize, salt: f32| ((pos * 31 + h * 7 + d) as f32 * salt).sin();
-        for pos in 0..10 {
+        for pos in 0..tokens {
             let at = shape.slot_offset(&table, pos);
             for h in 0..2 {
                 for d in 0..8 {
@@ -297,31 +361,49 @@ mod tests {
                 }
             }
         }
-        let q: Vec<f32> = (0..heads * 8).map(|i| (i as f32 * 0.3).cos()).collect();
-        let mut out = vec![0.0; heads * 8];
-        paged_attention(
-            &q,
-            &[Query {
+        let q: Vec<f32> = (0..tokens * heads * 8).map(|i| (i as f32 * 0.3).cos()).collect();
+        let run = |spans: &[Span]| {
+            let mut out = vec![f32::NAN; tokens * heads * 8];
+            attention(&q, spans, heads, shape, &k_cache, &v_cache, &mut out);
+            out
+        };
+        // The whole span at once (two tiles: 16 + 5 tokens)...
+        let together = run(&[Span {
+            blocks: &table,
+            start: 0,
+            len: tokens,
+            row: 0,
+        }]);
+        // ...and every token on its own, as decode steps see them.
+        let alone: Vec<Span> = (0..tokens)
+            .map(|t| Span {
                 blocks: &table,
-                len: 10,
-            }],
-            heads,
-            shape,
-            &k_cache,
-            &v_cache,
-            &mut out,
+                start: t,
+                len: 1,
+                row: t,
+            })
+            .collect();
+        let apart = run(&alone);
+        assert!(
+            together
+                .iter()
+                .zip(&apart)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
         );
-        for head in 0..heads {
-            let kv = head / 2;
-            let keys: Vec<Vec<f32>> = (0..10)
-                .map(|p| (0..8).map(|d| value(p, kv, d, 0.37)).collect())
-                .collect();
-            let values: Vec<Vec<f32>> = (0..10)
-                .map(|p| (0..8).map(|d| value(p, kv, d, 0.11)).collect())
-                .collect();
-            let want = naive(&q[head * 8..(head + 1) * 8], &keys, &values);
-            for (a, b) in out[head * 8..(head + 1) * 8].iter().zip(&want) {
-                assert!((a - b).abs() < 1e-5, "head {head}: {a} vs {b}");
+        for t in 0..tokens {
+            for head in 0..heads {
+                let kv = head / 2;
+                let keys: Vec<Vec<f32>> = (0..=t)
+                    .map(|p| (0..8).map(|d| value(p, kv, d, 0.37)).collect())
+                    .collect();
+                let values: Vec<Vec<f32>> = (0..=t)
+                    .map(|p| (0..8).map(|d| value(p, kv, d, 0.11)).collect())
+                    .collect();
+                let at = (t * heads + head) * 8;
+                let want = naive(&q[at..at + 8], &keys, &values);
+                for (a, b) in together[at..at + 8].iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-5, "token {t} head {head}: {a} vs {b}");
+                }
             }
         }
     }

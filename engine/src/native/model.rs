@@ -13,7 +13,7 @@
 //! attention, activations) runs in f32 in `sous_kernels::transformer`.
 
 use sous_kernels::gemm::{self, Packed};
-use sous_kernels::transformer::{self as k, KvShape, Query, Rotary};
+use sous_kernels::transformer::{self as k, KvShape, Rotary, Span};
 
 use super::NativeError;
 use super::config::{Family, ModelConfig};
@@ -229,10 +229,17 @@ impl Model {
         if n == 0 {
             return Ok(Vec::new());
         }
-        // Each token's sequence and position.
-        let mut queries = Vec::with_capacity(n);
+        // Each token's block table and position, and each sequence's span of rows.
+        let mut tables = Vec::with_capacity(n);
         let mut positions = Vec::with_capacity(n);
+        let mut spans = Vec::with_capacity(batch.len());
         for s in batch {
+            spans.push(Span {
+                blocks: s.blocks,
+                start: s.start,
+                len: s.tokens.len(),
+                row: positions.len(),
+            });
             for i in 0..s.tokens.len() {
                 let position = s.start + i;
                 if position >= self.rotary.positions() || position >= s.blocks.len() * cache.block_size() {
@@ -242,10 +249,7 @@ impl Model {
                     )));
                 }
                 positions.push(position);
-                queries.push(Query {
-                    blocks: s.blocks,
-                    len: position + 1,
-                });
+                tables.push(s.blocks);
             }
         }
         let mut x = vec![0.0f32; n * h];
@@ -282,11 +286,11 @@ impl Model {
                 self.rotary.apply(qr, positions[t]);
                 self.rotary.apply(kr, positions[t]);
                 q[t * q_len..(t + 1) * q_len].copy_from_slice(qr);
-                let at = cache.shape.slot_offset(queries[t].blocks, positions[t]);
+                let at = cache.shape.slot_offset(tables[t], positions[t]);
                 k_cache[at..at + kv_len].copy_from_slice(kr);
                 v_cache[at..at + kv_len].copy_from_slice(vr);
             }
-            k::paged_attention(&q, &queries, c.heads, cache.shape, k_cache, v_cache, &mut attn);
+            k::attention(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
             let o = self.linear(&attn, n, &layer.o);
             k::add_assign(&mut x, &o);
             k::rms_norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
