@@ -73,6 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_batched_tokens: 512,
         prefix_caching: false,
         chunked_prefill: true,
+        speculative: None,
         kv_cache_bytes: Some(1 << 30),
         memory_fraction: None,
         host: "127.0.0.1".into(),

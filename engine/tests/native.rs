@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sous_engine::native::core::{Command, Event, Request};
 use sous_engine::native::sampling::SamplingParams;
+use sous_engine::native::speculative::Ngram;
 use sous_engine::native::{Engine, Settings};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -67,6 +68,16 @@ impl Loop {
         max_num_seqs: usize,
         max_batched_tokens: usize,
     ) -> Loop {
+        Loop::start_with(dir, prefix_caching, max_num_seqs, max_batched_tokens, None)
+    }
+
+    fn start_with(
+        dir: &std::path::Path,
+        prefix_caching: bool,
+        max_num_seqs: usize,
+        max_batched_tokens: usize,
+        speculative: Option<Ngram>,
+    ) -> Loop {
         let settings = Settings {
             model_dir: dir.to_owned(),
             served_name: "smollm2".into(),
@@ -76,6 +87,7 @@ impl Loop {
             max_batched_tokens,
             prefix_caching,
             chunked_prefill: true,
+            speculative,
             kv_cache_bytes: Some(256 << 20),
             memory_fraction: None,
             host: "127.0.0.1".into(),
@@ -314,4 +326,90 @@ fn a_dropped_request_frees_its_blocks_and_a_full_cache_queues() {
         ),
         "{text}"
     );
+}
+
+/// The value of a counter series in `/metrics` text.
+fn counter(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l.as_bytes().get(name.len()) == Some(&b'{'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+#[test]
+fn ngram_speculation_changes_no_greedy_token_and_reports_its_acceptance() {
+    let Some(dir) = model_dir() else { return };
+    let fixture = fixture();
+    let n = fixture["greedy_tokens"].as_u64().expect("greedy_tokens") as usize;
+    let ngram = Ngram {
+        tokens: 4,
+        min: 1,
+        max: 3,
+    };
+    let engine = Loop::start_with(&dir, false, 16, 64, Some(ngram));
+    let prompts: Vec<(String, Vec<u32>, Vec<u32>)> = fixture["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .chain(fixture["batch_prompts"].as_array().into_iter().flatten())
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("?").to_owned(),
+                ids(&p["input_ids"]),
+                ids(&p["imported_bf16"]["greedy_ids"]),
+            )
+        })
+        .collect();
+    assert_eq!(prompts.len(), 11, "the fixture's 11 prompts");
+    for (name, input, want) in &prompts {
+        assert_eq!(
+            &engine.generate(input.clone(), greedy(n)).0,
+            want,
+            "prompt `{name}` with speculation"
+        );
+    }
+    let receivers: Vec<_> = prompts
+        .iter()
+        .map(|(_, input, _)| engine.submit(input.clone(), greedy(n)))
+        .collect();
+    for ((name, _, want), rx) in prompts.iter().zip(receivers) {
+        assert_eq!(
+            &Loop::collect(rx).0,
+            want,
+            "prompt `{name}` batched, with speculation"
+        );
+    }
+    // A prompt that repeats itself: drafts are found and most of them stand, and the
+    // output is the one without speculation.
+    let base = ids(&fixture["prompts"][0]["input_ids"]);
+    let repetitive: Vec<u32> = base.iter().chain(&base).chain(&base).copied().collect();
+    let plain = Loop::start(&dir, false, 16, 64);
+    let want = plain.generate(repetitive.clone(), greedy(48)).0;
+    let text = engine.metrics.render();
+    let before = counter(&text, "vllm:spec_decode_num_accepted_tokens_total");
+    assert_eq!(
+        engine.generate(repetitive, greedy(48)).0,
+        want,
+        "the repetitive prompt"
+    );
+    let text = engine.metrics.render();
+    let drafted = counter(&text, "vllm:spec_decode_num_draft_tokens_total");
+    let accepted = counter(&text, "vllm:spec_decode_num_accepted_tokens_total");
+    assert!(
+        drafted > 0.0 && accepted > before,
+        "drafted {drafted}, accepted {accepted} (before {before})"
+    );
+    assert!(accepted <= drafted);
+    // Seeded sampling through rejection sampling reproduces itself.
+    let seeded = SamplingParams {
+        temperature: 0.8,
+        seed: Some(11),
+        max_tokens: 32,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let a = engine.generate(base.clone(), seeded.clone()).0;
+    assert_eq!(engine.generate(base, seeded).0, a, "a seed gives the same tokens");
+    assert_eq!(engine.idle(), (0, 0, 0.0), "nothing running, no KV block in use");
 }

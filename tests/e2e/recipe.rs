@@ -8,6 +8,7 @@ const SHIPPED: &[&str] = &[
     "recipes/titan/qwen3.8-flash-next.toml",
     "recipes/local/smollm2-135m.toml",
     "recipes/local/smollm2-135m-nvfp4.toml",
+    "recipes/local/smollm2-135m-ngram.toml",
 ];
 
 #[test]

@@ -14,6 +14,14 @@
 //! 4. samples a token for every sequence whose prompt is complete, sends it to its
 //!    client and finishes sequences that hit a stop condition.
 //!
+//! With speculative decoding (`serving.speculative`, method `ngram`), a decoding
+//! sequence also gets up to `tokens` drafted tokens (prompt lookup, `speculative.rs`):
+//! its step computes the last token and the drafts together, and the logits of each
+//! position decide whether the next draft stands (`Sampler::verify`); the sequence keeps
+//! the KV of the tokens that stood and emits them plus one token of the model's own.
+//! The kernels give a row the same bits whatever else is in its batch, so greedy output
+//! is the same with and without drafts.
+//!
 //! With prefix caching on, a new request first takes the cached blocks matching its
 //! prompt (all but the last token, which must be computed to get logits), and every
 //! block a sequence fills is registered for later requests.
@@ -29,6 +37,7 @@ use super::blocks::{BlockHash, BlockPool, block_hash};
 use super::metrics::{FinishReason, FinishedRequest, Metrics};
 use super::model::{BatchSeq, KvCache, Logits, Model};
 use super::sampling::{Sampler, SamplingParams, TokenLogprobs, logprobs};
+use super::speculative::Ngram;
 use crate::reporter::Reporter;
 
 /// What a request's client receives.
@@ -88,6 +97,8 @@ pub struct Limits {
     pub max_model_len: usize,
     /// Split long prompts over several steps.
     pub chunked_prefill: bool,
+    /// Draft tokens by prompt lookup and verify them in the decode step.
+    pub speculative: Option<Ngram>,
     /// End-of-sequence ids (generation config and tokenizer).
     pub eos: Vec<u32>,
     /// How often the stats line is logged.
@@ -107,6 +118,8 @@ struct Seq {
     scheduled_at: Option<Instant>,
     first_token_at: Option<Instant>,
     last_token_at: Option<Instant>,
+    /// Tokens drafted for this step, verified after the forward pass.
+    draft: Vec<u32>,
 }
 
 impl Seq {
@@ -201,6 +214,7 @@ impl Core {
                     scheduled_at: None,
                     first_token_at: None,
                     last_token_at: None,
+                    draft: Vec::new(),
                 });
             }
             Command::AbortAll => {
@@ -215,7 +229,7 @@ impl Core {
     fn publish(&mut self) {
         self.metrics
             .gauges(self.running.len(), self.waiting.len(), self.pool.usage());
-        if let Some(line) = self.metrics.stats_line(self.limits.log_interval, "CPU") {
+        for line in self.metrics.stats_lines(self.limits.log_interval, "CPU") {
             self.reporter.output(None, &line);
         }
     }
@@ -277,6 +291,7 @@ impl Core {
     }
 
     fn preempt(&mut self, mut seq: Seq) {
+        seq.draft.clear();
         self.pool.release(&seq.blocks);
         seq.blocks.clear();
         seq.hashes.clear();
@@ -297,6 +312,22 @@ impl Core {
         }
     }
 
+    /// The tokens to draft for `seq` this step: only for a decoding sequence (its prompt
+    /// done, one token to compute), no more than the budget beside that token and the
+    /// tokens it may still emit allow.
+    fn draft(&self, seq: &Seq, remaining: usize, budget: usize) -> Vec<u32> {
+        let Some(ngram) = &self.limits.speculative else {
+            return Vec::new();
+        };
+        if remaining != 1 || seq.output_len() == 0 || budget < 2 {
+            return Vec::new();
+        }
+        let left = seq.req.params.max_tokens.saturating_sub(seq.output_len() + 1);
+        let mut draft = ngram.propose(&seq.tokens, self.limits.max_model_len);
+        draft.truncate(left.min(budget - 1));
+        draft
+    }
+
     /// Picks this step's work: `(index in running, tokens)`.
     fn schedule(&mut self) -> Vec<(usize, usize)> {
         let mut budget = self.limits.max_batched_tokens;
@@ -304,7 +335,9 @@ impl Core {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let remaining = self.running[i].tokens.len() - self.running[i].computed;
-            let n = self.chunk(remaining, budget, plan.is_empty());
+            let draft = self.draft(&self.running[i], remaining, budget);
+            let n = self.chunk(remaining, budget, plan.is_empty()) + draft.len();
+            self.running[i].draft = draft;
             if n == 0 {
                 break;
             }
@@ -375,6 +408,93 @@ impl Core {
         plan
     }
 
+    /// Registers the full blocks of `seq`'s computed tokens in the prefix cache.
+    fn register(pool: &mut BlockPool, seq: &mut Seq) {
+        let bs = pool.block_size();
+        while seq.hashes.len() < seq.computed / bs {
+            let b = seq.hashes.len();
+            let h = block_hash(seq.hashes.last(), &seq.tokens[b * bs..(b + 1) * bs]);
+            pool.register(seq.blocks[b], h);
+            seq.hashes.push(h);
+        }
+    }
+
+    /// Appends a sampled `token` (from logits `row`) to `seq`, sends it and says whether
+    /// the sequence is done. `first` is false for the second and later tokens of one
+    /// step (accepted drafts), which add no inter-token latency.
+    fn emit(
+        seq: &mut Seq,
+        token: u32,
+        row: &[f32],
+        now: Instant,
+        first: bool,
+        limits: &Limits,
+        metrics: &Metrics,
+    ) -> Option<FinishReason> {
+        let params = &seq.req.params;
+        // Log-probabilities of the raw output, before penalties and temperature.
+        let lp = params.logprobs.map(|top| logprobs(row, token, top));
+        seq.sampler.push(token);
+        seq.tokens.push(token);
+        let ttft = seq.first_token_at.is_none().then(|| now - seq.req.arrival);
+        let itl = if first {
+            seq.last_token_at.map(|t| now - t)
+        } else {
+            None
+        };
+        seq.first_token_at.get_or_insert(now);
+        seq.last_token_at = Some(now);
+        metrics.token(ttft, itl);
+        let sent = seq.req.events.send(Event::Token {
+            id: token,
+            logprobs: lp,
+            cached_tokens: seq.cached_tokens,
+        });
+        let params = &seq.req.params;
+        if sent.is_err() {
+            Some(FinishReason::Abort)
+        } else if (!params.ignore_eos && limits.eos.contains(&token))
+            || params.stop_token_ids.contains(&token)
+        {
+            Some(FinishReason::Stop)
+        } else if seq.output_len() >= params.max_tokens || seq.tokens.len() >= limits.max_model_len {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+
+    /// Verifies `running[i]`'s `draft` against the logits of its last token and of
+    /// every draft token (`rows`), emits what stands, and returns why the sequence is
+    /// done, if it is. Every position emits one token: the draft token if it stands,
+    /// else the target's own choice (which ends the step); after a fully accepted draft
+    /// the last row gives one more token. Positions whose draft stood keep their KV.
+    fn verify(&mut self, i: usize, draft: &[u32], rows: &[&[f32]], now: Instant) -> Option<FinishReason> {
+        let seq = &mut self.running[i];
+        // The last token's KV is now cached.
+        seq.computed += 1;
+        let mut accepted = 0;
+        let mut reason = None;
+        for (j, row) in rows.iter().enumerate() {
+            let params = &seq.req.params;
+            let (token, stood) = match draft.get(j) {
+                Some(&d) => seq.sampler.verify(params, &mut row.to_vec(), d),
+                None => (seq.sampler.sample(params, &mut row.to_vec()), false),
+            };
+            reason = Core::emit(seq, token, row, now, j == 0, &self.limits, &self.metrics);
+            if stood {
+                accepted += 1;
+                seq.computed += 1;
+            }
+            if !stood || reason.is_some() {
+                break;
+            }
+        }
+        self.metrics.speculated(draft.len(), accepted);
+        Core::register(&mut self.pool, seq);
+        reason
+    }
+
     fn step(&mut self) {
         let plan = self.schedule();
         if plan.is_empty() {
@@ -383,10 +503,32 @@ impl Core {
             std::thread::sleep(Duration::from_millis(1));
             return;
         }
+        // A drafting sequence's input: its last token, then the draft.
+        let drafted: Vec<Vec<u32>> = plan
+            .iter()
+            .map(|&(i, _)| {
+                let s = &self.running[i];
+                if s.draft.is_empty() {
+                    Vec::new()
+                } else {
+                    s.tokens[s.computed..].iter().chain(&s.draft).copied().collect()
+                }
+            })
+            .collect();
         let batch: Vec<BatchSeq> = plan
             .iter()
-            .map(|&(i, n)| {
+            .zip(&drafted)
+            .map(|(&(i, n), input)| {
                 let s = &self.running[i];
+                if !input.is_empty() {
+                    // Logits of every position: each verifies the draft token after it.
+                    return BatchSeq {
+                        blocks: &s.blocks,
+                        tokens: input,
+                        start: s.computed,
+                        logits: Logits::All,
+                    };
+                }
                 let ends = s.computed + n == s.tokens.len();
                 let logits = if s.wants_prompt_logprobs() {
                     Logits::All
@@ -427,19 +569,20 @@ impl Core {
         let now = Instant::now();
         for (&(i, n), kind) in plan.iter().zip(kinds) {
             let seq = &mut self.running[i];
+            if !seq.draft.is_empty() {
+                let draft = std::mem::take(&mut seq.draft);
+                let rows: Vec<&[f32]> = rows.by_ref().take(draft.len() + 1).collect();
+                if let Some(reason) = self.verify(i, &draft, &rows, now) {
+                    done.push((i, reason));
+                }
+                continue;
+            }
             let start = seq.computed;
             seq.computed += n;
             if start < seq.prompt_len {
                 self.metrics.computed_prompt(n.min(seq.prompt_len - start));
             }
-            // Register the blocks this step filled.
-            let bs = self.pool.block_size();
-            while seq.hashes.len() < seq.computed / bs {
-                let b = seq.hashes.len();
-                let h = block_hash(seq.hashes.last(), &seq.tokens[b * bs..(b + 1) * bs]);
-                self.pool.register(seq.blocks[b], h);
-                seq.hashes.push(h);
-            }
+            Core::register(&mut self.pool, seq);
             let last = match kind {
                 Logits::None => continue,
                 Logits::Last => rows.next(),
@@ -479,32 +622,7 @@ impl Core {
                 continue;
             }
             let token = seq.sampler.sample(params, &mut row.to_vec());
-            // Log-probabilities of the raw output, before penalties and temperature.
-            let lp = params.logprobs.map(|top| logprobs(row, token, top));
-            seq.sampler.push(token);
-            seq.tokens.push(token);
-            let ttft = seq.first_token_at.is_none().then(|| now - seq.req.arrival);
-            let itl = seq.last_token_at.map(|t| now - t);
-            seq.first_token_at.get_or_insert(now);
-            seq.last_token_at = Some(now);
-            self.metrics.token(ttft, itl);
-            let sent = seq.req.events.send(Event::Token {
-                id: token,
-                logprobs: lp,
-                cached_tokens: seq.cached_tokens,
-            });
-            let params = &seq.req.params;
-            let reason = if sent.is_err() {
-                Some(FinishReason::Abort)
-            } else if (!params.ignore_eos && self.limits.eos.contains(&token))
-                || params.stop_token_ids.contains(&token)
-            {
-                Some(FinishReason::Stop)
-            } else if seq.output_len() >= params.max_tokens || seq.tokens.len() >= self.limits.max_model_len {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
+            let reason = Core::emit(seq, token, row, now, true, &self.limits, &self.metrics);
             if let Some(reason) = reason {
                 done.push((i, reason));
             }

@@ -138,6 +138,37 @@ struct State {
     /// Recent (queries, hits) per request, for the line's sliding hit rate (vLLM keeps
     /// the last 1000 requests: `CachingMetrics(max_recent_requests=1000)`).
     recent: std::collections::VecDeque<(u64, u64)>,
+    /// Speculative decoding's counters, when the engine drafts: since start and since
+    /// the last log line.
+    spec: Option<(Spec, Spec)>,
+}
+
+/// vLLM's spec-decode counters (`vllm/v1/spec_decode/metrics.py`).
+#[derive(Debug, Clone, Default)]
+struct Spec {
+    drafts: u64,
+    draft_tokens: u64,
+    accepted: u64,
+    /// Accepted tokens by draft position.
+    per_position: Vec<u64>,
+}
+
+impl Spec {
+    fn new(tokens: usize) -> Spec {
+        Spec {
+            per_position: vec![0; tokens],
+            ..Spec::default()
+        }
+    }
+
+    fn add(&mut self, drafted: usize, accepted: usize) {
+        self.drafts += 1;
+        self.draft_tokens += drafted as u64;
+        self.accepted += accepted as u64;
+        for p in self.per_position.iter_mut().take(accepted) {
+            *p += 1;
+        }
+    }
 }
 
 /// The engine's metrics: written by the engine loop, read by `/metrics`.
@@ -150,8 +181,13 @@ pub struct Metrics {
 
 impl Metrics {
     /// Metrics for the model clients know as `model_name`; `cache_info` becomes the
-    /// labels of `vllm:cache_config_info`.
-    pub fn new(model_name: &str, cache_info: Vec<(String, String)>) -> Metrics {
+    /// labels of `vllm:cache_config_info`; `speculative_tokens`: the draft length, when
+    /// the engine drafts (the spec-decode series exist only then, as in vLLM).
+    pub fn new(
+        model_name: &str,
+        cache_info: Vec<(String, String)>,
+        speculative_tokens: Option<usize>,
+    ) -> Metrics {
         Metrics {
             model_name: model_name.to_owned(),
             cache_info,
@@ -178,6 +214,7 @@ impl Metrics {
                 interval_prompt: 0,
                 interval_generation: 0,
                 recent: Default::default(),
+                spec: speculative_tokens.map(|k| (Spec::new(k), Spec::new(k))),
             }),
         }
     }
@@ -227,6 +264,16 @@ impl Metrics {
         });
     }
 
+    /// A draft of `drafted` tokens was verified; its first `accepted` stood.
+    pub fn speculated(&self, drafted: usize, accepted: usize) {
+        self.with(|s| {
+            if let Some((total, interval)) = &mut s.spec {
+                total.add(drafted, accepted);
+                interval.add(drafted, accepted);
+            }
+        });
+    }
+
     /// A sequence was preempted.
     pub fn preempted(&self) {
         self.with(|s| s.preemptions += 1);
@@ -270,13 +317,15 @@ impl Metrics {
         self.with(|s| (s.running, s.waiting, s.kv_usage))
     }
 
-    /// vLLM's periodic line, when `interval` has passed since the last one: `None` before
-    /// that, and when the engine was idle all along (vLLM logs those at DEBUG only).
-    pub fn stats_line(&self, interval: Duration, device: &str) -> Option<String> {
+    /// vLLM's periodic lines, when `interval` has passed since the last ones: the stats
+    /// line (not when the engine was idle all along; vLLM logs those at DEBUG only) and,
+    /// when the engine drafts and drafted in the interval, the `SpecDecoding metrics:`
+    /// line. Empty before the interval is over.
+    pub fn stats_lines(&self, interval: Duration, device: &str) -> Vec<String> {
         self.with(|s| {
             let elapsed = s.interval_start.elapsed();
             if elapsed < interval {
-                return None;
+                return Vec::new();
             }
             let secs = elapsed.as_secs_f64();
             let idle =
@@ -296,7 +345,17 @@ impl Metrics {
             s.interval_start = Instant::now();
             s.interval_prompt = 0;
             s.interval_generation = 0;
-            (!idle).then(|| line.to_string())
+            let mut lines = Vec::new();
+            if !idle {
+                lines.push(line.to_string());
+            }
+            if let Some((_, spec)) = &mut s.spec {
+                if spec.drafts > 0 {
+                    lines.push(spec_line(spec, secs));
+                }
+                *spec = Spec::new(spec.per_position.len());
+            }
+            lines
         })
     }
 
@@ -388,6 +447,34 @@ impl Metrics {
                 "Count of successfully processed requests.",
                 &success,
             );
+            if let Some((spec, _)) = &s.spec {
+                counter(
+                    vllm::SPEC_DECODE_NUM_DRAFTS,
+                    "Number of spec decoding drafts.",
+                    &[(String::new(), spec.drafts)],
+                );
+                counter(
+                    vllm::SPEC_DECODE_NUM_DRAFT_TOKENS,
+                    "Number of draft tokens.",
+                    &[(String::new(), spec.draft_tokens)],
+                );
+                counter(
+                    vllm::SPEC_DECODE_NUM_ACCEPTED_TOKENS,
+                    "Number of accepted tokens.",
+                    &[(String::new(), spec.accepted)],
+                );
+                let per_position: Vec<(String, u64)> = spec
+                    .per_position
+                    .iter()
+                    .enumerate()
+                    .map(|(p, &v)| (format!("{}=\"{p}\",", vllm::POSITION), v))
+                    .collect();
+                counter(
+                    vllm::SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS,
+                    "Accepted tokens per draft position.",
+                    &per_position,
+                );
+            }
             for (name, help, h) in [
                 (
                     vllm::TIME_TO_FIRST_TOKEN,
@@ -444,6 +531,33 @@ impl Metrics {
 }
 
 /// Bucket bounds as Python's `float.__repr__` prints them (`1.0`, `0.25`).
+/// vLLM's `SpecDecodingLogging.log` line (`vllm/v1/spec_decode/metrics.py`) for the
+/// counters of an interval of `secs` seconds with at least one draft.
+fn spec_line(spec: &Spec, secs: f64) -> String {
+    let drafts = spec.drafts as f64;
+    let per_position: Vec<String> = spec
+        .per_position
+        .iter()
+        .map(|&a| format!("{:.3}", a as f64 / drafts))
+        .collect();
+    let rate = if spec.draft_tokens > 0 {
+        spec.accepted as f64 / spec.draft_tokens as f64 * 100.0
+    } else {
+        0.0
+    };
+    format!(
+        "SpecDecoding metrics: Mean acceptance length: {:.2}, Accepted throughput: {:.2} tokens/s, \
+         Drafted throughput: {:.2} tokens/s, Accepted: {} tokens, Drafted: {} tokens, Per-position acceptance \
+         rate: {}, Avg Draft acceptance rate: {rate:.1}%",
+        1.0 + spec.accepted as f64 / drafts,
+        spec.accepted as f64 / secs,
+        spec.draft_tokens as f64 / secs,
+        spec.accepted,
+        spec.draft_tokens,
+        per_position.join(", "),
+    )
+}
+
 fn fmt_bound(b: f64) -> String {
     crate::chat::python_float_repr(b)
 }
@@ -458,7 +572,7 @@ mod tests {
 
     #[test]
     fn histograms_are_cumulative_and_counters_carry_total() {
-        let m = Metrics::new("m", vec![("block_size".into(), "16".into())]);
+        let m = Metrics::new("m", vec![("block_size".into(), "16".into())], None);
         m.token(Some(Duration::from_millis(30)), None);
         m.token(None, Some(Duration::from_millis(60)));
         m.finished(&FinishedRequest {
@@ -488,17 +602,63 @@ mod tests {
 
     #[test]
     fn stats_line_has_vllms_shape() {
-        let m = Metrics::new("m", Vec::new());
+        let m = Metrics::new("m", Vec::new(), None);
         m.computed_prompt(100);
         m.gauges(2, 1, 0.25);
         m.admitted(32, 16, true);
-        let line = m.stats_line(Duration::ZERO, "CPU").expect("not idle");
+        let lines = m.stats_lines(Duration::ZERO, "CPU");
+        assert_eq!(lines.len(), 1, "no spec line without speculation: {lines:?}");
+        let line = &lines[0];
         assert!(line.starts_with("Engine 000: Avg prompt throughput: "), "{line}");
         assert!(
             line.contains(
                 "Running: 2 reqs, Waiting: 1 reqs, CPU KV cache usage: 25.0%, Prefix cache hit rate: 50.0%"
             ),
             "{line}"
+        );
+    }
+
+    #[test]
+    fn spec_decode_counters_and_line_have_vllms_names_and_shape() {
+        let m = Metrics::new("m", Vec::new(), Some(3));
+        m.speculated(3, 2);
+        m.speculated(3, 0);
+        m.speculated(2, 2);
+        let text = m.render();
+        for line in [
+            "vllm:spec_decode_num_drafts_total{engine=\"0\",model_name=\"m\"} 3.0",
+            "vllm:spec_decode_num_draft_tokens_total{engine=\"0\",model_name=\"m\"} 8.0",
+            "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\",model_name=\"m\"} 4.0",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\",engine=\"0\",model_name=\"m\"} 2.0",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"1\",engine=\"0\",model_name=\"m\"} 2.0",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"2\",engine=\"0\",model_name=\"m\"} 0.0",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        let lines = m.stats_lines(Duration::ZERO, "CPU");
+        let spec = lines.last().expect("a spec line");
+        assert!(
+            spec.starts_with("SpecDecoding metrics: Mean acceptance length: 2.33, Accepted throughput: "),
+            "{spec}"
+        );
+        assert!(
+            spec.ends_with(
+                "Accepted: 4 tokens, Drafted: 8 tokens, Per-position acceptance rate: 0.667, 0.667, 0.000, \
+                 Avg Draft acceptance rate: 50.0%"
+            ),
+            "{spec}"
+        );
+        // The next interval drafted nothing: no spec line.
+        assert!(
+            m.stats_lines(Duration::ZERO, "CPU")
+                .iter()
+                .all(|l| !l.starts_with("SpecDecoding"))
+        );
+        assert!(
+            Metrics::new("m", Vec::new(), None)
+                .render()
+                .find("spec_decode")
+                .is_none()
         );
     }
 }

@@ -17,6 +17,7 @@ pub mod http;
 pub mod metrics;
 pub mod model;
 pub mod sampling;
+pub mod speculative;
 pub mod text;
 pub mod weights;
 
@@ -138,6 +139,8 @@ pub struct Settings {
     pub prefix_caching: bool,
     /// Chunked prefill.
     pub chunked_prefill: bool,
+    /// Speculative decoding by prompt lookup, if the recipe asks for it.
+    pub speculative: Option<speculative::Ngram>,
     /// Fixed KV budget in bytes.
     pub kv_cache_bytes: Option<u64>,
     /// Fraction of host RAM for weights and KV cache together.
@@ -192,6 +195,11 @@ impl Settings {
                 .map_or(DEFAULT_MAX_BATCHED_TOKENS, |v| v as usize),
             prefix_caching: s.prefix_caching.unwrap_or(false),
             chunked_prefill: s.chunked_prefill.unwrap_or(true),
+            speculative: s
+                .speculative
+                .as_ref()
+                .map(speculative::Ngram::from_section)
+                .transpose()?,
             kv_cache_bytes: recipe.memory.kv_cache_bytes,
             memory_fraction: recipe.memory.gpu_utilization,
             host: recipe.server.host.clone(),
@@ -399,12 +407,17 @@ impl Engine {
             ("kv_cache_size_tokens".to_owned(), kv_tokens.to_string()),
             ("num_cpu_blocks".to_owned(), blocks.to_string()),
         ];
-        let metrics = Arc::new(Metrics::new(&settings.served_name, cache_info));
+        let metrics = Arc::new(Metrics::new(
+            &settings.served_name,
+            cache_info,
+            settings.speculative.map(|s| s.tokens),
+        ));
         let limits = core::Limits {
             max_num_seqs: settings.max_num_seqs.max(1),
             max_batched_tokens: settings.max_batched_tokens.max(1),
             max_model_len,
             chunked_prefill: settings.chunked_prefill,
+            speculative: settings.speculative,
             eos: text.eos.clone(),
             log_interval: settings.log_interval,
         };

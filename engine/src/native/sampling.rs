@@ -151,41 +151,48 @@ impl Sampler {
         if params.temperature < GREEDY_EPS {
             return argmax(logits);
         }
-        let inv_t = 1.0 / params.temperature;
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        // Probabilities (unnormalized) of the candidates left after min-p and top-k.
-        let mut candidates: Vec<(u32, f32)> = logits
+        let candidates = candidates(params, logits);
+        self.draw(&candidates)
+    }
+
+    /// Verifies a drafted token against the target model's `logits` (modified in place)
+    /// and returns the token this position emits and whether it is the draft.
+    ///
+    /// Greedy: the draft stands if it is the argmax, else the argmax replaces it, so the
+    /// output is the one without speculation. Sampling: rejection sampling as vLLM's
+    /// `RejectionSampler` does it for drafts without probabilities (ngram: the draft
+    /// distribution is all on the draft token): the draft is accepted with probability
+    /// `p(draft)` under the processed target distribution; a rejected position draws
+    /// from `p` with the draft removed, renormalized (`max(p − q, 0)`). The emitted
+    /// tokens are then distributed exactly as without speculation.
+    pub fn verify(&mut self, params: &SamplingParams, logits: &mut [f32], draft: u32) -> (u32, bool) {
+        self.penalize(params, logits);
+        if params.temperature < GREEDY_EPS {
+            let token = argmax(logits);
+            return (token, token == draft);
+        }
+        let mut candidates = candidates(params, logits);
+        let total: f32 = candidates.iter().map(|c| c.1).sum();
+        let p = candidates
             .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, ((l - max) * inv_t).exp()))
-            .collect();
-        if params.min_p > 0.0 {
-            // The most likely token has weight 1 after subtracting the max.
-            candidates.retain(|&(_, p)| p >= params.min_p);
+            .find(|c| c.0 == draft)
+            .map_or(0.0, |c| c.1 / total);
+        if self.rng.random::<f32>() < p {
+            return (draft, true);
         }
-        let limited = params.top_k > 0 && params.top_k < candidates.len();
-        if limited || params.top_p < 1.0 {
-            candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            if limited {
-                candidates.truncate(params.top_k);
-            }
-            if params.top_p < 1.0 {
-                let total: f32 = candidates.iter().map(|c| c.1).sum();
-                let mut kept = 0.0;
-                let mut keep = candidates.len();
-                for (i, c) in candidates.iter().enumerate() {
-                    kept += c.1;
-                    if kept >= params.top_p * total {
-                        keep = i + 1;
-                        break;
-                    }
-                }
-                candidates.truncate(keep.max(1));
-            }
+        candidates.retain(|c| c.0 != draft);
+        if candidates.is_empty() {
+            // p was 1 and the uniform draw hit exactly 1.0's edge: keep the draft.
+            return (draft, true);
         }
+        (self.draw(&candidates), false)
+    }
+
+    /// Draws one of `candidates` (token, unnormalized probability).
+    fn draw(&mut self, candidates: &[(u32, f32)]) -> u32 {
         let total: f32 = candidates.iter().map(|c| c.1).sum();
         let mut draw = self.rng.random::<f32>() * total;
-        for &(token, p) in &candidates {
+        for &(token, p) in candidates {
             if draw < p {
                 return token;
             }
@@ -225,6 +232,43 @@ impl Sampler {
             }
         }
     }
+}
+
+/// The tokens left after temperature, min-p, top-k and top-p, with their unnormalized
+/// probabilities.
+fn candidates(params: &SamplingParams, logits: &[f32]) -> Vec<(u32, f32)> {
+    let inv_t = 1.0 / params.temperature;
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut candidates: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, ((l - max) * inv_t).exp()))
+        .collect();
+    if params.min_p > 0.0 {
+        // The most likely token has weight 1 after subtracting the max.
+        candidates.retain(|&(_, p)| p >= params.min_p);
+    }
+    let limited = params.top_k > 0 && params.top_k < candidates.len();
+    if limited || params.top_p < 1.0 {
+        candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if limited {
+            candidates.truncate(params.top_k);
+        }
+        if params.top_p < 1.0 {
+            let total: f32 = candidates.iter().map(|c| c.1).sum();
+            let mut kept = 0.0;
+            let mut keep = candidates.len();
+            for (i, c) in candidates.iter().enumerate() {
+                kept += c.1;
+                if kept >= params.top_p * total {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            candidates.truncate(keep.max(1));
+        }
+    }
+    candidates
 }
 
 /// The index of the largest logit (the first one on ties, as `torch.argmax`).
