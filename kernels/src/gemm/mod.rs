@@ -188,6 +188,30 @@ fn pack_panels<T: Copy + Default + Send + Sync>(w: &[T], n: usize, k: usize) -> 
     out
 }
 
+/// Repacks a row-major `[n, k]` bf16 matrix into panels of `kk` pairs:
+/// `[panel][kk / 2][16][2]`, so one 64-byte load holds two consecutive `kk` of sixteen
+/// columns and each `kk` is widened by a shift (even) or a mask (odd), with no lane
+/// crossing. An odd `k` gets a zero pair partner; columns past `n` are zero.
+fn pack_pairs(w: &[u16], n: usize, k: usize) -> Vec<u16> {
+    let depth = k.next_multiple_of(2);
+    let mut out = vec![0u16; panels(n) * depth * NR];
+    out.par_chunks_mut(depth * NR).enumerate().for_each(|(p, panel)| {
+        for j in 0..NR.min(n - p * NR) {
+            let row = &w[(p * NR + j) * k..(p * NR + j + 1) * k];
+            for (kk, &v) in row.iter().enumerate() {
+                panel[bf16_at(kk, j)] = v;
+            }
+        }
+    });
+    out
+}
+
+/// Where column `j`'s bf16 weight at `kk` is in a panel of `kk` pairs.
+#[inline(always)]
+pub(crate) fn bf16_at(kk: usize, j: usize) -> usize {
+    kk / 2 * 2 * NR + j * 2 + kk % 2
+}
+
 fn check_len(
     rows: usize,
     cols: usize,
@@ -225,7 +249,7 @@ impl Packed {
         Ok(Packed {
             n,
             k,
-            data: Data::Bf16(pack_panels(w, n, k)),
+            data: Data::Bf16(pack_pairs(w, n, k)),
         })
     }
 
@@ -362,9 +386,9 @@ impl Packed {
                 }
             }
             Data::Bf16(v) => {
-                let base = panel * k * NR + j;
+                let base = panel * k.next_multiple_of(2) * NR;
                 for (kk, o) in out.iter_mut().enumerate().take(k) {
-                    *o = f32::from_bits(u32::from(v[base + kk * NR]) << 16);
+                    *o = f32::from_bits(u32::from(v[base + bf16_at(kk, j)]) << 16);
                 }
             }
             Data::Nvfp4(q) => {
@@ -391,7 +415,8 @@ impl Packed {
 pub(crate) enum Panels<'a> {
     /// `[kk][16]` f32 per panel; panels `stride` values apart.
     F32 { data: &'a [f32], stride: usize },
-    /// `[kk][16]` bf16 bits per panel.
+    /// `[kk/2][16][2]` bf16 bits per panel (pairs of `kk`, see `pack_pairs`); the
+    /// slice starts at an even `kk`.
     Bf16 { data: &'a [u16], stride: usize },
     /// `[kk/2][16]` code bytes and `[kk/16][16]` scale bytes per panel.
     Nvfp4 {
@@ -429,7 +454,9 @@ impl Tile<'_> {
         let last = self.np - 1;
         match self.panels {
             Panels::F32 { data, stride } => assert!(data.len() >= last * stride + self.kc * NR),
-            Panels::Bf16 { data, stride } => assert!(data.len() >= last * stride + self.kc * NR),
+            Panels::Bf16 { data, stride } => {
+                assert!(data.len() >= last * stride + self.kc.next_multiple_of(2) * NR)
+            }
             Panels::Nvfp4 {
                 codes,
                 code_stride,
@@ -567,9 +594,10 @@ fn panel_slice(w: &Packed, panel: usize, k0: usize) -> Panels<'_> {
             data: &v[panel * k * NR + k0 * NR..],
             stride: k * NR,
         },
+        // `k0` is a multiple of the pass depth, so even.
         Data::Bf16(v) => Panels::Bf16 {
-            data: &v[panel * k * NR + k0 * NR..],
-            stride: k * NR,
+            data: &v[panel * k.next_multiple_of(2) * NR + k0 * NR..],
+            stride: k.next_multiple_of(2) * NR,
         },
         Data::Nvfp4(q) => Panels::Nvfp4 {
             codes: &q.codes[panel * k / 2 * NR + k0 / 2 * NR..],

@@ -36,7 +36,9 @@ pub(super) fn tile(t: &mut Tile) {
 fn weight(panels: &Panels, p: usize, kk: usize, j: usize, table: &[f32; 16]) -> f32 {
     match *panels {
         Panels::F32 { data, stride } => data[p * stride + kk * NR + j],
-        Panels::Bf16 { data, stride } => f32::from_bits(u32::from(data[p * stride + kk * NR + j]) << 16),
+        Panels::Bf16 { data, stride } => {
+            f32::from_bits(u32::from(data[p * stride + super::bf16_at(kk, j)]) << 16)
+        }
         Panels::Nvfp4 {
             codes,
             code_stride,

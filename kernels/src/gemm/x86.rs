@@ -63,15 +63,16 @@ pub(super) fn tile_avx2(t: &mut Tile) {
     }
 }
 
-/// Sixteen bf16 values at `p`, widened.
+/// Sixteen pairs of bf16 values at `p` (`[16][2]`, see `pack_pairs`), widened: the first
+/// of each pair (a shift) and the second (a mask); no lane crossing.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn bf16x16(p: *const u16) -> __m512 {
-    unsafe {
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-            _mm256_loadu_si256(p.cast()),
-        )))
-    }
+unsafe fn bf16_pairs16(p: *const u16) -> (__m512, __m512) {
+    let v = unsafe { _mm512_loadu_si512(p.cast()) };
+    (
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)),
+        _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF_0000_u32 as i32))),
+    )
 }
 
 // The accumulator arrays are indexed by constants after unrolling, so they live in
@@ -163,7 +164,9 @@ unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
     stride: usize,
 ) {
     let size = if BF16 { 2 } else { 4 };
-    let load = |kk: usize, p: usize| -> *const u8 { unsafe { b.add(p * stride + kk * NR * size) } };
+    // f32: `kk` rows of 16 values; bf16: pairs of `kk` in 32 values, so the pair that
+    // starts at an even `kk` is at the same offset as `kk`'s row would be.
+    let at = |kk: usize, p: usize| -> *const u8 { unsafe { b.add(p * stride + kk * NR * size) } };
     let mut kk = 0;
     unsafe {
         while kk + 2 <= kc {
@@ -171,11 +174,10 @@ unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
             let mut w1 = [_mm512_setzero_ps(); NP];
             for p in 0..NP {
                 if BF16 {
-                    w0[p] = bf16x16(load(kk, p).cast());
-                    w1[p] = bf16x16(load(kk + 1, p).cast());
+                    (w0[p], w1[p]) = bf16_pairs16(at(kk, p).cast());
                 } else {
-                    w0[p] = _mm512_loadu_ps(load(kk, p).cast());
-                    w1[p] = _mm512_loadu_ps(load(kk + 1, p).cast());
+                    w0[p] = _mm512_loadu_ps(at(kk, p).cast());
+                    w1[p] = _mm512_loadu_ps(at(kk + 1, p).cast());
                 }
             }
             for m in 0..MR {
@@ -193,9 +195,9 @@ unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
         if kk < kc {
             for p in 0..NP {
                 let w = if BF16 {
-                    bf16x16(load(kk, p).cast())
+                    bf16_pairs16(at(kk, p).cast()).0
                 } else {
-                    _mm512_loadu_ps(load(kk, p).cast())
+                    _mm512_loadu_ps(at(kk, p).cast())
                 };
                 for m in 0..MR {
                     acc[m][p] = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(kk * MR + m)), w, acc[m][p]);
@@ -205,15 +207,16 @@ unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
     }
 }
 
-/// Eight bf16 values at `p`, widened.
+/// Eight pairs of bf16 values at `p` (`[8][2]`), widened: the first of each pair and
+/// the second.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn bf16x8(p: *const u16) -> __m256 {
-    unsafe {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-            p.cast(),
-        ))))
-    }
+unsafe fn bf16_pairs8(p: *const u16) -> (__m256, __m256) {
+    let v = unsafe { _mm256_loadu_si256(p.cast()) };
+    (
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)),
+        _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF_0000_u32 as i32))),
+    )
 }
 
 /// Eight bytes at `p`, one per 32-bit lane.
@@ -281,10 +284,15 @@ unsafe fn k256<const MR: usize>(t: &mut Tile) {
             }
             Panels::Bf16 { data, .. } => {
                 let b = data.as_ptr();
-                let load = |kk: usize| [bf16x8(b.add(kk * NR)), bf16x8(b.add(kk * NR + 8))];
+                // The pair starting at even `kk`: columns 0-7, then 8-15.
+                let load = |kk: usize| {
+                    let (lo0, lo1) = bf16_pairs8(b.add(kk * NR));
+                    let (hi0, hi1) = bf16_pairs8(b.add(kk * NR + NR));
+                    ([lo0, hi0], [lo1, hi1])
+                };
                 let mut kk = 0;
                 while kk + 2 <= kc {
-                    let (w0, w1) = (load(kk), load(kk + 1));
+                    let (w0, w1) = load(kk);
                     for m in 0..MR {
                         step!(m, kk, w0);
                         step!(m, kk + 1, w1);
@@ -292,7 +300,7 @@ unsafe fn k256<const MR: usize>(t: &mut Tile) {
                     kk += 2;
                 }
                 if kk < kc {
-                    let w = load(kk);
+                    let (w, _) = load(kk);
                     for m in 0..MR {
                         step!(m, kk, w);
                     }
