@@ -196,9 +196,13 @@ if [[ "$RUN_SOUS" == 1 ]]; then
         run_client "sous-bf16" --perplexity "$PPL_TEXT"
         stop_server
         results+=("$OUT/sous-bf16.json")
-        say "sous native, NVFP4 weights: perplexity only"
+        # Beside a 4-bit GGUF the NVFP4 model is measured in full; otherwise its
+        # perplexity only.
+        nvfp4=(--only-perplexity --perplexity "$PPL_TEXT")
+        [[ "$PRECISION" == q4_* ]] && nvfp4=(--perplexity "$PPL_TEXT")
+        say "sous native, NVFP4 weights (${nvfp4[0]})"
         if start_sous recipes/local/smollm2-135m-nvfp4.toml; then
-            run_client "sous-nvfp4" --only-perplexity --perplexity "$PPL_TEXT"
+            run_client "sous-nvfp4" "${nvfp4[@]}"
             stop_server
             results+=("$OUT/sous-nvfp4.json")
         fi

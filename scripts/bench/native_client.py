@@ -293,12 +293,19 @@ def perplexity(server, path):
 def descendants(pid):
     """pid and every process below it (`sous serve` runs the native engine as a child)."""
     found = [pid]
+    # Each thread lists the children it spawned: `sous serve` starts the engine from a
+    # tokio worker thread, not from its main thread.
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            for child in f.read().split():
-                found += descendants(int(child))
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        pass
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                for child in f.read().split():
+                    found += descendants(int(child))
+        except OSError:
+            pass
     return found
 
 

@@ -189,6 +189,67 @@ fn recipe(dir: &Path, name: &str, port: u16, prefix_caching: bool, model: &Path)
 }
 
 #[test]
+fn ngram_speculation_on_an_editing_prompt_is_reported_by_probe() {
+    let _cpu = cpu_exclusive();
+    let Some(model) = smollm2() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let port = free_port();
+    let path = recipe(dir.path(), "bench-ngram", port, false, &model);
+    let mut text = std::fs::read_to_string(&path).expect("recipe");
+    text = text.replace(
+        "[server]",
+        "speculative = { method = \"ngram\", tokens = 4, prompt_lookup_min = 2, prompt_lookup_max = 4 }\n\n[server]",
+    );
+    std::fs::write(&path, text).expect("recipe");
+    let prompt = root().join("scripts/bench/data/edit-prompt.txt");
+    let out = dir.path().join("out");
+    let (code, stdout, stderr) = run(sous()
+        .env("SOUS_STATE_DIR", &state)
+        .args(["bench", "probe", "--recipe"])
+        .arg(&path)
+        .arg("--prompt-file")
+        .arg(&prompt)
+        .args(["-n", "1", "--output-len", "48", "--salt", "1", "--out"])
+        .arg(&out));
+    assert_eq!(code, 0, "{stderr}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("probe.json")).expect("probe.json"))
+            .expect("json");
+    let server = &report["levels"][0]["server"];
+    let drafts = server["spec_decode_num_drafts"].as_f64().expect("drafts");
+    let rate = server["spec_decode_acceptance_rate"].as_f64().expect("rate");
+    let length = server["spec_decode_acceptance_length"].as_f64().expect("length");
+    // The output repeats the prompt's code: drafts are made and many stand.
+    assert!(drafts > 0.0 && rate > 0.2 && length > 1.5, "{server}");
+    assert_eq!(
+        server["spec_decode_per_position_acceptance_rates"]
+            .as_array()
+            .map(Vec::len),
+        Some(4),
+        "{server}"
+    );
+    assert!(
+        stdout.contains("server: speculative decoding: acceptance rate"),
+        "{stdout}"
+    );
+    // A missing prompt file is named.
+    let (code, _, stderr) = run(sous().args([
+        "bench",
+        "probe",
+        "--url",
+        "http://127.0.0.1:9",
+        "--prompt-file",
+        "/nonexistent/p.txt",
+    ]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot read the prompt file /nonexistent/p.txt"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn every_workload_runs_against_the_native_engine() {
     let _cpu = cpu_exclusive();
     let Some(model) = smollm2() else { return };

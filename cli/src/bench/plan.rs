@@ -29,6 +29,10 @@ pub struct Probe {
     pub input_len: usize,
     /// Output tokens, past the end-of-sequence token.
     pub output_len: usize,
+    /// A given prompt text instead of `input_len` random words (a file to edit, for
+    /// speculative decoding by prompt lookup); each repetition still starts with a few
+    /// salted words, so none is served from the prefix cache.
+    pub prompt: Option<String>,
 }
 
 /// `sous bench sweep`.
@@ -118,9 +122,13 @@ impl Workload {
                     range_ratio: 0.0,
                     ignore_eos: true,
                 };
+                let sessions = match &a.prompt {
+                    Some(text) => workload::given(maker, salt, a.repeat.max(1), text, &lengths),
+                    None => workload::independent(maker, seed, salt, a.repeat.max(1), &lengths),
+                };
                 vec![Planned {
                     concurrency: 1,
-                    sessions: workload::independent(maker, seed, salt, a.repeat.max(1), &lengths),
+                    sessions,
                 }]
             }
             Workload::Sweep(a) => {

@@ -147,6 +147,20 @@ pub fn independent(
         .collect()
 }
 
+/// `count` requests of one given prompt `text`, each after its own salted first words
+/// (a line of its own) so that no request reuses another's cached prefix.
+pub fn given(maker: &PromptMaker, salt: u64, count: usize, text: &str, lengths: &Lengths) -> Vec<Vec<Job>> {
+    let mut salt = rng(salt, 3);
+    (0..count)
+        .map(|_| {
+            let mut prompt = maker.text(&mut salt, 8);
+            prompt.push('\n');
+            prompt.push_str(text);
+            vec![job(maker, prompt, lengths.output, lengths.ignore_eos)]
+        })
+        .collect()
+}
+
 /// Settings of the shared-prefix workload (vLLM's `prefix_repetition` dataset).
 #[derive(Debug, Clone)]
 pub struct Prefixes {

@@ -168,6 +168,11 @@ pub struct ProbeArgs {
     /// Output tokens.
     #[arg(long, default_value_t = 256)]
     output_len: usize,
+    /// Send this file's text as the prompt instead of --input-len random words (e.g. code
+    /// to edit, where speculative decoding by prompt lookup pays off); each repetition
+    /// starts with a few salted words so that none hits the prefix cache.
+    #[arg(long, value_name = "FILE")]
+    prompt_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -253,10 +258,18 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
         BenchCommand::Logs(args) => logs(&args, shell),
         BenchCommand::Scrape(args) => watch(&args, shell),
         BenchCommand::Probe(a) => {
+            let prompt = match &a.prompt_file {
+                Some(path) => Some(anyhow::Context::with_context(
+                    std::fs::read_to_string(path),
+                    || format!("cannot read the prompt file {}", path.display()),
+                )?),
+                None => None,
+            };
             let workload = Workload::Probe(plan::Probe {
                 repeat: a.repeat,
                 input_len: a.input_len,
                 output_len: a.output_len,
+                prompt,
             });
             active(&a.common, &workload, shell)
         }

@@ -80,6 +80,24 @@ pub fn summary(report: &Report) -> String {
                 s.prefix_cache_hits.unwrap_or(0.0)
             ));
         }
+        if let (Some(drafts), Some(rate), Some(length)) = (
+            s.spec_decode_num_drafts,
+            s.spec_decode_acceptance_rate,
+            s.spec_decode_acceptance_length,
+        ) && drafts > 0.0
+        {
+            let positions: Vec<String> = s
+                .spec_decode_per_position_acceptance_rates
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect();
+            out.push_str(&format!(
+                "server: speculative decoding: acceptance rate {:.1}%, mean acceptance length {length:.2}, \
+                 per position {} ({drafts:.0} drafts)\n",
+                rate * 100.0,
+                positions.join(", ")
+            ));
+        }
     }
     if report.workload == "sweep" {
         out.push_str("(output tok/s: all requests' tokens over the level's wall time)\n");
