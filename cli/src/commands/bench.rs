@@ -259,10 +259,12 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
         BenchCommand::Scrape(args) => watch(&args, shell),
         BenchCommand::Probe(a) => {
             let prompt = match &a.prompt_file {
-                Some(path) => Some(anyhow::Context::with_context(
-                    std::fs::read_to_string(path),
-                    || format!("cannot read the prompt file {}", path.display()),
-                )?),
+                Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                    UserError::new(
+                        format!("cannot read the prompt file {}: {e}", path.display()),
+                        Some("--prompt-file takes a text file, sent as the prompt"),
+                    )
+                })?),
                 None => None,
             };
             let workload = Workload::Probe(plan::Probe {
