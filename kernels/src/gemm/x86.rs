@@ -41,9 +41,7 @@ pub(super) fn tile_avx512(t: &mut Tile) {
     match t.np {
         1 => rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
         2 => rows!(2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
-        3 => rows!(3, [1, 2]),
-        4 => rows!(4, [1, 2]),
-        _ => unreachable!("at most 4 panels per AVX-512 tile"),
+        _ => unreachable!("at most 2 panels per AVX-512 tile"),
     }
 }
 
