@@ -266,10 +266,16 @@ impl Model {
         let mut q = vec![0.0f32; n * q_len];
         let mut attn = vec![0.0f32; n * q_len];
         let mut act = vec![0.0f32; n * c.intermediate_size];
+        // The products' outputs, allocated once per pass (fresh pages for every layer's
+        // products cost more than the norms between them).
+        let row_len = q_len + 2 * kv_len;
+        let mut qkv = vec![0.0f32; n * row_len];
+        let mut o = vec![0.0f32; n * h];
+        let mut gate_up = vec![0.0f32; n * 2 * c.intermediate_size];
+        let mut down = vec![0.0f32; n * h];
         for (li, layer) in self.layers.iter().enumerate() {
             k::rms_norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
-            let mut qkv = self.linear(&normed, n, &layer.qkv);
-            let row_len = q_len + 2 * kv_len;
+            gemm::matmul(&normed, n, &layer.qkv, &mut qkv);
             if let Some(bias) = &layer.qkv_bias {
                 for row in qkv.chunks_exact_mut(row_len) {
                     k::add_assign(row, bias);
@@ -291,12 +297,12 @@ impl Model {
                 v_cache[at..at + kv_len].copy_from_slice(vr);
             }
             k::attention(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
-            let o = self.linear(&attn, n, &layer.o);
+            gemm::matmul(&attn, n, &layer.o, &mut o);
             k::add_assign(&mut x, &o);
             k::rms_norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
-            let gate_up = self.linear(&normed, n, &layer.gate_up);
+            gemm::matmul(&normed, n, &layer.gate_up, &mut gate_up);
             k::silu_mul(&gate_up, c.intermediate_size, &mut act);
-            let down = self.linear(&act, n, &layer.down);
+            gemm::matmul(&act, n, &layer.down, &mut down);
             k::add_assign(&mut x, &down);
         }
         // Final norm and lm_head, only for the rows asked for.

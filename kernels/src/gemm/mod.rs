@@ -499,18 +499,28 @@ pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]
         return;
     }
     let (mr, np) = isa.tile(rows);
-    let a = pack_rows(x, rows, k, mr);
     let total = panels(n);
-    // Tasks own whole tiles of columns. One row is bound by reading the weights: many
-    // small tasks (~64 KiB of weights each) balance best. Many rows are bound by
-    // arithmetic: a few large tasks keep the packed rows hot in each core's caches.
-    let weight_bytes = (w.bytes() as usize / total).max(1);
-    let per_task = if rows <= 2 * mr {
-        (65536 / weight_bytes).max(1)
-    } else {
-        total.div_ceil(4 * rayon::current_num_threads()).max(1)
+    if rows > 2 * mr && n.is_multiple_of(NR) {
+        // Many rows are bound by arithmetic: tasks own blocks of rows, pack only their
+        // own inputs and write straight into their rows of `out`; each reads every
+        // weight once (from L2/L3: a layer's weights are a few MB).
+        let per = rows
+            .div_ceil(4 * rayon::current_num_threads())
+            .next_multiple_of(mr);
+        out.par_chunks_mut(per * n)
+            .zip(x.par_chunks(per * k))
+            .for_each(|(o, xs)| {
+                let r = xs.len() / k;
+                let a = pack_rows(xs, r, k, mr);
+                columns(isa, &a, r, w, 0, total, o);
+            });
+        return;
     }
-    .next_multiple_of(np);
+    let a = pack_rows(x, rows, k, mr);
+    // Few rows: tasks own whole tiles of columns, ~64 KiB of weights each (reading
+    // the weights is what takes the time: many small tasks balance best).
+    let weight_bytes = (w.bytes() as usize / total).max(1);
+    let per_task = (65536 / weight_bytes).max(1).next_multiple_of(np);
     let tasks = total.div_ceil(per_task);
     let results: Vec<Vec<f32>> = (0..tasks)
         .into_par_iter()
