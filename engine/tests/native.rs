@@ -179,12 +179,11 @@ fn greedy(max_tokens: usize) -> SamplingParams {
     }
 }
 
-#[test]
-fn greedy_decoding_matches_transformers_and_batching_changes_nothing() {
-    let Some(dir) = model_dir() else { return };
-    let fixture = fixture();
-    let n = fixture["greedy_tokens"].as_u64().expect("greedy_tokens") as usize;
-    let prompts: Vec<(String, Vec<u32>, Vec<u32>)> = fixture["prompts"]
+/// The fixture's prompts (single and batch): name, input ids, and transformers' greedy
+/// ids for the bf16 import (which target/models holds; transformers ran it in f32, as
+/// the engine computes).
+fn greedy_prompts(fixture: &Value) -> Vec<(String, Vec<u32>, Vec<u32>)> {
+    fixture["prompts"]
         .as_array()
         .expect("prompts")
         .iter()
@@ -193,11 +192,18 @@ fn greedy_decoding_matches_transformers_and_batching_changes_nothing() {
             (
                 p["name"].as_str().unwrap_or("?").to_owned(),
                 ids(&p["input_ids"]),
-                // target/models holds the bf16 import; transformers ran it in f32, as we do.
                 ids(&p["imported_bf16"]["greedy_ids"]),
             )
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn greedy_decoding_matches_transformers_and_batching_changes_nothing() {
+    let Some(dir) = model_dir() else { return };
+    let fixture = fixture();
+    let n = fixture["greedy_tokens"].as_u64().expect("greedy_tokens") as usize;
+    let prompts = greedy_prompts(&fixture);
     // Small steps so that prompts are prefilled in several chunks.
     let engine = Loop::start(&dir, false, 16, 24);
     let mut alone = Vec::new();
@@ -348,19 +354,7 @@ fn ngram_speculation_changes_no_greedy_token_and_reports_its_acceptance() {
         max: 3,
     };
     let engine = Loop::start_with(&dir, false, 16, 64, Some(ngram));
-    let prompts: Vec<(String, Vec<u32>, Vec<u32>)> = fixture["prompts"]
-        .as_array()
-        .expect("prompts")
-        .iter()
-        .chain(fixture["batch_prompts"].as_array().into_iter().flatten())
-        .map(|p| {
-            (
-                p["name"].as_str().unwrap_or("?").to_owned(),
-                ids(&p["input_ids"]),
-                ids(&p["imported_bf16"]["greedy_ids"]),
-            )
-        })
-        .collect();
+    let prompts = greedy_prompts(&fixture);
     assert_eq!(prompts.len(), 11, "the fixture's 11 prompts");
     for (name, input, want) in &prompts {
         assert_eq!(
