@@ -42,6 +42,33 @@ fn main() {
         rayon::current_num_threads(),
         Isa::available()
     );
+    // bf16 arithmetic (inputs rounded to bf16; AVX512-BF16 dot products where the CPU
+    // has them), on the bf16 weights.
+    {
+        let layer: Vec<Packed> = shapes.iter().map(|&(n, k)| pack("bf16", n, k)).collect();
+        for &r in &rows {
+            let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, k)| values(r * k)).collect();
+            let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&(n, _)| vec![0.0; r * n]).collect();
+            let run_layer = |outs: &mut Vec<Vec<f32>>| {
+                for ((w, x), out) in layer.iter().zip(&xs).zip(outs.iter_mut()) {
+                    sous_kernels::gemm::matmul_bf16(x, r, w, out);
+                }
+            };
+            let flops: f64 = shapes.iter().map(|&(n, k)| 2.0 * (r * n * k) as f64).sum();
+            let reps = (2e9 / flops).clamp(3.0, 200.0) as usize;
+            run_layer(&mut outs);
+            let t = Instant::now();
+            for _ in 0..reps {
+                run_layer(&mut outs);
+            }
+            let s = t.elapsed().as_secs_f64() / reps as f64;
+            println!(
+                "bf16·bf16 (matmul_bf16) rows {r:>4}: layer {:>7.3} ms {:>6.1} GFLOP/s",
+                s * 1e3,
+                flops / s / 1e9
+            );
+        }
+    }
     for format in ["f32", "bf16", "nvfp4"] {
         let layer: Vec<Packed> = shapes.iter().map(|&(n, k)| pack(format, n, k)).collect();
         let head = pack(format, lm_head.0, lm_head.1);

@@ -161,16 +161,16 @@ impl Settings {
     /// The settings of `recipe`, serving the model in `model_dir`.
     pub fn from_recipe(recipe: &Recipe, model_dir: &Path) -> Result<Settings, NativeError> {
         let s = &recipe.serving;
-        // The native engine computes in f32 everywhere; `dtype` picks what the weights
-        // are held in. A bf16 checkpoint stays bf16 under `float32` (widening is exact,
-        // so the numbers are the same and half the bytes are read).
+        // `auto`/`float32`: f32 arithmetic on the checkpoint's own weights (a bf16
+        // checkpoint stays bf16: widening is exact, so the numbers are the same and half
+        // the bytes are read). `bfloat16`: bf16 weights and bf16 inputs to the products,
+        // accumulated in f32.
         let precision = match s.dtype {
             None | Some(ModelDtype::Auto) | Some(ModelDtype::Float32) => Precision::Stored,
             Some(ModelDtype::Bfloat16) => Precision::Bf16,
             Some(ModelDtype::Float16) => {
                 return Err(NativeError::Settings {
-                    message: "`serving.dtype = \"float16\"`: the native engine holds weights in bf16 or f32 \
-                              and computes in f32"
+                    message: "`serving.dtype = \"float16\"`: the native engine computes in f32 or bf16"
                         .into(),
                     hint: "use \"bfloat16\" (bf16 weights) or \"float32\" / \"auto\" (the checkpoint's own)"
                         .into(),

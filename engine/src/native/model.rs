@@ -211,13 +211,6 @@ impl Model {
         total
     }
 
-    /// `x · wᵀ` for `rows` rows of `x`.
-    fn linear(&self, x: &[f32], rows: usize, w: &Packed) -> Vec<f32> {
-        let mut out = vec![0.0f32; rows * w.n()];
-        gemm::matmul(x, rows, w, &mut out);
-        out
-    }
-
     /// Runs the batch: writes its keys and values into `cache` and returns the logits the
     /// sequences asked for, `vocab_size` values per row, in sequence order (for `All`,
     /// one row per token).
@@ -266,6 +259,11 @@ impl Model {
         let mut q = vec![0.0f32; n * q_len];
         let mut attn = vec![0.0f32; n * q_len];
         let mut act = vec![0.0f32; n * c.intermediate_size];
+        // `bfloat16`: bf16 arithmetic in the products (inputs rounded to bf16).
+        let product = match self.precision {
+            Precision::Bf16 => gemm::matmul_bf16,
+            Precision::Stored => gemm::matmul,
+        };
         // The products' outputs, allocated once per pass (fresh pages for every layer's
         // products cost more than the norms between them).
         let row_len = q_len + 2 * kv_len;
@@ -275,7 +273,7 @@ impl Model {
         let mut down = vec![0.0f32; n * h];
         for (li, layer) in self.layers.iter().enumerate() {
             k::rms_norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
-            gemm::matmul(&normed, n, &layer.qkv, &mut qkv);
+            product(&normed, n, &layer.qkv, &mut qkv);
             if let Some(bias) = &layer.qkv_bias {
                 for row in qkv.chunks_exact_mut(row_len) {
                     k::add_assign(row, bias);
@@ -297,12 +295,12 @@ impl Model {
                 v_cache[at..at + kv_len].copy_from_slice(vr);
             }
             k::attention(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
-            gemm::matmul(&attn, n, &layer.o, &mut o);
+            product(&attn, n, &layer.o, &mut o);
             k::add_assign(&mut x, &o);
             k::rms_norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
-            gemm::matmul(&normed, n, &layer.gate_up, &mut gate_up);
+            product(&normed, n, &layer.gate_up, &mut gate_up);
             k::silu_mul(&gate_up, c.intermediate_size, &mut act);
-            gemm::matmul(&act, n, &layer.down, &mut down);
+            product(&act, n, &layer.down, &mut down);
             k::add_assign(&mut x, &down);
         }
         // Final norm and lm_head, only for the rows asked for.
@@ -324,6 +322,9 @@ impl Model {
         for (dst, &r) in hidden.chunks_exact_mut(h).zip(&rows) {
             k::rms_norm_row(&x[r * h..(r + 1) * h], &self.norm, c.rms_norm_eps, dst);
         }
-        Ok(self.linear(&hidden, rows.len(), self.lm_head.as_ref().unwrap_or(&self.embed)))
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut logits = vec![0.0f32; rows.len() * head.n()];
+        product(&hidden, rows.len(), head, &mut logits);
+        Ok(logits)
     }
 }

@@ -88,13 +88,15 @@ impl Quantization {
     }
 }
 
-/// The precision float weights are held in; products always accumulate in f32.
+/// The precision of the weights and of the products' inputs; products accumulate in
+/// f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
     /// As stored: bf16 and f32 as they are, f16 widened to f32 (exact).
     Stored,
-    /// bf16: f32 and f16 weights rounded to the nearest bf16 at load (half the memory
-    /// and bytes read of f32, the numbers of a bf16 model).
+    /// bf16: f32 and f16 weights rounded to the nearest bf16 at load, and bf16
+    /// arithmetic in the products (inputs rounded to bf16, f32 accumulation;
+    /// AVX512-BF16 dot products for prompt chunks where the CPU has them).
     Bf16,
 }
 

@@ -394,8 +394,8 @@ pub struct ServingSection {
     pub trust_remote_code: Option<bool>,
 
     /// Data type of weights and activations: `auto`, `bfloat16`, `float16` or `float32`.
-    /// The native engine computes in f32 and reads this as the precision it holds
-    /// weights in (`bfloat16` rounds f32 weights to bf16; `float16` is refused).
+    /// The native engine computes in f32 (`auto`, `float32`) or in bf16 (`bfloat16`:
+    /// bf16 weights and product inputs, f32 accumulation); it refuses `float16`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<ModelDtype>,
 }

@@ -490,6 +490,57 @@ pub fn matmul(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
     matmul_with(Isa::current(), x, rows, w, out);
 }
 
+/// [`matmul`] in bf16 arithmetic: the inputs are rounded to bf16 (to nearest, ties to
+/// even) and multiplied with bf16 weights, accumulating in f32, as llama.cpp's and
+/// PyTorch's bf16 CPU kernels do. On a CPU with AVX512-BF16, prompt-sized products use
+/// its dot-product instruction (`vdpbf16ps`: two products per lane per instruction,
+/// twice the f32 rate); elsewhere, and for a few rows, the f32 kernels run on the
+/// rounded inputs. Unlike [`matmul`], the bits of a row may depend on how many rows
+/// share the product (the instruction sums its two products before adding them).
+/// Weights that are not bf16 go through [`matmul`] on the rounded inputs.
+pub fn matmul_bf16(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
+    let rounded: Vec<f32> = x.iter().map(|&v| round_bf16(v)).collect();
+    let isa = Isa::current();
+    #[cfg(target_arch = "x86_64")]
+    if let Data::Bf16(_) = w.data
+        && isa == Isa::Avx512
+        && x86::avx512_bf16()
+        && rows > 2 * isa.tile(rows).0
+        && w.n.is_multiple_of(NR)
+    {
+        let (n, k) = (w.n, w.k);
+        let per = rows
+            .div_ceil(4 * rayon::current_num_threads())
+            .next_multiple_of(x86::DP_MR);
+        out.par_chunks_mut(per * n)
+            .zip(rounded.par_chunks(per * k))
+            .for_each(|(o, xs)| x86::dot_bf16(xs, xs.len() / k, w, o));
+        return;
+    }
+    matmul_with(isa, &rounded, rows, w, out);
+}
+
+/// `v` rounded to the nearest bf16 (ties to even), as an f32.
+pub fn round_bf16(v: f32) -> f32 {
+    let bits = v.to_bits();
+    if v.is_nan() {
+        return v;
+    }
+    let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000;
+    f32::from_bits(rounded)
+}
+
+impl Packed {
+    /// The bf16 panels and their per-panel stride, if the weight is bf16.
+    #[cfg(target_arch = "x86_64")]
+    fn bf16_panels(&self) -> Option<(&[u16], usize)> {
+        match &self.data {
+            Data::Bf16(v) => Some((v, self.k.next_multiple_of(2) * NR)),
+            _ => None,
+        }
+    }
+}
+
 /// [`matmul`] on a given instruction set (one of [`Isa::available`]).
 pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
     let (n, k) = (w.n, w.k);

@@ -204,3 +204,38 @@ fn stacked_matrices_with_their_own_scales_multiply_as_separate_ones() -> Result 
     );
     Ok(())
 }
+
+#[test]
+fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
+    for (rows, n, k) in [
+        (1, 32, 64),
+        (7, 48, 577),
+        (40, 48, 577),
+        (30, 64, 576),
+        (100, 32, 1536),
+    ] {
+        let x = values(rows * k, 21);
+        let w = values(n * k, 22);
+        let bits = bf16_bits(&w);
+        let wide: Vec<f32> = bits.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect();
+        let rounded: Vec<f32> = x.iter().map(|&v| round_bf16(v)).collect();
+        let want = naive(&rounded, rows, &wide, n, k);
+        let packed = Packed::from_bf16(&bits, n, k)?;
+        let mut got = vec![f32::NAN; rows * n];
+        matmul_bf16(&x, rows, &packed, &mut got);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                "{rows}x{n}x{k} [{i}]: {g} vs {w}"
+            );
+        }
+    }
+    assert_eq!(
+        round_bf16(1.0 + 1.0 / 256.0),
+        1.0,
+        "a tie goes to the even mantissa"
+    );
+    assert_eq!(round_bf16(1.0 + 3.0 / 256.0), 1.0 + 4.0 / 256.0);
+    assert!(round_bf16(f32::NAN).is_nan());
+    Ok(())
+}

@@ -20,6 +20,11 @@ pub(super) fn avx512() -> bool {
     is_x86_feature_detected!("avx512f") && avx2()
 }
 
+/// Whether AVX512-BF16 is there too (the bf16 dot product).
+pub(super) fn avx512_bf16() -> bool {
+    avx512() && is_x86_feature_detected!("avx512bf16")
+}
+
 /// Whether AVX2 and FMA are there.
 pub(super) fn avx2() -> bool {
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
@@ -338,6 +343,80 @@ unsafe fn k256<const MR: usize>(t: &mut Tile) {
             for h in 0..2 {
                 _mm256_storeu_ps(c.add(m * ldc + h * 8), acc[m][h]);
             }
+        }
+    }
+}
+
+/// Rows per tile of the bf16 dot-product kernel.
+pub(super) const DP_MR: usize = 12;
+
+/// `out = x · wᵀ` for `rows` rows of bf16-valued `x` (already rounded) against bf16
+/// panels, with `vdpbf16ps`: the inputs are packed as pairs of bf16 (`kk`, `kk + 1`) per
+/// row, broadcast, and dotted with the panels' pairs. `w.n` is a multiple of 16, so
+/// tiles write whole panels straight into `out` (`rows × n`).
+pub(super) fn dot_bf16(x: &[f32], rows: usize, w: &super::Packed, out: &mut [f32]) {
+    assert!(avx512_bf16(), "the bf16 dot-product kernel needs AVX512-BF16");
+    let Some((panels, stride)) = w.bf16_panels() else {
+        unreachable!("bf16 weights checked by the caller");
+    };
+    let (n, k) = (w.n(), w.k());
+    let pairs = k.div_ceil(2);
+    assert!(n.is_multiple_of(NR) && x.len() == rows * k && out.len() == rows * n);
+    assert!(panels.len() >= n / NR * stride && stride >= pairs * 2 * NR);
+    // Rows in blocks of DP_MR, each `[pair][width]` of packed bf16 pairs.
+    let mut a = vec![0u32; rows * pairs];
+    for (b, block) in a.chunks_mut(DP_MR * pairs).enumerate() {
+        let width = block.len() / pairs;
+        for m in 0..width {
+            let row = &x[(b * DP_MR + m) * k..(b * DP_MR + m + 1) * k];
+            for t in 0..pairs {
+                let lo = row[2 * t].to_bits() >> 16;
+                let hi = row.get(2 * t + 1).map_or(0, |v| v.to_bits() >> 16);
+                block[t * width + m] = lo | (hi << 16);
+            }
+        }
+    }
+    // Panel by panel, every block of rows: a panel (`k` pairs of 16 lanes) stays in L1
+    // while the rows' packed inputs stream from L2.
+    for p in 0..n / NR {
+        let b = &panels[p * stride..p * stride + pairs * 2 * NR];
+        let mut m = 0;
+        while m < rows {
+            let width = DP_MR.min(rows - m);
+            let block = &a[m * pairs..m * pairs + width * pairs];
+            let c = &mut out[m * n + p * NR..];
+            assert!(c.len() >= (width - 1) * n + NR);
+            macro_rules! rows {
+                ([$($r:literal),*]) => {
+                    match width {
+                        // SAFETY: AVX512-BF16 is present (asserted above), `block` holds
+                        // `pairs × width` values, `b` `pairs` pairs of 16 lanes, and `c`
+                        // `width` rows `n` apart of 16 values (asserted above).
+                        $($r => unsafe { dp512::<$r>(block.as_ptr(), b.as_ptr(), pairs, c.as_mut_ptr(), n) },)*
+                        _ => unreachable!("at most DP_MR rows"),
+                    }
+                };
+            }
+            rows!([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+            m += width;
+        }
+    }
+}
+
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
+unsafe fn dp512<const MR: usize>(a: *const u32, b: *const u16, pairs: usize, c: *mut f32, ldc: usize) {
+    let mut acc = [_mm512_setzero_ps(); MR];
+    unsafe {
+        for t in 0..pairs {
+            let w: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(t * 2 * NR).cast()));
+            for m in 0..MR {
+                let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(t * MR + m) as i32));
+                acc[m] = _mm512_dpbf16_ps(acc[m], x, w);
+            }
+        }
+        for m in 0..MR {
+            _mm512_storeu_ps(c.add(m * ldc), acc[m]);
         }
     }
 }
