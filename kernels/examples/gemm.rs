@@ -47,21 +47,7 @@ fn main() {
     {
         let layer: Vec<Packed> = shapes.iter().map(|&(n, k)| pack("bf16", n, k)).collect();
         for &r in &rows {
-            let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, k)| values(r * k)).collect();
-            let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&(n, _)| vec![0.0; r * n]).collect();
-            let run_layer = |outs: &mut Vec<Vec<f32>>| {
-                for ((w, x), out) in layer.iter().zip(&xs).zip(outs.iter_mut()) {
-                    sous_kernels::gemm::matmul_bf16(x, r, w, out);
-                }
-            };
-            let flops: f64 = shapes.iter().map(|&(n, k)| 2.0 * (r * n * k) as f64).sum();
-            let reps = (2e9 / flops).clamp(3.0, 200.0) as usize;
-            run_layer(&mut outs);
-            let t = Instant::now();
-            for _ in 0..reps {
-                run_layer(&mut outs);
-            }
-            let s = t.elapsed().as_secs_f64() / reps as f64;
+            let (s, flops) = time_layer(&shapes, &layer, r, values, sous_kernels::gemm::matmul_bf16);
             println!(
                 "bf16·bf16 (matmul_bf16) rows {r:>4}: layer {:>7.3} ms {:>6.1} GFLOP/s",
                 s * 1e3,
@@ -74,22 +60,10 @@ fn main() {
         let head = pack(format, lm_head.0, lm_head.1);
         for isa in Isa::available() {
             for &r in &rows {
-                let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, k)| values(r * k)).collect();
-                let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&(n, _)| vec![0.0; r * n]).collect();
-                let run_layer = |outs: &mut Vec<Vec<f32>>| {
-                    for ((w, x), out) in layer.iter().zip(&xs).zip(outs.iter_mut()) {
-                        matmul_with(isa, x, r, w, out);
-                    }
-                };
-                let flops: f64 = shapes.iter().map(|&(n, k)| 2.0 * (r * n * k) as f64).sum();
+                let (s, flops) = time_layer(&shapes, &layer, r, values, |x, rows, w, out| {
+                    matmul_with(isa, x, rows, w, out)
+                });
                 let bytes: u64 = layer.iter().map(Packed::bytes).sum();
-                let reps = (2e9 / flops).clamp(3.0, 200.0) as usize;
-                run_layer(&mut outs);
-                let t = Instant::now();
-                for _ in 0..reps {
-                    run_layer(&mut outs);
-                }
-                let s = t.elapsed().as_secs_f64() / reps as f64;
                 let head_x = values(r.min(16) * lm_head.1);
                 let mut head_out = vec![0.0; r.min(16) * lm_head.0];
                 let t = Instant::now();
@@ -110,4 +84,30 @@ fn main() {
             }
         }
     }
+}
+
+/// Seconds per pass of `product` over one layer (`shapes`, `layer`) with `rows` input
+/// rows, averaged over enough passes for about 2 GFLOP; and the FLOP of one pass.
+fn time_layer(
+    shapes: &[(usize, usize)],
+    layer: &[Packed],
+    rows: usize,
+    values: impl Fn(usize) -> Vec<f32>,
+    product: impl Fn(&[f32], usize, &Packed, &mut [f32]),
+) -> (f64, f64) {
+    let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, k)| values(rows * k)).collect();
+    let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&(n, _)| vec![0.0; rows * n]).collect();
+    let mut run = || {
+        for ((w, x), out) in layer.iter().zip(&xs).zip(outs.iter_mut()) {
+            product(x, rows, w, out);
+        }
+    };
+    let flops: f64 = shapes.iter().map(|&(n, k)| 2.0 * (rows * n * k) as f64).sum();
+    let reps = (2e9 / flops).clamp(3.0, 200.0) as usize;
+    run();
+    let t = Instant::now();
+    for _ in 0..reps {
+        run();
+    }
+    (t.elapsed().as_secs_f64() / reps as f64, flops)
 }
