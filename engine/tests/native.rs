@@ -18,6 +18,7 @@ use serde_json::Value;
 use sous_engine::native::core::{Command, Event, Request};
 use sous_engine::native::sampling::SamplingParams;
 use sous_engine::native::speculative::Ngram;
+use sous_engine::native::weights::Precision;
 use sous_engine::native::{Engine, Settings};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -68,7 +69,14 @@ impl Loop {
         max_num_seqs: usize,
         max_batched_tokens: usize,
     ) -> Loop {
-        Loop::start_with(dir, prefix_caching, max_num_seqs, max_batched_tokens, None)
+        Loop::start_with(
+            dir,
+            prefix_caching,
+            max_num_seqs,
+            max_batched_tokens,
+            None,
+            Precision::Stored,
+        )
     }
 
     fn start_with(
@@ -77,11 +85,12 @@ impl Loop {
         max_num_seqs: usize,
         max_batched_tokens: usize,
         speculative: Option<Ngram>,
+        precision: Precision,
     ) -> Loop {
         let settings = Settings {
             model_dir: dir.to_owned(),
             served_name: "smollm2".into(),
-            precision: sous_engine::native::weights::Precision::Stored,
+            precision,
             max_model_len: Some(2048),
             max_num_seqs,
             max_batched_tokens,
@@ -353,7 +362,7 @@ fn ngram_speculation_changes_no_greedy_token_and_reports_its_acceptance() {
         min: 1,
         max: 3,
     };
-    let engine = Loop::start_with(&dir, false, 16, 64, Some(ngram));
+    let engine = Loop::start_with(&dir, false, 16, 64, Some(ngram), Precision::Stored);
     let prompts = greedy_prompts(&fixture);
     assert_eq!(prompts.len(), 11, "the fixture's 11 prompts");
     for (name, input, want) in &prompts {
@@ -406,4 +415,61 @@ fn ngram_speculation_changes_no_greedy_token_and_reports_its_acceptance() {
     let a = engine.generate(base.clone(), seeded.clone()).0;
     assert_eq!(engine.generate(base, seeded).0, a, "a seed gives the same tokens");
     assert_eq!(engine.idle(), (0, 0, 0.0), "nothing running, no KV block in use");
+}
+
+/// The log-probabilities of a prompt's tokens (from the second on) under `engine`.
+fn prompt_logprobs(engine: &Loop, prompt: &[u32]) -> Vec<f32> {
+    let params = SamplingParams {
+        prompt_logprobs: Some(0),
+        ..greedy(1)
+    };
+    let mut rx = engine.submit(prompt.to_vec(), params);
+    while let Some(event) = rx.blocking_recv() {
+        match event {
+            Event::PromptLogprobs(lps) => return lps.into_iter().flatten().map(|t| t.logprob).collect(),
+            Event::Failed(m) => panic!("the engine failed: {m}"),
+            Event::Finished(_) => break,
+            Event::Token { .. } => {}
+        }
+    }
+    panic!("no prompt logprobs")
+}
+
+#[test]
+fn bf16_arithmetic_stays_close_to_f32_over_a_long_prompt() {
+    let Some(dir) = model_dir() else { return };
+    let text: Vec<u32> = greedy_prompts(&fixture())
+        .into_iter()
+        .flat_map(|(_, input, _)| input)
+        .collect();
+    // Twice over: long enough for prompt-sized products (the dot-product kernel, where
+    // the CPU has AVX512-BF16) in several chunks.
+    let text = [text.clone(), text].concat();
+    let f32s = prompt_logprobs(&Loop::start(&dir, false, 4, 128), &text);
+    let bf16 = prompt_logprobs(
+        &Loop::start_with(&dir, false, 4, 128, None, Precision::Bf16),
+        &text,
+    );
+    assert_eq!(f32s.len(), text.len() - 1);
+    assert_eq!(bf16.len(), f32s.len());
+    let mean = |v: &[f32]| v.iter().map(|x| f64::from(*x)).sum::<f64>() / v.len() as f64;
+    let gap: f64 = f32s
+        .iter()
+        .zip(&bf16)
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .sum::<f64>()
+        / f32s.len() as f64;
+    // Different arithmetic (bf16 inputs), the same model: per-token log-probabilities
+    // within a few hundredths of a nat on average, and the same mean to 1 %.
+    assert!(
+        gap > 0.0,
+        "bf16 arithmetic gave the f32 numbers exactly: was it used?"
+    );
+    assert!(gap < 0.05, "mean |Δ logprob| {gap}");
+    assert!(
+        (mean(&bf16) / mean(&f32s) - 1.0).abs() < 0.01,
+        "{} vs {}",
+        mean(&bf16),
+        mean(&f32s)
+    );
 }
