@@ -1,6 +1,7 @@
 //! Times single-token decode steps and a 512-token prefill of the native engine's model on
 //! a model directory:
-//! `cargo run -p sous-engine --example decode_step -- DIR [STEPS]`.
+//! `cargo run -p sous-engine --example decode_step -- DIR [STEPS] [decode]` (`decode`:
+//! the decode steps only, for profiling them).
 #![allow(clippy::print_stdout)]
 
 use std::time::Instant;
@@ -13,35 +14,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dir = std::path::PathBuf::from(args.next().ok_or("usage: decode_step DIR [STEPS]")?);
     let steps: usize = args.next().map_or(Ok(64), |s| s.parse())?;
+    let decode_only = args.next().as_deref() == Some("decode");
     let config = ModelConfig::read(&dir)?;
     let checkpoint = Checkpoint::open(&dir, &config)?;
-    let model = Model::load(
-        config,
-        &checkpoint,
-        sous_engine::native::weights::Precision::Stored,
-        4096,
-    )?;
-    let mut cache = KvCache::new(&model, 64, 16);
-    let blocks: Vec<u32> = (0..64).collect();
-    let mut token = 1u32;
+    // `PRECISION=bf16`: bf16 arithmetic, as `serving.dtype = "bfloat16"`.
+    let precision = match std::env::var("PRECISION").as_deref() {
+        Ok("bf16") => sous_engine::native::weights::Precision::Bf16,
+        _ => sous_engine::native::weights::Precision::Stored,
+    };
+    let model = Model::load(config, &checkpoint, precision, 4096)?;
+    // `BATCH=N`: N sequences decoding side by side, one token each per step.
+    let batch_size: usize = std::env::var("BATCH").map_or(Ok(1), |s| s.parse())?;
+    let mut cache = KvCache::new(&model, 64 * batch_size, 16);
+    let tables: Vec<Vec<u32>> = (0..batch_size as u32)
+        .map(|b| (64 * b..64 * (b + 1)).collect())
+        .collect();
+    let mut tokens: Vec<[u32; 1]> = (0..batch_size as u32).map(|b| [1 + b]).collect();
     let started = Instant::now();
     for position in 0..steps {
-        let tokens = [token];
-        let batch = [BatchSeq {
-            blocks: &blocks,
-            tokens: &tokens,
-            start: position,
-            logits: Logits::Last,
-        }];
+        let batch: Vec<BatchSeq> = tables
+            .iter()
+            .zip(&tokens)
+            .map(|(blocks, tokens)| BatchSeq {
+                blocks,
+                tokens,
+                start: position,
+                logits: Logits::Last,
+            })
+            .collect();
         let logits = model.forward(&batch, &mut cache)?;
-        token = sous_engine::native::sampling::argmax(&logits);
+        let vocab = logits.len() / batch_size;
+        for (token, row) in tokens.iter_mut().zip(logits.chunks_exact(vocab)) {
+            token[0] = sous_engine::native::sampling::argmax(row);
+        }
     }
     let s = started.elapsed().as_secs_f64();
     println!(
-        "{steps} decode steps: {:.2} ms each, {:.1} tok/s",
+        "{steps} decode steps of {batch_size}: {:.2} ms each, {:.1} tok/s",
         s / steps as f64 * 1e3,
-        steps as f64 / s
+        (steps * batch_size) as f64 / s
     );
+    let blocks: Vec<u32> = (0..64).collect();
+    if decode_only {
+        return Ok(());
+    }
     // One prompt chunk of 512 tokens (a prefill), timed the same way.
     let prompt: Vec<u32> = (0..512u32).map(|i| 100 + i * 7 % 4000).collect();
     let mut cache = KvCache::new(&model, 64, 16);

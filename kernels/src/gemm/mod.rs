@@ -53,7 +53,8 @@ const MC: usize = 384;
 /// The instruction sets a product can run on, widest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512F with FMA: 12 rows × 32 columns per tile (up to 4 rows × 16 columns).
+    /// AVX-512F with FMA: 12 rows × 32 columns per tile (up to 16 rows × 16 columns
+    /// for a few rows).
     Avx512,
     /// AVX2 with FMA: 6 rows × 16 columns per tile.
     Avx2,
@@ -100,6 +101,8 @@ impl Isa {
     fn tile(self, rows: usize) -> (usize, usize) {
         match self {
             Isa::Avx512 if rows <= 4 => (12, 1),
+            // A batch of decodes: one block of rows, so every weight is widened once.
+            Isa::Avx512 if rows <= 16 => (16, 1),
             Isa::Avx512 => (12, 2),
             Isa::Avx2 => (6, 1),
             Isa::Portable => (4, 1),
@@ -505,16 +508,31 @@ pub fn matmul_bf16(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
     if let Data::Bf16(_) = w.data
         && isa == Isa::Avx512
         && x86::avx512_bf16()
-        && rows > 2 * isa.tile(rows).0
+        && rows > 4
         && w.n.is_multiple_of(NR)
     {
         let (n, k) = (w.n, w.k);
-        let per = rows
-            .div_ceil(4 * rayon::current_num_threads())
-            .next_multiple_of(x86::DP_MR);
-        out.par_chunks_mut(per * n)
-            .zip(rounded.par_chunks(per * k))
-            .for_each(|(o, xs)| x86::dot_bf16(xs, xs.len() / k, w, o));
+        assert_eq!(out.len(), rows * n, "out is not rows × n");
+        if rows > 2 * x86::DP_MR {
+            // Many rows: tasks own blocks of rows, as in `matmul_with`.
+            let per = rows
+                .div_ceil(4 * rayon::current_num_threads())
+                .next_multiple_of(x86::DP_MR);
+            out.par_chunks_mut(per * n)
+                .zip(rounded.par_chunks(per * k))
+                .for_each(|(o, xs)| {
+                    let r = xs.len() / k;
+                    let a = x86::pack_bf16_pairs(xs, r, k, x86::DP_MR);
+                    x86::dot_bf16(&a, r, x86::DP_MR, w, 0, n / NR, o, n);
+                });
+        } else {
+            // A batch of decodes: one block of rows (two past 16), tasks own panels.
+            let mr = if rows <= x86::DP_MR_MAX { rows } else { x86::DP_MR };
+            let a = x86::pack_bf16_pairs(&rounded, rows, k, mr);
+            by_columns(rows, w, 1, out, |first, count, c| {
+                x86::dot_bf16(&a, rows, mr, w, first, count, c, count * NR);
+            });
+        }
         return;
     }
     matmul_with(isa, &rounded, rows, w, out);
@@ -563,15 +581,38 @@ pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]
             .for_each(|(o, xs)| {
                 let r = xs.len() / k;
                 let a = pack_rows(xs, r, k, mr);
-                columns(isa, &a, r, w, 0, total, o);
+                columns(isa, (mr, np), &a, r, w, 0, total, o);
             });
         return;
     }
     let a = pack_rows(x, rows, k, mr);
-    // Few rows: tasks own whole tiles of columns, ~64 KiB of weights each (reading
-    // the weights is what takes the time: many small tasks balance best).
+    by_columns(rows, w, np, out, |first, count, c| {
+        columns(isa, (mr, np), &a, rows, w, first, count, c);
+    });
+}
+
+/// Few rows, bound by reading the weights: `product(first, count, c)` computes panels
+/// `first..first + count` for every row into `c` (`rows × count·16`), in tasks of
+/// whole multiples of `np` panels and about 64 KiB of weights each (many small tasks
+/// balance best); the results are copied into `out` (`rows × n`).
+fn by_columns(
+    rows: usize,
+    w: &Packed,
+    np: usize,
+    out: &mut [f32],
+    product: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
+    let n = w.n;
+    let total = panels(n);
     let weight_bytes = (w.bytes() as usize / total).max(1);
     let per_task = (65536 / weight_bytes).max(1).next_multiple_of(np);
+    if rows == 1 && n.is_multiple_of(NR) {
+        // One row: each task's panels are a contiguous run of `out`.
+        out.par_chunks_mut(per_task * NR)
+            .enumerate()
+            .for_each(|(t, c)| product(t * per_task, c.len() / NR, c));
+        return;
+    }
     let tasks = total.div_ceil(per_task);
     let results: Vec<Vec<f32>> = (0..tasks)
         .into_par_iter()
@@ -579,7 +620,7 @@ pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]
             let first = t * per_task;
             let count = per_task.min(total - first);
             let mut c = vec![0.0f32; rows * count * NR];
-            columns(isa, &a, rows, w, first, count, &mut c);
+            product(first, count, &mut c);
             c
         })
         .collect();
@@ -609,9 +650,19 @@ fn pack_rows(x: &[f32], rows: usize, k: usize, mr: usize) -> Vec<f32> {
     a
 }
 
-/// Computes panels `first..first + count` for every row into `c` (`rows × count·16`).
-fn columns(isa: Isa, a: &[f32], rows: usize, w: &Packed, first: usize, count: usize, c: &mut [f32]) {
-    let (mr, np) = isa.tile(rows);
+/// Computes panels `first..first + count` for every row into `c` (`rows × count·16`),
+/// in tiles of `mr` rows (the blocks `a` was packed in) and up to `np` panels.
+#[allow(clippy::too_many_arguments)]
+fn columns(
+    isa: Isa,
+    (mr, np): (usize, usize),
+    a: &[f32],
+    rows: usize,
+    w: &Packed,
+    first: usize,
+    count: usize,
+    c: &mut [f32],
+) {
     let k = w.k;
     let ldc = count * NR;
     // A few rows are bound by reading the weights: one pass over the whole depth reads
