@@ -135,14 +135,25 @@ fn nvfp4_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Res
 
 #[test]
 fn a_row_gets_the_same_bits_alone_and_in_any_batch() -> Result {
-    let (n, k) = (70, 600);
-    let w = Packed::from_bf16(&bf16_bits(&values(n * k, 5)), n, k)?;
-    let x = values(41 * k, 6);
-    for isa in Isa::available() {
-        let batch = product(isa, &x, 41, &w);
-        for r in [0, 11, 12, 40] {
-            let alone = product(isa, &x[r * k..(r + 1) * k], 1, &w);
-            assert!(bits_eq(&alone, &batch[r * n..(r + 1) * n]), "{isa:?} row {r}");
+    // An odd width, and one of whole panels with enough of them for many tasks.
+    for (n, k) in [(70, 600), (4096, 576)] {
+        let w = Packed::from_bf16(&bf16_bits(&values(n * k, 5)), n, k)?;
+        // 111 rows: blocks of rows whose last one (15 rows) is tiled differently from
+        // the others.
+        let x = values(111 * k, 6);
+        for isa in Isa::available() {
+            let batch = product(isa, &x, 111, &w);
+            for rows in [1, 3, 5, 16, 20] {
+                let part = product(isa, &x[..rows * k], rows, &w);
+                assert!(
+                    bits_eq(&part, &batch[..rows * n]),
+                    "{isa:?} {n}x{k}: the first {rows} rows"
+                );
+            }
+            for r in [0, 11, 12, 40, 96, 105, 110] {
+                let alone = product(isa, &x[r * k..(r + 1) * k], 1, &w);
+                assert!(bits_eq(&alone, &batch[r * n..(r + 1) * n]), "{isa:?} row {r}");
+            }
         }
     }
     Ok(())
@@ -209,7 +220,11 @@ fn stacked_matrices_with_their_own_scales_multiply_as_separate_ones() -> Result 
 fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
     for (rows, n, k) in [
         (1, 32, 64),
+        (5, 48, 577),
         (7, 48, 577),
+        (12, 2048, 576),
+        (16, 64, 576),
+        (20, 48, 577),
         (40, 48, 577),
         (30, 64, 576),
         (100, 32, 1536),

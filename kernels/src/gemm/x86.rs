@@ -1,5 +1,5 @@
 //! The micro-kernels for x86-64: AVX-512F (12 rows × 2 panels, 24 accumulators of 16
-//! lanes) and AVX2 (6 rows × 1 panel as two 8-lane halves, 12 accumulators), both with
+//! lanes, or up to 16 rows × 1 panel) and AVX2 (6 rows × 1 panel as two 8-lane halves, 12 accumulators), both with
 //! FMA. Weights are widened in registers: bf16 by zero-extension and a 16-bit shift;
 //! NVFP4 by a table lookup of each code's FP4 value (`vpermps`: 16 entries in one
 //! AVX-512 register; on AVX2 the 8 magnitudes and the sign bit, as
@@ -39,12 +39,12 @@ pub(super) fn tile_avx512(t: &mut Tile) {
                 // SAFETY: the features are present (asserted above) and the tile's
                 // bounds were checked by `Tile::check`.
                 $($m => unsafe { k512::<$m, $np>(t) },)*
-                _ => unreachable!("at most 12 rows per AVX-512 tile"),
+                _ => unreachable!("at most 16 rows per AVX-512 tile"),
             }
         };
     }
     match t.np {
-        1 => rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
+        1 => rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]),
         2 => rows!(2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
         _ => unreachable!("at most 2 panels per AVX-512 tile"),
     }
@@ -347,28 +347,22 @@ unsafe fn k256<const MR: usize>(t: &mut Tile) {
     }
 }
 
-/// Rows per tile of the bf16 dot-product kernel.
+/// Rows per tile of the bf16 dot-product kernel for many rows; a batch of up to
+/// [`DP_MR_MAX`] rows takes one tile, so that each panel is read once.
 pub(super) const DP_MR: usize = 12;
 
-/// `out = x · wᵀ` for `rows` rows of bf16-valued `x` (already rounded) against bf16
-/// panels, with `vdpbf16ps`: the inputs are packed as pairs of bf16 (`kk`, `kk + 1`) per
-/// row, broadcast, and dotted with the panels' pairs. `w.n` is a multiple of 16, so
-/// tiles write whole panels straight into `out` (`rows × n`).
-pub(super) fn dot_bf16(x: &[f32], rows: usize, w: &super::Packed, out: &mut [f32]) {
-    assert!(avx512_bf16(), "the bf16 dot-product kernel needs AVX512-BF16");
-    let Some((panels, stride)) = w.bf16_panels() else {
-        unreachable!("bf16 weights checked by the caller");
-    };
-    let (n, k) = (w.n(), w.k());
+/// The most rows one tile of the bf16 dot-product kernel holds (16 accumulators).
+pub(super) const DP_MR_MAX: usize = 16;
+
+/// `x` (`rows × k`, bf16-valued: already rounded) packed for [`dot_bf16`]: blocks of
+/// `mr` rows, each `[pair][width]` of bf16 pairs (`kk`, `kk + 1`).
+pub(super) fn pack_bf16_pairs(x: &[f32], rows: usize, k: usize, mr: usize) -> Vec<u32> {
     let pairs = k.div_ceil(2);
-    assert!(n.is_multiple_of(NR) && x.len() == rows * k && out.len() == rows * n);
-    assert!(panels.len() >= n / NR * stride && stride >= pairs * 2 * NR);
-    // Rows in blocks of DP_MR, each `[pair][width]` of packed bf16 pairs.
     let mut a = vec![0u32; rows * pairs];
-    for (b, block) in a.chunks_mut(DP_MR * pairs).enumerate() {
+    for (b, block) in a.chunks_mut(mr * pairs).enumerate() {
         let width = block.len() / pairs;
         for m in 0..width {
-            let row = &x[(b * DP_MR + m) * k..(b * DP_MR + m + 1) * k];
+            let row = &x[(b * mr + m) * k..(b * mr + m + 1) * k];
             for t in 0..pairs {
                 let lo = row[2 * t].to_bits() >> 16;
                 let hi = row.get(2 * t + 1).map_or(0, |v| v.to_bits() >> 16);
@@ -376,28 +370,55 @@ pub(super) fn dot_bf16(x: &[f32], rows: usize, w: &super::Packed, out: &mut [f32
             }
         }
     }
+    a
+}
+
+/// `c = x · wᵀ` for panels `first..first + count` of bf16 weights, with `vdpbf16ps`:
+/// `a` is `rows` rows packed by [`pack_bf16_pairs`] in blocks of `mr` (at most
+/// [`DP_MR_MAX`]); row `m`'s sixteen values of panel `first + p` go to
+/// `c[m * ldc + 16 p..]`. Each pair of inputs is broadcast and dotted with the panel's
+/// pairs of sixteen lanes.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn dot_bf16(
+    a: &[u32],
+    rows: usize,
+    mr: usize,
+    w: &super::Packed,
+    first: usize,
+    count: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    assert!(avx512_bf16(), "the bf16 dot-product kernel needs AVX512-BF16");
+    assert!((1..=DP_MR_MAX).contains(&mr), "at most {DP_MR_MAX} rows per tile");
+    let Some((panels, stride)) = w.bf16_panels() else {
+        unreachable!("bf16 weights checked by the caller");
+    };
+    let pairs = w.k().div_ceil(2);
+    assert!(a.len() == rows * pairs && (first + count) * NR <= w.n().next_multiple_of(NR));
+    assert!(panels.len() >= (first + count) * stride && stride >= pairs * 2 * NR);
+    assert!(rows == 0 || c.len() >= (rows - 1) * ldc + count * NR);
     // Panel by panel, every block of rows: a panel (`k` pairs of 16 lanes) stays in L1
     // while the rows' packed inputs stream from L2.
-    for p in 0..n / NR {
-        let b = &panels[p * stride..p * stride + pairs * 2 * NR];
+    for p in 0..count {
+        let b = &panels[(first + p) * stride..(first + p) * stride + pairs * 2 * NR];
         let mut m = 0;
         while m < rows {
-            let width = DP_MR.min(rows - m);
+            let width = mr.min(rows - m);
             let block = &a[m * pairs..m * pairs + width * pairs];
-            let c = &mut out[m * n + p * NR..];
-            assert!(c.len() >= (width - 1) * n + NR);
+            let c = &mut c[m * ldc + p * NR..];
             macro_rules! rows {
                 ([$($r:literal),*]) => {
                     match width {
                         // SAFETY: AVX512-BF16 is present (asserted above), `block` holds
                         // `pairs × width` values, `b` `pairs` pairs of 16 lanes, and `c`
-                        // `width` rows `n` apart of 16 values (asserted above).
-                        $($r => unsafe { dp512::<$r>(block.as_ptr(), b.as_ptr(), pairs, c.as_mut_ptr(), n) },)*
-                        _ => unreachable!("at most DP_MR rows"),
+                        // `width` rows `ldc` apart of 16 values (asserted above).
+                        $($r => unsafe { dp512::<$r>(block.as_ptr(), b.as_ptr(), pairs, c.as_mut_ptr(), ldc) },)*
+                        _ => unreachable!("at most DP_MR_MAX rows"),
                     }
                 };
             }
-            rows!([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+            rows!([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
             m += width;
         }
     }
