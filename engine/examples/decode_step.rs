@@ -30,8 +30,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|b| (64 * b..64 * (b + 1)).collect())
         .collect();
     let mut tokens: Vec<[u32; 1]> = (0..batch_size as u32).map(|b| [1 + b]).collect();
+    // `START=P`: the steps attend over P cached positions already (whatever the cache
+    // holds), as a decode deep into a conversation does.
+    let start: usize = std::env::var("START").map_or(Ok(0), |s| s.parse())?;
     let started = Instant::now();
-    for position in 0..steps {
+    for position in start..start + steps {
         let batch: Vec<BatchSeq> = tables
             .iter()
             .zip(&tokens)
@@ -83,9 +86,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let settings = sous_engine::native::Settings {
         model_dir: dir.clone(),
         served_name: "m".into(),
-        precision: sous_engine::native::weights::Precision::Stored,
+        precision,
         max_model_len: Some(4096),
-        max_num_seqs: 8,
+        max_num_seqs: batch_size.max(8),
         max_batched_tokens: 512,
         prefix_caching: false,
         chunked_prefill: true,
@@ -103,6 +106,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let core = engine.core;
     let thread = std::thread::spawn(move || core.run(rx));
+    // BATCH streams at once, each with a 128-token prompt when there are several (as
+    // `scripts/bench/native.sh` sends them), `steps` tokens each.
     let (events, mut out) = tokio::sync::mpsc::unbounded_channel();
     let params = sous_engine::native::sampling::SamplingParams {
         temperature: 0.0,
@@ -111,25 +116,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Default::default()
     };
     let started = Instant::now();
-    tx.send(sous_engine::native::core::Command::Submit(
-        sous_engine::native::core::Request {
-            prompt: vec![1],
-            params,
-            events,
-            stopped: Default::default(),
-            arrival: Instant::now(),
-        },
-    ))?;
-    let mut n = 0;
+    for b in 0..batch_size as u32 {
+        let prompt = if batch_size == 1 {
+            vec![1]
+        } else {
+            (0..128u32).map(|i| 100 + (i * 7 + b * 13) % 4000).collect()
+        };
+        tx.send(sous_engine::native::core::Command::Submit(
+            sous_engine::native::core::Request {
+                prompt,
+                params: params.clone(),
+                events: events.clone(),
+                stopped: Default::default(),
+                arrival: Instant::now(),
+            },
+        ))?;
+    }
+    drop(events);
+    let (mut n, mut finished) = (0, 0);
     while let Some(e) = out.blocking_recv() {
         match e {
             sous_engine::native::core::Event::Token { .. } => n += 1,
-            sous_engine::native::core::Event::Finished(_) => break,
+            sous_engine::native::core::Event::Finished(_) => {
+                finished += 1;
+                if finished == batch_size {
+                    break;
+                }
+            }
             _ => {}
         }
     }
     let s = started.elapsed().as_secs_f64();
-    println!("engine loop: {n} tokens, {:.1} tok/s", n as f64 / s);
+    println!(
+        "engine loop, {batch_size} streams: {n} tokens, {:.1} tok/s",
+        n as f64 / s
+    );
     drop(tx);
     let _ = thread.join();
     Ok(())
