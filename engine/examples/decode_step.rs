@@ -107,7 +107,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let core = engine.core;
     let thread = std::thread::spawn(move || core.run(rx));
     // BATCH streams at once, each with a 128-token prompt when there are several (as
-    // `scripts/bench/native.sh` sends them), `steps` tokens each.
+    // `scripts/bench/native.sh` sends them; `PROMPT=N` sets the length), `steps` tokens
+    // each.
     let (events, mut out) = tokio::sync::mpsc::unbounded_channel();
     let params = sous_engine::native::sampling::SamplingParams {
         temperature: 0.0,
@@ -116,12 +117,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Default::default()
     };
     let started = Instant::now();
+    let prompt_len: u32 =
+        std::env::var("PROMPT").map_or(Ok(if batch_size == 1 { 1 } else { 128 }), |s| s.parse())?;
     for b in 0..batch_size as u32 {
-        let prompt = if batch_size == 1 {
-            vec![1]
-        } else {
-            (0..128u32).map(|i| 100 + (i * 7 + b * 13) % 4000).collect()
-        };
+        let prompt = (0..prompt_len).map(|i| 100 + (i * 7 + b * 13) % 4000).collect();
         tx.send(sous_engine::native::core::Command::Submit(
             sous_engine::native::core::Request {
                 prompt,
@@ -134,9 +133,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     drop(events);
     let (mut n, mut finished) = (0, 0);
+    let (mut first, mut last) = (None, started);
     while let Some(e) = out.blocking_recv() {
         match e {
-            sous_engine::native::core::Event::Token { .. } => n += 1,
+            sous_engine::native::core::Event::Token { .. } => {
+                n += 1;
+                last = Instant::now();
+                first.get_or_insert(last);
+            }
             sous_engine::native::core::Event::Finished(_) => {
                 finished += 1;
                 if finished == batch_size {
@@ -147,9 +151,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let s = started.elapsed().as_secs_f64();
+    let decoding = first.map_or(0.0, |f| (last - f).as_secs_f64());
     println!(
-        "engine loop, {batch_size} streams: {n} tokens, {:.1} tok/s",
-        n as f64 / s
+        "engine loop, {batch_size} streams: {n} tokens, {:.1} tok/s ({:.1} tok/s from the first token on)",
+        n as f64 / s,
+        (n - 1) as f64 / decoding
     );
     drop(tx);
     let _ = thread.join();

@@ -185,48 +185,69 @@ pub fn attention(
     for span in spans {
         for kv_head in 0..shape.kv_heads {
             for first in (0..span.len).step_by(QUERY_TILE) {
-                tiles.push((*span, kv_head, first, QUERY_TILE.min(span.len - first)));
+                let count = QUERY_TILE.min(span.len - first);
+                tiles.push(Tile {
+                    span: *span,
+                    kv_head,
+                    first,
+                    count,
+                    heads: 0..group,
+                });
             }
         }
     }
+    // Few tiles (a decode step of a few sequences: one per KV head) would leave threads
+    // idle: then each query head is a tile of its own. A row's arithmetic does not
+    // depend on its tile, so neither do its bits.
+    if tiles.len() < 4 * rayon::current_num_threads() && group > 1 {
+        tiles = tiles
+            .into_iter()
+            .flat_map(|t| {
+                t.heads.clone().map(move |h| Tile {
+                    heads: h..h + 1,
+                    ..t.clone()
+                })
+            })
+            .collect();
+    }
     let results: Vec<Vec<f32>> = tiles
         .par_iter()
-        .map(|&(span, kv_head, first, count)| {
-            let mut o = vec![0.0f32; count * group * hd];
-            attend_tile(
-                q, span, first, count, heads, kv_head, shape, k_cache, v_cache, &mut o,
-            );
+        .map(|tile| {
+            let mut o = vec![0.0f32; tile.count * tile.heads.len() * hd];
+            attend_tile(q, tile, heads, shape, k_cache, v_cache, &mut o);
             o
         })
         .collect();
-    for (&(span, kv_head, first, _), o) in tiles.iter().zip(&results) {
-        for (t, rows) in o.chunks_exact(group * hd).enumerate() {
-            let at = ((span.row + first + t) * heads + kv_head * group) * hd;
-            out[at..at + group * hd].copy_from_slice(rows);
+    for (tile, o) in tiles.iter().zip(&results) {
+        let width = tile.heads.len() * hd;
+        for (t, rows) in o.chunks_exact(width).enumerate() {
+            let token = tile.span.row + tile.first + t;
+            let at = (token * heads + tile.kv_head * group + tile.heads.start) * hd;
+            out[at..at + width].copy_from_slice(rows);
         }
     }
 }
 
-/// One tile: tokens `first..first + count` of `span`, the query heads of `kv_head`,
-/// into `o` (`[token][head in group][head_dim]`).
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-#[allow(clippy::too_many_arguments)]
-fn attend_tile(
-    q: &[f32],
-    span: Span,
+/// A unit of attention work: tokens `first..first + count` of `span`, with the query
+/// heads `heads` (numbered within the group) of KV head `kv_head`.
+#[derive(Debug, Clone)]
+struct Tile<'a> {
+    span: Span<'a>,
+    kv_head: usize,
     first: usize,
     count: usize,
-    heads: usize,
-    kv_head: usize,
-    shape: KvShape,
-    k: &[f32],
-    v: &[f32],
-    o: &mut [f32],
-) {
+    heads: std::ops::Range<usize>,
+}
+
+/// One tile into `o` (`[token][head of the tile][head_dim]`).
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn attend_tile(q: &[f32], tile: &Tile, heads: usize, shape: KvShape, k: &[f32], v: &[f32], o: &mut [f32]) {
     let fma = multiversion::target::selected_target!().supports_feature_str("fma");
     let (hd, bs, slot) = (shape.head_dim, shape.block_size, shape.slot_len());
     let group = heads / shape.kv_heads;
-    let rows = count * group;
+    let (span, first, count, kv_head) = (tile.span, tile.first, tile.count, tile.kv_head);
+    let tile_heads = tile.heads.len();
+    let rows = count * tile_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut max = vec![f32::NEG_INFINITY; rows];
     let mut sum = vec![0.0f32; rows];
@@ -236,7 +257,7 @@ fn attend_tile(
     for (b, &block) in span.blocks.iter().enumerate().take_while(|(b, _)| b * bs <= last) {
         let base = block as usize * bs * slot + kv_head * hd;
         for r in 0..rows {
-            let (t, h) = (r / group, r % group);
+            let (t, h) = (r / tile_heads, tile.heads.start + r % tile_heads);
             let position = span.start + first + t;
             // Keys of this block the row sees (causal).
             if b * bs > position {

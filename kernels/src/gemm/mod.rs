@@ -54,7 +54,7 @@ const MC: usize = 384;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
     /// AVX-512F with FMA: 12 rows × 32 columns per tile (up to 16 rows × 16 columns
-    /// for a few rows).
+    /// for a few rows, 4 × 64 for NVFP4 decode).
     Avx512,
     /// AVX2 with FMA: 6 rows × 16 columns per tile.
     Avx2,
@@ -99,11 +99,12 @@ impl Isa {
     /// (measured on SmolLM2: one-row decode 117 tok/s against 90 with two panels; four
     /// rows through the lm_head 1.35 ms against 2.1 ms). NVFP4 weights are the
     /// exception: a panel's chain of fused multiply-adds waits on itself (four cycles a
-    /// step) long before the packed weights run out, so two panels run side by side
-    /// (one-row NVFP4 decode 155 → 182 tok/s; bf16 with two panels drops 159 → 117).
+    /// step) long before the packed weights run out, so four panels run side by side
+    /// (one-row NVFP4 decode 155 → 182 tok/s with two, ~200 with four; bf16 with two
+    /// panels drops 159 → 117).
     fn tile(self, rows: usize, nvfp4: bool) -> (usize, usize) {
         match self {
-            Isa::Avx512 if rows <= 4 && nvfp4 => (12, 2),
+            Isa::Avx512 if rows <= 4 && nvfp4 => (4, 4),
             Isa::Avx512 if rows <= 4 => (12, 1),
             // A batch of decodes: one block of rows, so every weight is widened once.
             Isa::Avx512 if rows <= 16 => (16, 1),
@@ -139,9 +140,10 @@ enum Data {
     Nvfp4(Nvfp4),
 }
 
-/// NVFP4 panels: per panel, `k/2` rows of 16 bytes (byte `j` holds column `j`'s codes
-/// for `kk = 2t` in the low nibble and `2t + 1` in the high one), and `k/16` rows of 16
-/// block-scale bytes.
+/// NVFP4 panels: per panel, `k/8` rows of 16 little-endian u32 (lane `j` holds column
+/// `j`'s eight codes for `kk = 8t..8t + 8`, `kk = 8t + i` in bits `4i..4i + 4`; see
+/// [`fp4_byte`]), and `k/16` rows of 16 block-scale bytes. A kernel shifts a row of
+/// lanes right by four between lookups instead of widening bytes to lanes.
 #[derive(Clone)]
 struct Nvfp4 {
     codes: Vec<u8>,
@@ -159,6 +161,12 @@ impl Nvfp4 {
         let end = self.divisors.get(at + 1).map_or(usize::MAX, |(first, _)| *first);
         (&self.divisors[at].1, end - panel)
     }
+}
+
+/// Where the code of column `j` at depth `kk` lies in a panel's packed codes: its byte
+/// (the low nibble for even `kk`, the high one for odd).
+pub(super) fn fp4_byte(kk: usize, j: usize) -> usize {
+    kk / 8 * 4 * NR + j * 4 + kk % 8 / 2
 }
 
 /// The FP4 values of codes 0..=15 (code 8 is -0.0), in the order a 16-lane table
@@ -289,7 +297,7 @@ impl Packed {
                     // The checkpoint's byte t holds elements 2t (low) and 2t+1 (high):
                     // the pair this layout puts in one byte too.
                     for (t, &byte) in row.iter().enumerate() {
-                        dst[t * NR + j] = byte;
+                        dst[fp4_byte(2 * t, j)] = byte;
                     }
                 }
             });
@@ -405,7 +413,7 @@ impl Packed {
                 let codes = &q.codes[panel * k / 2 * NR..];
                 let scales = &q.scales[panel * k / crate::BLOCK * NR..];
                 for (kk, o) in out.iter_mut().enumerate().take(k) {
-                    let byte = codes[kk / 2 * NR + j];
+                    let byte = codes[fp4_byte(kk, j)];
                     let code = if kk.is_multiple_of(2) {
                         byte & 0xF
                     } else {

@@ -46,7 +46,7 @@ fn weight(panels: &Panels, p: usize, kk: usize, j: usize, table: &[f32; 16]) -> 
             scale_stride,
             divisors,
         } => {
-            let byte = codes[p * code_stride + kk / 2 * NR + j];
+            let byte = codes[p * code_stride + super::fp4_byte(kk, j)];
             let code = if kk.is_multiple_of(2) {
                 byte & 0xF
             } else {

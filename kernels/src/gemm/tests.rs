@@ -107,7 +107,13 @@ fn bits_eq(a: &[f32], b: &[f32]) -> bool {
 #[test]
 fn nvfp4_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Result {
     for flavor in [Flavor::CompressedTensors, Flavor::ModelOptGpu] {
-        for (rows, n, k) in [(1, 37, 64), (5, 300, 576), (13, 40, 1536), (30, 33, 272)] {
+        for (rows, n, k) in [
+            (1, 37, 64),
+            (4, 1040, 256),
+            (5, 300, 576),
+            (13, 40, 1536),
+            (30, 33, 272),
+        ] {
             let w = values(n * k, 3);
             let bytes: Vec<u8> = bf16_bits(&w).iter().flat_map(|b| b.to_le_bytes()).collect();
             let matrix = Matrix::new(Dtype::Bf16, n, k, &bytes)?;

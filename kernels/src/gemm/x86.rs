@@ -1,5 +1,5 @@
 //! The micro-kernels for x86-64: AVX-512F (12 rows × 2 panels, 24 accumulators of 16
-//! lanes, or up to 16 rows × 1 panel) and AVX2 (6 rows × 1 panel as two 8-lane halves, 12 accumulators), both with
+//! lanes; up to 16 rows × 1 panel, or 4 rows × 4 NVFP4 panels, for decode batches) and AVX2 (6 rows × 1 panel as two 8-lane halves, 12 accumulators), both with
 //! FMA. Weights are widened in registers: bf16 by zero-extension and a 16-bit shift;
 //! NVFP4 by a table lookup of each code's FP4 value (`vpermps`: 16 entries in one
 //! AVX-512 register; on AVX2 the 8 magnitudes and the sign bit, as
@@ -46,7 +46,9 @@ pub(super) fn tile_avx512(t: &mut Tile) {
     match t.np {
         1 => rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]),
         2 => rows!(2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
-        _ => unreachable!("at most 2 panels per AVX-512 tile"),
+        3 => rows!(3, [1, 2, 3, 4]),
+        4 => rows!(4, [1, 2, 3, 4]),
+        _ => unreachable!("at most 4 panels per AVX-512 tile (2 past 4 rows)"),
     }
 }
 
@@ -117,25 +119,32 @@ unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
                             _mm512_cvtepu8_epi32(_mm_loadu_si128(s.add(p * scale_stride + kb * NR).cast()));
                         f[p] = _mm512_i32gather_ps::<4>(idx, d);
                     }
-                    for pair in 0..crate::BLOCK / 2 {
-                        let kk = kb * crate::BLOCK + 2 * pair;
-                        let mut w0 = [_mm512_setzero_ps(); NP];
-                        let mut w1 = [_mm512_setzero_ps(); NP];
+                    // Two rows of lanes per block, eight codes per lane each.
+                    for half in 0..2 {
+                        let k8 = kb * crate::BLOCK + 8 * half;
+                        let mut v = [_mm512_setzero_si512(); NP];
                         for p in 0..NP {
-                            let at = q.add(p * code_stride + (kk / 2) * NR);
-                            let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(at.cast()));
-                            // `vpermps` reads the low four bits of each lane: the even
-                            // element's code; the odd one's is four bits up.
-                            w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(v, lut), f[p]);
-                            w1[p] =
-                                _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), lut), f[p]);
+                            v[p] = _mm512_loadu_si512(q.add(p * code_stride + k8 / 2 * NR).cast());
                         }
-                        for m in 0..MR {
-                            let x0 = _mm512_set1_ps(*a.add(kk * MR + m));
-                            let x1 = _mm512_set1_ps(*a.add((kk + 1) * MR + m));
+                        for pair in 0..4 {
+                            let kk = k8 + 2 * pair;
+                            let mut w0 = [_mm512_setzero_ps(); NP];
+                            let mut w1 = [_mm512_setzero_ps(); NP];
                             for p in 0..NP {
-                                acc[m][p] = _mm512_fmadd_ps(x0, w0[p], acc[m][p]);
-                                acc[m][p] = _mm512_fmadd_ps(x1, w1[p], acc[m][p]);
+                                // `vpermps` reads the low four bits of each lane: the
+                                // code of `kk`; the next one is four bits up.
+                                w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(v[p], lut), f[p]);
+                                v[p] = _mm512_srli_epi32::<4>(v[p]);
+                                w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(v[p], lut), f[p]);
+                                v[p] = _mm512_srli_epi32::<4>(v[p]);
+                            }
+                            for m in 0..MR {
+                                let x0 = _mm512_set1_ps(*a.add(kk * MR + m));
+                                let x1 = _mm512_set1_ps(*a.add((kk + 1) * MR + m));
+                                for p in 0..NP {
+                                    acc[m][p] = _mm512_fmadd_ps(x0, w0[p], acc[m][p]);
+                                    acc[m][p] = _mm512_fmadd_ps(x1, w1[p], acc[m][p]);
+                                }
                             }
                         }
                     }
@@ -322,18 +331,24 @@ unsafe fn k256<const MR: usize>(t: &mut Tile) {
                         _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR))),
                         _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR + 8))),
                     ];
-                    for pair in 0..crate::BLOCK / 2 {
-                        let kk = kb * crate::BLOCK + 2 * pair;
-                        let at = q.add((kk / 2) * NR);
-                        let v = [bytes8(at), bytes8(at.add(8))];
-                        let w0 = [fp4x8(v[0], grid, f[0]), fp4x8(v[1], grid, f[1])];
-                        let w1 = [
-                            fp4x8(_mm256_srli_epi32::<4>(v[0]), grid, f[0]),
-                            fp4x8(_mm256_srli_epi32::<4>(v[1]), grid, f[1]),
+                    // Two rows of lanes per block, eight codes per lane each.
+                    for half in 0..2 {
+                        let k8 = kb * crate::BLOCK + 8 * half;
+                        let at = q.add(k8 / 2 * NR);
+                        let mut v = [
+                            _mm256_loadu_si256(at.cast()),
+                            _mm256_loadu_si256(at.add(32).cast()),
                         ];
-                        for m in 0..MR {
-                            step!(m, kk, w0);
-                            step!(m, kk + 1, w1);
+                        for pair in 0..4 {
+                            let kk = k8 + 2 * pair;
+                            let w0 = [fp4x8(v[0], grid, f[0]), fp4x8(v[1], grid, f[1])];
+                            v = [_mm256_srli_epi32::<4>(v[0]), _mm256_srli_epi32::<4>(v[1])];
+                            let w1 = [fp4x8(v[0], grid, f[0]), fp4x8(v[1], grid, f[1])];
+                            v = [_mm256_srli_epi32::<4>(v[0]), _mm256_srli_epi32::<4>(v[1])];
+                            for m in 0..MR {
+                                step!(m, kk, w0);
+                                step!(m, kk + 1, w1);
+                            }
                         }
                     }
                 }
