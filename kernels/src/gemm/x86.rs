@@ -1,6 +1,7 @@
 //! The micro-kernels for x86-64: AVX-512F (12 rows × 2 panels, 24 accumulators of 16
-//! lanes; up to 16 rows × 1 panel, or 4 rows × 4 NVFP4 panels, for decode batches) and AVX2 (6 rows × 1 panel as two 8-lane halves, 12 accumulators), both with
-//! FMA. Weights are widened in registers: bf16 by zero-extension and a 16-bit shift;
+//! lanes; up to 16 rows × 1 panel, or 4 rows × 4 NVFP4 panels, for decode batches) and
+//! AVX2 (6 rows × 1 panel as two 8-lane halves, 12 accumulators), both with FMA.
+//! Weights are widened in registers: bf16 by zero-extension and a 16-bit shift;
 //! NVFP4 by a table lookup of each code's FP4 value (`vpermps`: 16 entries in one
 //! AVX-512 register; on AVX2 the 8 magnitudes and the sign bit, as
 //! `crate::fast::x86::codes::decode` does), times the block's divisor gathered from the
