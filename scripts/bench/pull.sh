@@ -1,69 +1,127 @@
 #!/usr/bin/env bash
 # Benchmark: `sous pull` vs huggingface_hub's `snapshot_download` vs plain `curl`, all
 # fetching the same files from the same `sous hub serve` mirror on loopback, cold cache
-# every run, interleaved so machine noise hits all three alike. Also peak RSS of
-# `sous pull`. Results go to BENCHMARKS.md by hand, with the date and machine.
+# every run, interleaved so machine noise hits all of them alike. `sous pull` runs
+# twice per round: with the SHA-256 this CPU gets by default, and with
+# SOUS_SHA256=portable (no CPU extensions: what a CPU without SHA-NI could be left
+# with). Also peak RSS of `sous pull`. Results go to BENCHMARKS.md by hand, with the
+# date and machine.
 #
-#   scripts/bench/pull.sh [ROUNDS]          (default 5)
+#   scripts/bench/pull.sh [ROUNDS] [BIG_GIB] [BIG_ROUNDS]
+#
+# ROUNDS (default 5) rounds over the SmolLM2 test model. With BIG_GIB (e.g. 8), also a
+# generated repository of BIG_GIB GiB in 4 shards (target/test-hub/acme/bigNg, made
+# by the e2e test helper, ~2 x BIG_GIB of disk while it runs): first the e2e test that
+# kills a pull at half way and resumes it (bytes fetched twice, peak RSS), then
+# BIG_ROUNDS (default 2) interleaved rounds of the four pulls.
 #
 # Needs: the test model (scripts/fetch-test-model.sh), the Python test environment
 # (scripts/python-env.sh), curl, GNU time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds="${1:-5}"
-repo=HuggingFaceTB/SmolLM2-135M-Instruct
+big="${2:-}"
+big_rounds="${3:-2}"
 models=target/models
-[ -d "$models/$repo" ] || scripts/fetch-test-model.sh
+[ -d "$models/HuggingFaceTB/SmolLM2-135M-Instruct" ] || scripts/fetch-test-model.sh
 scripts/python-env.sh
-cargo build --quiet --bin sous
+cargo build --quiet --bin sous --example sha256_speed
 sous="${CARGO_TARGET_DIR:-target}/debug/sous"
 python=target/py/bin/python
-work=$(mktemp -d)
-trap 'kill $mirror_pid 2>/dev/null; rm -rf "$work"' EXIT
+work=$(mktemp -d "${TMPDIR:-/tmp}/sous-pull-bench.XXXXXX")
+mirror_pid=
+trap 'kill $mirror_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 
-"$sous" hub serve --root "$models" --port 0 --quiet > "$work/url" 2>/dev/null &
-mirror_pid=$!
-for _ in $(seq 50); do [ -s "$work/url" ] && break; sleep 0.1; done
-url=$(head -1 "$work/url")
-export HF_ENDPOINT="$url" HF_HUB_DISABLE_TELEMETRY=1
-files=$(cd "$models/$repo" && ls)
-bytes=$(cd "$models/$repo" && cat $files | wc -c)
-echo "mirror $url, $repo: $(echo $files | wc -w) files, $bytes bytes, $rounds rounds" >&2
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); SHA-NI: $(grep -qw sha_ni /proc/cpuinfo && echo yes || echo no); $(nproc) cores" >&2
+echo "sous pull hashes with: $("$sous" --version 2>/dev/null | head -1); $(target/debug/examples/sha256_speed 64 1 2>/dev/null | head -1 || true)" >&2
+
+start_mirror() { # ROOT
+  kill $mirror_pid 2>/dev/null || true
+  rm -f "$work/url"
+  "$sous" hub serve --root "$1" --port 0 --quiet > "$work/url" 2>/dev/null &
+  mirror_pid=$!
+  for _ in $(seq 100); do [ -s "$work/url" ] && break; sleep 0.1; done
+  url=$(head -1 "$work/url")
+  export HF_ENDPOINT="$url" HF_HUB_DISABLE_TELEMETRY=1
+}
 
 now() { date +%s.%N; }
 elapsed() { echo "$2 - $1" | bc -l; }
-results="$work/results"
-for round in $(seq "$rounds"); do
-  rm -rf "$work/c1" "$work/c2" "$work/c3"; sync
-  t0=$(now); HF_HUB_CACHE="$work/c1" "$sous" pull "$repo" --quiet > /dev/null; t1=$(now)
-  echo "sous $(elapsed $t0 $t1)" >> "$results"
-  t0=$(now)
-  HF_HUB_CACHE="$work/c2" "$python" -c "from huggingface_hub import snapshot_download; snapshot_download('$repo')" > /dev/null 2>&1
-  t1=$(now)
-  echo "huggingface_hub $(elapsed $t0 $t1)" >> "$results"
-  mkdir -p "$work/c3"
-  t0=$(now)
-  for f in $files; do curl -sf -o "$work/c3/$f" "$url/$repo/resolve/main/$f"; done
-  t1=$(now)
-  echo "curl $(elapsed $t0 $t1)" >> "$results"
-done
-rm -rf "$work/c1"
-/usr/bin/time -v env HF_HUB_CACHE="$work/c1" "$sous" pull "$repo" --quiet > /dev/null 2> "$work/time"
-rss_kb=$(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$work/time")
 
-python3 - "$results" "$bytes" "$rss_kb" <<'PY'
-import statistics, sys
-rows = {}
+# bench LABEL ROOT REPO ROUNDS: interleaved rounds of the four pulls into empty caches.
+bench() {
+  local label=$1 root=$2 repo=$3 n=$4
+  start_mirror "$root"
+  local files bytes
+  files=$(cd "$root/$repo" && find . -type f -not -path './.*' -printf '%P\n' | sort)
+  bytes=$(cd "$root/$repo" && cat $files | wc -c)
+  echo "$label: $repo, $(echo $files | wc -w) files, $bytes bytes, $n rounds, mirror $url" >&2
+  # The mirror indexes (hashes) the repository on its first request: not timed.
+  curl -sf "$url/api/models/$repo" > /dev/null
+  echo "$label bytes $bytes" >> "$work/results"
+  for _ in $(seq "$n"); do
+    for variant in sous sous-portable huggingface_hub curl; do
+      rm -rf "$work/c"; sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
+      # The source files stay hot: the mirror serves from the page cache, as a CDN
+      # serves from memory; only the client side is measured.
+      cat $(cd "$root/$repo" && printf "$root/$repo/%s " $files) > /dev/null
+      t0=$(now)
+      case $variant in
+        sous) HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
+        sous-portable) SOUS_SHA256=portable HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
+        huggingface_hub)
+          HF_HUB_CACHE="$work/c" "$python" -c "from huggingface_hub import snapshot_download; snapshot_download('$repo')" > /dev/null 2>&1 ;;
+        curl)
+          mkdir -p "$work/c"
+          for f in $files; do mkdir -p "$work/c/$(dirname "$f")"; curl -sf -o "$work/c/$f" "$url/$repo/resolve/main/$f"; done ;;
+      esac
+      t1=$(now)
+      echo "$label $variant $(elapsed $t0 $t1)" >> "$work/results"
+    done
+  done
+  rm -rf "$work/c"
+  /usr/bin/time -v env HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --json --quiet > "$work/$label.json" 2> "$work/time"
+  echo "$label rss_kb $(awk -F: '/Maximum resident set size/ {gsub(/ /, "", $2); print $2}' "$work/time")" >> "$work/results"
+  echo "$label report $(tr -d '\n ' < "$work/$label.json")" >> "$work/results"
+  rm -rf "$work/c"
+}
+
+bench smollm2 "$models" HuggingFaceTB/SmolLM2-135M-Instruct "$rounds"
+
+if [ -n "$big" ]; then
+  echo "kill -9 at half way and resume, $big GiB (e2e test)" >&2
+  SOUS_TEST_BIG_PULL="$big" cargo test --quiet --test e2e -- pull::a_large_pull_survives_kill_9_in_bounded_memory --nocapture 2>&1 \
+    | grep -E '^big pull:|test result|panicked' | tee -a "$work/kill9" >&2
+  bench "big${big}g" target/test-hub "acme/big${big}g" "$big_rounds"
+fi
+
+python3 - "$work/results" <<'PY'
+import json, statistics, sys
+rows, sizes, rss, reports = {}, {}, {}, {}
 for line in open(sys.argv[1]):
-    tool, secs = line.split()
-    rows.setdefault(tool, []).append(float(secs))
-size = int(sys.argv[2])
-med = {t: statistics.median(v) for t, v in rows.items()}
-print(f"{'tool':<16} {'median s':>9} {'min s':>7} {'max s':>7} {'MB/s':>8}")
-for t in ("sous", "huggingface_hub", "curl"):
-    v = rows[t]
-    print(f"{t:<16} {med[t]:>9.3f} {min(v):>7.3f} {max(v):>7.3f} {size / 1e6 / med[t]:>8.0f}")
-print(f"sous vs huggingface_hub: {med['huggingface_hub'] / med['sous']:.2f}x faster")
-print(f"sous vs curl:            {med['curl'] / med['sous'] * 100:.0f}% of curl's throughput")
-print(f"sous peak RSS:           {int(sys.argv[3]) / 1024:.1f} MiB")
+    label, kind, value = line.split(maxsplit=2)
+    if kind == "bytes":
+        sizes[label] = int(value)
+    elif kind == "rss_kb":
+        rss[label] = int(value)
+    elif kind == "report":
+        reports[label] = json.loads(value)
+    else:
+        rows.setdefault(label, {}).setdefault(kind, []).append(float(value))
+for label, tools in rows.items():
+    size = sizes[label]
+    med = {t: statistics.median(v) for t, v in tools.items()}
+    print(f"\n{label}: {size} bytes")
+    print(f"{'tool':<16} {'median s':>9} {'min s':>7} {'max s':>7} {'MB/s':>8}")
+    for t in ("sous", "sous-portable", "huggingface_hub", "curl"):
+        v = tools[t]
+        print(f"{t:<16} {med[t]:>9.3f} {min(v):>7.3f} {max(v):>7.3f} {size / 1e6 / med[t]:>8.0f}")
+    for t in ("sous", "sous-portable"):
+        print(f"{t} vs huggingface_hub: {med['huggingface_hub'] / med[t]:.2f}x faster; "
+              f"vs curl: {med['curl'] / med[t] * 100:.0f}% of curl's throughput")
+    r = reports.get(label, {})
+    print(f"sous peak RSS: {rss.get(label, 0) / 1024:.1f} MiB; last report: download "
+          f"{r.get('download_mb_per_s', 0):.0f} MB/s, verification {r.get('verify_mb_per_s', 0):.0f} MB/s "
+          f"({r.get('verify_mb_per_cpu_s', 0):.0f} MB/s per hashing thread, {r.get('sha256')}), "
+          f"bound by {r.get('bound')}, {r.get('files_at_once')} files at once")
 PY

@@ -92,6 +92,23 @@ impl Mirror {
             .unwrap_or_default()
     }
 
+    /// Body bytes the mirror has sent so far (`GET /api/sous-mirror/stats`).
+    pub fn body_bytes(&self) -> u64 {
+        use std::io::{Read, Write};
+        let host = self.url.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(host).expect("mirror reachable");
+        write!(
+            stream,
+            "GET /api/sous-mirror/stats HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let stats: serde_json::Value = serde_json::from_str(body).expect("stats JSON");
+        stats["body_bytes"].as_u64().expect("body_bytes")
+    }
+
     /// Forgets the requests logged so far.
     pub fn clear(&self) {
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -111,6 +128,11 @@ impl Drop for Mirror {
 /// A deterministic multi-shard safetensors repository of about `mib` MiB at
 /// `ROOT/acme/<name>/`, generated once and reused (target/test-hub/).
 pub fn generated_repo(name: &str, mib: usize) -> std::path::PathBuf {
+    generated_repo_in_shards(name, mib, 3)
+}
+
+/// [`generated_repo`] in `shards` shards.
+pub fn generated_repo_in_shards(name: &str, mib: usize, shards: usize) -> std::path::PathBuf {
     use std::io::Write;
     let root = root().join("target/test-hub");
     let dir = root.join("acme").join(name);
@@ -120,7 +142,6 @@ pub fn generated_repo(name: &str, mib: usize) -> std::path::PathBuf {
     }
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("repo dir");
-    let shards = 3;
     let per_shard = mib * (1 << 20) / shards / 4; // f32 elements
     let mut state: u64 = 0x9E37_79B9_7F4A_7C15 ^ name.len() as u64;
     let mut weight_map = serde_json::Map::new();
@@ -136,7 +157,7 @@ pub fn generated_repo(name: &str, mib: usize) -> std::path::PathBuf {
         out.write_all(&(header.len() as u64).to_le_bytes())
             .expect("write");
         out.write_all(header.as_bytes()).expect("write");
-        let mut buffer = Vec::with_capacity(1 << 16);
+        let mut buffer = Vec::with_capacity(1 << 20);
         for _ in 0..per_shard {
             // xorshift64*: fast, deterministic, incompressible enough.
             state ^= state >> 12;
@@ -144,7 +165,7 @@ pub fn generated_repo(name: &str, mib: usize) -> std::path::PathBuf {
             state ^= state >> 27;
             let v = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
             buffer.extend_from_slice(&v.to_le_bytes());
-            if buffer.len() >= 1 << 16 {
+            if buffer.len() >= 1 << 20 {
                 out.write_all(&buffer).expect("write");
                 buffer.clear();
             }

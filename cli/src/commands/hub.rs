@@ -38,9 +38,19 @@ pub struct ServeArgs {
     #[arg(long, value_name = "VAR", default_value = "SOUS_HUB_TOKEN")]
     token_env: String,
     /// Inject a fault, for testing clients (repeatable): drop-after=SIZE, status=CODE,
-    /// corrupt, stall-after=SIZE,SECONDS, rate=SIZE; each with an optional @TIMES per file.
+    /// corrupt, stall-after=SIZE,SECONDS, rate=SIZE, expire-after=SIZE (a signed link
+    /// answers 403 once SIZE bytes went through it; needs --cdn-host); each with an
+    /// optional @TIMES per file.
     #[arg(long, value_name = "SPEC")]
     fault: Vec<String>,
+    /// Play the Hub's CDN: redirect LFS files to signed, expiring links on this host
+    /// name (another name for this server, e.g. `localhost` when listening on
+    /// 127.0.0.1, so that the link is on another origin as on huggingface.co).
+    #[arg(long, value_name = "NAME")]
+    cdn_host: Option<String>,
+    /// How long a signed link lives, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600, requires = "cdn_host")]
+    link_ttl: u64,
     /// Do not log requests on stderr.
     #[arg(long)]
     quiet: bool,
@@ -57,6 +67,13 @@ pub fn exec(cmd: HubCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
     }
     let faults =
         Faults::new(&args.fault).map_err(|e| UserError::new(format!("invalid --fault: {e}"), None))?;
+    if faults.expire_links() && args.cdn_host.is_none() {
+        return Err(UserError::new(
+            "--fault expire-after needs signed links",
+            Some("add --cdn-host localhost (or another name that reaches this server)"),
+        )
+        .into());
+    }
     let token = std::env::var(&args.token_env).ok().filter(|t| !t.is_empty());
     if !args.gated.is_empty() && token.is_none() {
         return Err(UserError::new(
@@ -85,6 +102,8 @@ pub fn exec(cmd: HubCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
             token,
             faults,
             access_log: !args.quiet,
+            cdn_host: args.cdn_host,
+            link_ttl: std::time::Duration::from_secs(args.link_ttl),
         };
         mirror::serve(listener, options, shutdown_signal())
             .await

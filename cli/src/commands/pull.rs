@@ -119,13 +119,17 @@ pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         shell.status(
             "pulled",
             &format!(
-                "{}@{}: {} files, {} downloaded in {:.1} s ({:.0} MB/s){resumed}",
+                "{}@{}: {} files, {} downloaded in {:.1} s ({:.0} MB/s; download {:.0} MB/s, verification {:.0} MB/s with {}, bound by {}){resumed}",
                 report.repo,
                 &report.commit[..12],
                 report.files,
                 human(report.downloaded_bytes),
                 report.seconds,
-                report.mb_per_s
+                report.mb_per_s,
+                report.download_mb_per_s,
+                report.verify_mb_per_s,
+                report.sha256,
+                report.bound,
             ),
         );
     }

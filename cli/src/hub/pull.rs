@@ -24,8 +24,12 @@ use super::download::{self, DISK_FULL, DownloadError, FileJob, io_is_internal};
 use super::progress::Tracker;
 use super::select::{GlobError, Selection};
 
-/// Files fetched at once.
+/// Files fetched at once, at least: each has its own hashing thread, so a model of
+/// many shards is verified on as many cores as the machine has (up to
+/// [`MAX_FILES_AT_ONCE`]), while one file's hash follows its ranges in order.
 const FILES_AT_ONCE: usize = 4;
+/// Files fetched at once, at most.
+const MAX_FILES_AT_ONCE: usize = 16;
 /// Ranges of one file fetched at once.
 const RANGES_PER_FILE: usize = 8;
 /// Connections at once over all files, unless the caller says otherwise
@@ -76,8 +80,27 @@ pub struct PullReport {
     pub cached_bytes: u64,
     /// Wall time.
     pub seconds: f64,
-    /// `downloaded_bytes` per second, in MB (10^6 bytes).
+    /// `downloaded_bytes` per second of the whole pull, in MB (10^6 bytes).
     pub mb_per_s: f64,
+    /// Download rate: `downloaded_bytes` per second from the first request to the
+    /// last byte on disk, in MB/s.
+    pub download_mb_per_s: f64,
+    /// Verification rate: bytes hashed per second from the first request to the last
+    /// digest, in MB/s. Close to `download_mb_per_s` when the network bounds the pull,
+    /// below it when hashing does.
+    pub verify_mb_per_s: f64,
+    /// Bytes hashed per second of one hashing thread's compute, in MB/s: this CPU's
+    /// speed with `sha256` (sha1 for small non-LFS files).
+    pub verify_mb_per_cpu_s: f64,
+    /// Seconds between the last byte on disk and the last digest: what verification
+    /// added to the pull.
+    pub verify_tail_seconds: f64,
+    /// Which of the two bounded the pull: `download` or `verification`.
+    pub bound: &'static str,
+    /// The SHA-256 implementation and the CPU path it took (`sha2 (SHA-NI)`).
+    pub sha256: String,
+    /// Files fetched (and hashed) at once.
+    pub files_at_once: usize,
     /// Nothing was fetched: the marker said the pull was complete.
     pub up_to_date: bool,
 }
@@ -249,6 +272,13 @@ pub async fn pull(
         cached_bytes: marker.files.iter().map(|f| f.size).sum(),
         seconds: started.elapsed().as_secs_f64(),
         mb_per_s: 0.0,
+        download_mb_per_s: 0.0,
+        verify_mb_per_s: 0.0,
+        verify_mb_per_cpu_s: 0.0,
+        verify_tail_seconds: 0.0,
+        bound: "download",
+        sha256: download::sha256::Backend::current().describe(),
+        files_at_once: 0,
         up_to_date,
     };
 
@@ -345,7 +375,10 @@ pub async fn pull(
     let tracker = Tracker::new(reporter, total, already);
     let ticker = tracker.spawn_ticker();
     let connections = Arc::new(Semaphore::new(request.connections.max(1)));
-    let files_at_once = Arc::new(Semaphore::new(FILES_AT_ONCE));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let files_at_once_count = cores.clamp(FILES_AT_ONCE, MAX_FILES_AT_ONCE);
+    let files_at_once = Arc::new(Semaphore::new(files_at_once_count));
+    let fetch_started = Instant::now();
     let content_addressed = target.content_addressed();
     let mut tasks = tokio::task::JoinSet::new();
     for job in jobs {
@@ -364,20 +397,26 @@ pub async fn pull(
                 tracker.finish_file(&job.path);
                 return Ok(download::Fetched::default());
             }
-            let counter = tracker.file(&job.path, job.size);
-            let fetched = download::fetch(&client, &job, RANGES_PER_FILE, connections, counter).await?;
+            let counters = tracker.file(&job.path, job.size);
+            let fetched = download::fetch(&client, &job, RANGES_PER_FILE, connections, counters).await?;
             tracker.finish_file(&job.path);
             Ok::<_, PullError>(fetched)
         });
     }
     let mut downloaded = 0;
     let mut resumed = 0;
+    let (mut hashed, mut hash_busy) = (0, std::time::Duration::ZERO);
+    let (mut downloaded_at, mut verified_at) = (fetch_started, fetch_started);
     let mut failure = None;
     while let Some(joined) = tasks.join_next().await {
         match joined {
             Ok(Ok(fetched)) => {
                 downloaded += fetched.downloaded;
                 resumed += fetched.resumed;
+                hashed += fetched.hashed;
+                hash_busy += fetched.hash_busy;
+                downloaded_at = downloaded_at.max(fetched.downloaded_at.unwrap_or(fetch_started));
+                verified_at = verified_at.max(fetched.verified_at.unwrap_or(fetch_started));
             }
             Ok(Err(e)) => {
                 // Stop the others: their progress is logged, the next run resumes it.
@@ -422,16 +461,36 @@ pub async fn pull(
         .write(&marker_path)
         .map_err(PullError::io("writing", &marker_path))?;
     let seconds = started.elapsed().as_secs_f64();
+    let rate = |bytes: u64, secs: f64| bytes as f64 / 1e6 / secs.max(1e-9);
+    let download_seconds = (downloaded_at - fetch_started).as_secs_f64();
+    let verify_seconds = (verified_at - fetch_started).as_secs_f64();
+    let tail = (verified_at - downloaded_at).as_secs_f64();
     Ok(PullReport {
         downloaded_bytes: downloaded,
         resumed_bytes: resumed,
         cached_files,
         cached_bytes,
         seconds,
-        mb_per_s: downloaded as f64 / 1e6 / seconds.max(1e-9),
+        mb_per_s: rate(downloaded, seconds),
+        download_mb_per_s: rate(downloaded, download_seconds),
+        verify_mb_per_s: rate(hashed, verify_seconds),
+        verify_mb_per_cpu_s: rate(hashed, hash_busy.as_secs_f64()),
+        verify_tail_seconds: tail,
+        bound: verification_bound(tail, verify_seconds),
+        files_at_once: files_at_once_count,
         up_to_date: false,
         ..report(&commit, &marker, false)
     })
+}
+
+/// Verification bounded a pull when it added more than a tenth to the time the bytes
+/// took to arrive (the hash of the last megabytes always comes after them).
+fn verification_bound(tail: f64, verify_seconds: f64) -> &'static str {
+    if tail > 0.1 * (verify_seconds - tail).max(0.0) && tail > 0.05 {
+        "verification"
+    } else {
+        "download"
+    }
 }
 
 fn marker_file(entry: &TreeEntry) -> MarkerFile {

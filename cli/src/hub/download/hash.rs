@@ -1,130 +1,175 @@
-//! Verification hashes: the sha256 (LFS files) or git blob sha1 (others) of a whole
-//! file on disk ([`hash_file`]), or of a partial file read back range by range as the
-//! ranges complete (`hash_in_order`, woken by `Chunks`), so that the digest is ready
-//! moments after the last byte arrives. Comparing it with the Hub's etag, and
-//! deleting bad bytes, is `download`'s `fetch`.
+//! Verification hashes: the sha256 (LFS files, with the backend `sha256` picks) or
+//! git blob sha1 (others) of a whole file on disk ([`hash_file`]), or of a partial
+//! file read back in order as the ranges fill it (`hash_in_order`, woken by
+//! `Chunks`), so that the digest is ready moments after the last byte arrives.
+//! Comparing it with the Hub's etag, and deleting bad bytes, is `download`'s `fetch`.
 
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use sha1::Sha1;
-use sha2::{Digest, Sha256};
+use sha1::{Digest, Sha1};
 
 use super::CHUNK;
+use super::sha256::{Backend, Sha256};
 
-/// Which ranges are complete, for the hashing thread.
+/// How far each range has written, for the hashing thread: bytes on disk from the
+/// start of each chunk. Writers raise a chunk's count as they go and wake the
+/// hasher every megabyte and at the end, so it follows the ranges inside a chunk
+/// instead of waiting for whole chunks (which would leave the last few chunks to
+/// hash after the download ends).
 pub(super) struct Chunks {
-    state: Mutex<(Vec<bool>, bool)>,
+    filled: Vec<AtomicU64>,
+    cancelled: Mutex<bool>,
     changed: Condvar,
 }
 
 impl Chunks {
     pub(super) fn new(count: usize) -> Chunks {
         Chunks {
-            state: Mutex::new((vec![false; count], false)),
+            filled: (0..count).map(|_| AtomicU64::new(0)).collect(),
+            cancelled: Mutex::new(false),
             changed: Condvar::new(),
         }
     }
 
-    pub(super) fn complete(&self, index: usize) {
-        if let Ok(mut state) = self.state.lock() {
-            if let Some(slot) = state.0.get_mut(index) {
-                *slot = true;
-            }
+    /// Records that chunk `index` holds `bytes` from its start; `wake` the hasher.
+    pub(super) fn fill(&self, index: usize, bytes: u64, wake: bool) {
+        if let Some(filled) = self.filled.get(index) {
+            filled.fetch_max(bytes, Ordering::Release);
+        }
+        if wake {
+            // Taking the lock orders the store before a waiting hasher's re-check.
+            drop(self.cancelled.lock());
             self.changed.notify_all();
         }
     }
 
     pub(super) fn cancel(&self) {
-        if let Ok(mut state) = self.state.lock() {
-            state.1 = true;
+        if let Ok(mut cancelled) = self.cancelled.lock() {
+            *cancelled = true;
             self.changed.notify_all();
         }
     }
 
-    /// Waits until range `index` is complete; false when the download was cancelled.
-    fn wait(&self, index: usize) -> bool {
-        let Ok(mut state) = self.state.lock() else {
-            return false;
-        };
+    /// Waits until chunk `index` holds more than `have` bytes; the count it holds, or
+    /// `None` when the download was cancelled.
+    fn wait_past(&self, index: usize, have: u64) -> Option<u64> {
+        let filled = self.filled.get(index)?;
+        let mut cancelled = self.cancelled.lock().ok()?;
         loop {
-            if state.1 {
-                return false;
+            if *cancelled {
+                return None;
             }
-            if state.0.get(index).copied().unwrap_or(true) {
-                return true;
+            let now = filled.load(Ordering::Acquire);
+            if now > have {
+                return Some(now);
             }
-            state = match self.changed.wait(state) {
-                Ok(s) => s,
-                Err(_) => return false,
-            };
+            // The timeout only bounds the cost of a missed wake-up.
+            cancelled = self
+                .changed
+                .wait_timeout(cancelled, Duration::from_millis(50))
+                .ok()?
+                .0;
         }
     }
 }
 
-/// Hashes the partial file range by range, as each completes.
-pub(super) fn hash_in_order(path: &Path, lfs: bool, size: u64, chunks: &Chunks) -> io::Result<String> {
+/// A finished hash: the digest and the time spent computing it (waits excluded).
+pub(super) struct Hashed {
+    pub hex: String,
+    pub busy: Duration,
+}
+
+/// Hashes the partial file in order as the ranges fill it, counting hashed bytes in
+/// `verified`.
+pub(super) fn hash_in_order(
+    path: &Path,
+    lfs: bool,
+    size: u64,
+    chunks: &Chunks,
+    verified: &AtomicU64,
+) -> io::Result<Hashed> {
     let file = File::open(path)?;
-    let mut sha256 = Sha256::new();
-    let mut sha1 = Sha1::new();
-    if !lfs {
-        sha1.update(format!("blob {size}\0").as_bytes());
-    }
+    let mut hasher = FileHasher::new(lfs, size);
     let mut buffer = vec![0u8; 1 << 20];
+    let mut busy = Duration::ZERO;
     let count = size.div_ceil(CHUNK).max(1);
     for index in 0..count {
-        if !chunks.wait(index as usize) {
-            return Err(io::Error::other("download cancelled"));
-        }
-        let (mut at, end) = (index * CHUNK, ((index + 1) * CHUNK).min(size));
+        let (start, end) = (index * CHUNK, ((index + 1) * CHUNK).min(size));
+        let mut at = start;
         while at < end {
-            let n = ((end - at) as usize).min(buffer.len());
-            file.read_exact_at(&mut buffer[..n], at)?;
-            if lfs {
-                sha256.update(&buffer[..n]);
-            } else {
-                sha1.update(&buffer[..n]);
+            let Some(filled) = chunks.wait_past(index as usize, at - start) else {
+                return Err(io::Error::other("download cancelled"));
+            };
+            let ready = (start + filled).min(end);
+            let began = Instant::now();
+            while at < ready {
+                let n = ((ready - at) as usize).min(buffer.len());
+                file.read_exact_at(&mut buffer[..n], at)?;
+                hasher.update(&buffer[..n]);
+                at += n as u64;
+                verified.fetch_add(n as u64, Ordering::Relaxed);
             }
-            at += n as u64;
+            busy += began.elapsed();
         }
     }
-    Ok(if lfs {
-        hex::encode(sha256.finalize())
-    } else {
-        hex::encode(sha1.finalize())
+    Ok(Hashed {
+        hex: hasher.finish_hex(),
+        busy,
     })
+}
+
+/// The sha256 of an LFS file, or the git blob sha1 of any other.
+enum FileHasher {
+    Sha256(Sha256),
+    GitSha1(Box<Sha1>),
+}
+
+impl FileHasher {
+    fn new(lfs: bool, size: u64) -> FileHasher {
+        if lfs {
+            FileHasher::Sha256(Backend::current().hasher())
+        } else {
+            let mut sha1 = Sha1::new();
+            sha1.update(format!("blob {size}\0").as_bytes());
+            FileHasher::GitSha1(Box::new(sha1))
+        }
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        match self {
+            FileHasher::Sha256(h) => h.update(data),
+            FileHasher::GitSha1(h) => h.update(data),
+        }
+    }
+
+    fn finish_hex(self) -> String {
+        match self {
+            FileHasher::Sha256(h) => h.finish_hex(),
+            FileHasher::GitSha1(h) => hex::encode(h.finalize()),
+        }
+    }
 }
 
 /// sha256 of a file (LFS), or its git blob sha1 (`sha1("blob <len>\0" + data)`).
 pub fn hash_file(path: &Path, lfs: bool) -> io::Result<String> {
     let mut file = File::open(path)?;
     let len = file.metadata()?.len();
+    let mut hasher = FileHasher::new(lfs, len);
     let mut buffer = vec![0u8; 1 << 20];
-    if lfs {
-        let mut hasher = Sha256::new();
-        loop {
-            let n = file.read(&mut buffer)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buffer[..n]);
+    loop {
+        let n = file.read(&mut buffer)?;
+        if n == 0 {
+            break;
         }
-        Ok(hex::encode(hasher.finalize()))
-    } else {
-        let mut hasher = Sha1::new();
-        hasher.update(format!("blob {len}\0").as_bytes());
-        loop {
-            let n = file.read(&mut buffer)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buffer[..n]);
-        }
-        Ok(hex::encode(hasher.finalize()))
+        hasher.update(&buffer[..n]);
     }
+    Ok(hasher.finish_hex())
 }
 
 #[cfg(test)]

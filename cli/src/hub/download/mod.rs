@@ -20,16 +20,20 @@
 //! huggingface_hub, the file is not fsynced: a torn write after a power cut fails the
 //! hash on the next pull instead.
 //!
+//! The partial file is preallocated (`fallocate`) where the filesystem allows, so a
+//! disk that cannot hold the file fails before any byte is spent on it.
+//!
 //! This file holds the job, its errors and [`fetch`], which prepares the partial
 //! file, runs the ranges and verifies the result; `ranges` is the fetch loop, `state`
 //! the resume log and `hash` the hashing.
 
 mod hash;
 mod ranges;
+pub mod sha256;
 mod state;
 
 pub use hash::hash_file;
-use hash::{Chunks, hash_in_order};
+use hash::{Chunks, Hashed, hash_in_order};
 use ranges::fetch_ranges;
 use state::read_state;
 
@@ -39,6 +43,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use sous_engine::diagnose::{Class, Diagnose, user_unless};
 use tokio::sync::Semaphore;
@@ -197,17 +202,35 @@ pub struct Fetched {
     pub downloaded: u64,
     /// Bytes kept from an interrupted run.
     pub resumed: u64,
+    /// Bytes hashed.
+    pub hashed: u64,
+    /// Time the hashing thread spent computing (waiting for bytes excluded).
+    pub hash_busy: std::time::Duration,
+    /// When the last byte was on disk.
+    pub downloaded_at: Option<Instant>,
+    /// When the digest was ready.
+    pub verified_at: Option<Instant>,
+}
+
+/// Counters a download bumps as it goes: bytes on disk, bytes verified.
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    /// Bytes of the file on disk (resumed ones included).
+    pub written: Arc<AtomicU64>,
+    /// Bytes hashed so far.
+    pub verified: Arc<AtomicU64>,
 }
 
 /// Fetches `job` into `job.dest`, using at most `per_file` ranges at once and taking a
-/// permit from `connections` for each. `progress` counts bytes on disk for this file.
+/// permit from `connections` for each, reporting through `counters`.
 pub async fn fetch(
     client: &HubClient,
     job: &FileJob,
     per_file: usize,
     connections: Arc<Semaphore>,
-    progress: Arc<AtomicU64>,
+    counters: Counters,
 ) -> Result<Fetched, DownloadError> {
+    let progress = counters.written.clone();
     let partial = job.partial();
     let state_path = job.state();
     if let Some(dir) = partial.parent() {
@@ -228,8 +251,20 @@ pub async fn fetch(
         .write(true)
         .open(&partial)
         .map_err(DownloadError::io("creating", &partial))?;
-    file.set_len(job.size)
-        .map_err(DownloadError::io("allocating", &partial))?;
+    if let Err(source) = preallocate(&file, job.size) {
+        // Nothing of this file is on disk yet (or a resumed file lost nothing): leave
+        // no empty partial file behind.
+        drop(file);
+        if !resuming {
+            let _ = fs::remove_file(&partial);
+            let _ = fs::remove_file(&state_path);
+        }
+        return Err(DownloadError::Io {
+            action: "allocating",
+            path: partial,
+            source,
+        });
+    }
     let file = Arc::new(file);
     let log = Arc::new(Mutex::new(
         OpenOptions::new()
@@ -248,14 +283,14 @@ pub async fn fetch(
         resumed += have;
         if start + have < end || job.size == 0 {
             pending.push((index, start + have, end));
-        } else {
-            chunks.complete(index as usize);
         }
+        chunks.fill(index as usize, have, false);
     }
     progress.store(resumed, Ordering::Relaxed);
     let hasher = {
         let (chunks, path, lfs, size) = (chunks.clone(), partial.clone(), job.lfs, job.size);
-        tokio::task::spawn_blocking(move || hash_in_order(&path, lfs, size, &chunks))
+        let verified = counters.verified.clone();
+        tokio::task::spawn_blocking(move || hash_in_order(&path, lfs, size, &chunks, &verified))
     };
     let result = fetch_ranges(
         client,
@@ -272,10 +307,12 @@ pub async fn fetch(
     if result.is_err() {
         chunks.cancel();
     }
+    let downloaded_at = Instant::now();
     let hashed = hasher.await.map_err(|e| join_error(partial.clone(), e))?;
+    let verified_at = Instant::now();
     result?;
     drop(file);
-    let actual = hashed.map_err(DownloadError::io("reading back", &partial))?;
+    let Hashed { hex: actual, busy } = hashed.map_err(DownloadError::io("reading back", &partial))?;
     if actual != job.etag {
         let _ = fs::remove_file(&partial);
         let _ = fs::remove_file(&state_path);
@@ -292,7 +329,30 @@ pub async fn fetch(
     Ok(Fetched {
         downloaded: job.size - resumed,
         resumed,
+        hashed: job.size,
+        hash_busy: busy,
+        downloaded_at: Some(downloaded_at),
+        verified_at: Some(verified_at),
     })
+}
+
+/// Gives the file its final size, with its blocks reserved where the filesystem can
+/// (`fallocate` through fs4), else sparse (`set_len`).
+fn preallocate(file: &fs::File, size: u64) -> io::Result<()> {
+    use fs4::fs_std::FileExt;
+    if size > 0 {
+        match FileExt::allocate(file, size) {
+            Ok(()) => {}
+            Err(e) if is_unsupported(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    file.set_len(size)
+}
+
+fn is_unsupported(e: &io::Error) -> bool {
+    // EOPNOTSUPP (95 on Linux) and ENOSYS: the filesystem cannot reserve blocks.
+    e.kind() == io::ErrorKind::Unsupported || matches!(e.raw_os_error(), Some(95 | 38))
 }
 
 fn join_error(path: PathBuf, e: tokio::task::JoinError) -> DownloadError {

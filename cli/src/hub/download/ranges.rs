@@ -3,6 +3,12 @@
 //! byte where its last attempt stopped. Bytes go to the partial file at their offset
 //! and into the resume log as they arrive; what happens to the file before and after
 //! is `fetch`'s, in `download`.
+//!
+//! The Hub redirects LFS files to a CDN with a signed link that expires (an hour on
+//! huggingface.co). A range that gets 403 from such a link goes back to the Hub's
+//! `resolve` URL, which signs a fresh one, and the ranges after it use that one: a
+//! pull longer than a link's life completes. 429 and 503 are retried after the
+//! server's `Retry-After` when it sends one, else with exponential back-off.
 
 use std::fs::File;
 use std::io;
@@ -43,9 +49,9 @@ pub(super) async fn fetch_ranges(
     let partial = job.partial();
 
     // The first range follows the Hub's redirect; the others go straight to where it
-    // led (a CDN, on the real Hub), so `/resolve` is asked once per file.
-    let mut url = job.url.clone();
-    let mut send_auth = true;
+    // led (a CDN, on the real Hub), so `/resolve` is asked once per file, and again
+    // only when the link expires.
+    let source = Arc::new(Source::new(&job.url));
     let mut pending = pending.into_iter();
     if let Some(first) = pending.next() {
         let permit = connections
@@ -53,12 +59,8 @@ pub(super) async fn fetch_ranges(
             .acquire_owned()
             .await
             .map_err(|_| closed(job))?;
-        let final_url = fetch_range(client, job, &url, send_auth, first, file, log, progress, chunks).await?;
+        fetch_range(client, job, &source, first, file, log, progress, chunks).await?;
         drop(permit);
-        if final_url != url {
-            send_auth = same_origin(&final_url, &url);
-            url = final_url;
-        }
     }
     let mut tasks = tokio::task::JoinSet::new();
     let per_file = Arc::new(Semaphore::new(per_file.max(1)));
@@ -69,20 +71,17 @@ pub(super) async fn fetch_ranges(
             .acquire_owned()
             .await
             .map_err(|_| closed(job))?;
-        let (client, job, url, file, log, progress, chunks) = (
+        let (client, job, source, file, log, progress, chunks) = (
             client.clone(),
             job.clone(),
-            url.clone(),
+            source.clone(),
             file.clone(),
             log.clone(),
             progress.clone(),
             chunks.clone(),
         );
         tasks.spawn(async move {
-            let result = fetch_range(
-                &client, &job, &url, send_auth, range, &file, &log, &progress, &chunks,
-            )
-            .await;
+            let result = fetch_range(&client, &job, &source, range, &file, &log, &progress, &chunks).await;
             drop((permit, file_permit));
             result
         });
@@ -109,6 +108,53 @@ fn closed(job: &FileJob) -> DownloadError {
     }
 }
 
+/// Where a file's bytes come from: the URL its ranges use (the Hub's `resolve` URL
+/// until a request lands elsewhere) and whether the token goes with them.
+struct Source {
+    resolve: String,
+    current: Mutex<String>,
+}
+
+impl Source {
+    fn new(resolve: &str) -> Source {
+        Source {
+            resolve: resolve.to_owned(),
+            current: Mutex::new(resolve.to_owned()),
+        }
+    }
+
+    fn current(&self) -> String {
+        self.current
+            .lock()
+            .map(|u| u.clone())
+            .unwrap_or_else(|_| self.resolve.clone())
+    }
+
+    /// A request to `used` ended at `landed` (after redirects): later ranges go there.
+    fn landed(&self, used: &str, landed: &str) {
+        if let Ok(mut current) = self.current.lock()
+            && *current == used
+        {
+            landed.clone_into(&mut current);
+        }
+    }
+
+    /// `used` answered 403: the next request goes through `resolve` again, unless
+    /// another range has already found a fresh link.
+    fn expired(&self, used: &str) {
+        if let Ok(mut current) = self.current.lock()
+            && *current == used
+        {
+            self.resolve.clone_into(&mut current);
+        }
+    }
+
+    /// The token is sent to the Hub, never to a CDN on another origin.
+    fn send_auth(&self, url: &str) -> bool {
+        same_origin(url, &self.resolve)
+    }
+}
+
 fn same_origin(a: &str, b: &str) -> bool {
     let origin = |u: &str| {
         let rest = u.find("://").map_or(0, |i| i + 3);
@@ -117,37 +163,39 @@ fn same_origin(a: &str, b: &str) -> bool {
     origin(a) == origin(b)
 }
 
-/// Fetches bytes `[from, end)` of chunk `index`, retrying from where each attempt
-/// stopped. Returns the URL the request ended at (after redirects).
+/// Fetches bytes `[from, end)` of chunk `index` from `source`, retrying from where
+/// each attempt stopped.
 #[allow(clippy::too_many_arguments)]
 async fn fetch_range(
     client: &HubClient,
     job: &FileJob,
-    url: &str,
-    send_auth: bool,
+    source: &Source,
     (index, from, end): (u64, u64, u64),
     file: &File,
     log: &Mutex<File>,
     progress: &AtomicU64,
     chunks: &Chunks,
-) -> Result<String, DownloadError> {
+) -> Result<(), DownloadError> {
     let chunk_start = index * CHUNK;
     let mut offset = from;
     let mut attempt = 1;
+    let mut renewals = 0;
     let mut delay = Duration::from_millis(250);
-    let mut final_url = url.to_owned();
     loop {
         if offset >= end && job.size > 0 {
-            chunks.complete(index as usize);
-            return Ok(final_url);
+            chunks.fill(index as usize, end - chunk_start, true);
+            return Ok(());
         }
+        let url = source.current();
+        let url = url.as_str();
         let mut request = client.http().get(url);
         if job.size > 0 {
             request = request.header(header::RANGE, format!("bytes={offset}-{}", end - 1));
         }
-        if send_auth {
+        if source.send_auth(url) {
             request = client.authorize(request);
         }
+        let mut wait = None;
         let outcome: Result<(), DownloadError> = async {
             let response = request.send().await.map_err(|source| HubError::Http {
                 url: url.to_owned(),
@@ -155,7 +203,17 @@ async fn fetch_range(
             })?;
             let status = response.status();
             if !status.is_success() {
+                if status == StatusCode::FORBIDDEN && !same_origin(response.url().as_str(), &source.resolve) {
+                    // A signed CDN link that expired (or was revoked): sign a new one.
+                    source.expired(url);
+                    return Err(HubError::Protocol {
+                        url: url.to_owned(),
+                        message: EXPIRED.into(),
+                    }
+                    .into());
+                }
                 if is_retryable(status) {
+                    wait = retry_after(&response);
                     return Err(HubError::Protocol {
                         url: url.to_owned(),
                         message: format!("HTTP {status}"),
@@ -164,7 +222,7 @@ async fn fetch_range(
                 }
                 return Err(classify(response, url, &job.repo, &job.commit, Some(&job.path)).into());
             }
-            final_url = response.url().to_string();
+            source.landed(url, response.url().as_str());
             // A server that ignores Range sends the whole file with 200: usable only
             // when that is what was asked for.
             if status == StatusCode::OK && !(offset == 0 && end == job.size) && job.size > 0 {
@@ -193,7 +251,9 @@ async fn fetch_range(
                 offset += piece.len() as u64;
                 since_record += piece.len() as u64;
                 progress.fetch_add(piece.len() as u64, Ordering::Relaxed);
-                if since_record >= RECORD_EVERY {
+                let wake = since_record >= RECORD_EVERY;
+                chunks.fill(index as usize, offset - chunk_start, wake);
+                if wake {
                     record(log, index, offset - chunk_start);
                     since_record = 0;
                 }
@@ -214,18 +274,49 @@ async fn fetch_range(
         .await;
         match outcome {
             Ok(()) => {
-                chunks.complete(index as usize);
-                return Ok(final_url);
+                chunks.fill(index as usize, end - chunk_start, true);
+                return Ok(());
+            }
+            // An expired link is renewed at once; it is not the network failing.
+            Err(e) if is_expired(&e) && renewals < RENEWALS => {
+                tracing::debug!(path = %job.path, "signed link expired, resolving again");
+                renewals += 1;
             }
             Err(e) if retryable(&e) && attempt < ATTEMPTS => {
-                tracing::debug!(path = %job.path, error = %e, attempt, "range failed, retrying");
-                tokio::time::sleep(delay).await;
+                let pause = wait.unwrap_or(delay);
+                tracing::debug!(path = %job.path, error = %e, attempt, ?pause, "range failed, retrying");
+                tokio::time::sleep(pause).await;
                 delay = (delay * 2).min(Duration::from_secs(8));
                 attempt += 1;
             }
             Err(e) => return Err(e),
         }
     }
+}
+
+/// What an expired link's error says.
+const EXPIRED: &str = "HTTP 403 from a signed link: it expired";
+/// Fresh links one range may ask for before the pull gives up: a link that expires
+/// again at once is a broken server, not an old link.
+const RENEWALS: u32 = 8;
+/// The longest `Retry-After` honoured; longer asks are capped to this.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+fn is_expired(e: &DownloadError) -> bool {
+    matches!(e, DownloadError::Hub(HubError::Protocol { message, .. }) if message == EXPIRED)
+}
+
+/// A `Retry-After` in seconds (the HTTP-date form is rare on 429/503 and ignored).
+fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+    let seconds: u64 = response
+        .headers()
+        .get(header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds).min(MAX_RETRY_AFTER))
 }
 
 fn retryable(e: &DownloadError) -> bool {

@@ -3,7 +3,9 @@
 //! link. Each fault counts per path, so "once" means once for each file.
 //!
 //! Spec syntax, one per `--fault`: `drop-after=SIZE[@TIMES]`, `status=CODE[@TIMES]`,
-//! `corrupt[@TIMES]`, `stall-after=SIZE,SECONDS[@TIMES]`, `rate=SIZE` (per second).
+//! `corrupt[@TIMES]`, `stall-after=SIZE,SECONDS[@TIMES]`, `rate=SIZE` (per second),
+//! `expire-after=SIZE[@TIMES]` (a signed CDN link answers 403 once SIZE bytes went
+//! through it, as a link that outlived its expiry does; needs `--cdn-host`).
 //! `@TIMES` defaults to 1; sizes are written like recipe sizes (`1MiB`, `1048576`).
 
 use std::collections::HashMap;
@@ -25,6 +27,8 @@ pub enum Fault {
     StallAfter(u64, Duration),
     /// Send the body at this many bytes per second (every response).
     Rate(u64),
+    /// Expire a signed link once this many bytes were served through it.
+    ExpireAfter(u64),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -71,9 +75,10 @@ pub fn parse(spec: &str) -> Result<(Fault, Option<u32>), String> {
             Fault::StallAfter(size(at)?, Duration::from_secs_f64(secs))
         }
         "rate" => Fault::Rate(size(value)?.max(1)),
+        "expire-after" => Fault::ExpireAfter(size(value)?),
         _ => {
             return Err(format!(
-                "unknown fault `{spec}`: use drop-after=SIZE, status=CODE, corrupt, stall-after=SIZE,SECONDS or rate=SIZE, each with an optional @TIMES"
+                "unknown fault `{spec}`: use drop-after=SIZE, status=CODE, corrupt, stall-after=SIZE,SECONDS, rate=SIZE or expire-after=SIZE, each with an optional @TIMES"
             ));
         }
     };
@@ -151,6 +156,22 @@ impl Faults {
         })
     }
 
+    /// Whether a signed link that has served `served` bytes of `path` expires now
+    /// (taking one use of the rule).
+    pub fn expires(&self, path: &str, served: u64) -> bool {
+        (0..self.rules.len()).any(|i| match self.rules[i].fault {
+            Fault::ExpireAfter(limit) => served >= limit && self.take(i, path),
+            _ => false,
+        })
+    }
+
+    /// Whether any rule expires links (which needs the mirror to sign them).
+    pub fn expire_links(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|r| matches!(r.fault, Fault::ExpireAfter(_)))
+    }
+
     /// What to do to the body of a file response.
     pub fn body(&self, path: &str) -> BodyPlan {
         let mut plan = BodyPlan::default();
@@ -176,6 +197,10 @@ mod tests {
         assert_eq!(parse("drop-after=1MiB"), Ok((Fault::DropAfter(1 << 20), Some(1))));
         assert_eq!(parse("status=503@3"), Ok((Fault::Status(503), Some(3))));
         assert_eq!(parse("rate=10MB"), Ok((Fault::Rate(10_000_000), None)));
+        assert_eq!(
+            parse("expire-after=64MiB@2"),
+            Ok((Fault::ExpireAfter(64 << 20), Some(2)))
+        );
         assert!(parse("status=200").is_err());
         assert!(parse("explode").is_err());
         let faults = Faults::new(&["status=500".into(), "corrupt@2".into()]).expect("valid");
@@ -185,5 +210,11 @@ mod tests {
         assert!(faults.body("a").corrupt);
         assert!(faults.body("a").corrupt);
         assert!(!faults.body("a").corrupt);
+        let faults = Faults::new(&["expire-after=10".into()]).expect("valid");
+        assert!(faults.expire_links());
+        assert!(!faults.expires("a", 9));
+        assert!(faults.expires("a", 10));
+        assert!(!faults.expires("a", 20), "once per path");
+        assert!(faults.expires("b", 10));
     }
 }

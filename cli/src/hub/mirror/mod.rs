@@ -8,14 +8,24 @@
 //! GET, single byte ranges, `If-None-Match`) with the headers clients rely on,
 //! answering errors with the Hub's `X-Error-Code`s. It never sends `X-Xet-Hash`, so
 //! clients stay on plain HTTP.
+//!
+//! With `--cdn-host NAME` it also plays the Hub's CDN: `resolve` of an LFS file
+//! answers 302 with the Hub's metadata headers on the redirect itself, to a signed,
+//! expiring link on another origin (`http://NAME:PORT/cdn/...?expires=..&signature=..`,
+//! the same server reached by another host name); the link answers 403 once expired,
+//! as a CloudFront or S3 signed URL does. `GET /api/sous-mirror/stats` counts the
+//! requests and body bytes served, so tests can tell how many bytes a client fetched
+//! twice.
 
 mod faults;
 mod store;
 
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
@@ -45,6 +55,10 @@ pub struct MirrorOptions {
     pub faults: Faults,
     /// Log every request on stderr.
     pub access_log: bool,
+    /// Redirect LFS files to signed links on this host name.
+    pub cdn_host: Option<String>,
+    /// How long a signed link lives.
+    pub link_ttl: Duration,
 }
 
 struct Mirror {
@@ -53,6 +67,14 @@ struct Mirror {
     token: Option<String>,
     faults: Faults,
     access_log: bool,
+    cdn_host: Option<String>,
+    link_ttl: Duration,
+    /// Signs links; fresh per process, so links do not outlive the mirror.
+    secret: String,
+    /// Bytes asked through each signed link, and the links expired by a fault.
+    links: Mutex<(HashMap<String, u64>, HashSet<String>)>,
+    requests: AtomicU64,
+    body_bytes: Arc<AtomicU64>,
 }
 
 /// Binds the listener (so the caller learns the port before serving).
@@ -72,6 +94,12 @@ pub async fn serve(
         token: options.token,
         faults: options.faults,
         access_log: options.access_log,
+        cdn_host: options.cdn_host,
+        link_ttl: options.link_ttl,
+        secret: hex::encode(rand::random::<[u8; 16]>()),
+        links: Mutex::new((HashMap::new(), HashSet::new())),
+        requests: AtomicU64::new(0),
+        body_bytes: Arc::new(AtomicU64::new(0)),
     });
     let app = Router::new().fallback(handle).with_state(mirror);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
@@ -87,6 +115,7 @@ async fn handle(State(mirror): State<Arc<Mirror>>, method: Method, uri: Uri, hea
 }
 
 async fn route(mirror: &Mirror, method: &Method, uri: &Uri, headers: &HeaderMap) -> Response {
+    mirror.requests.fetch_add(1, Ordering::Relaxed);
     let segments: Vec<String> = uri
         .path()
         .trim_start_matches('/')
@@ -116,6 +145,14 @@ async fn route(mirror: &Mirror, method: &Method, uri: &Uri, headers: &HeaderMap)
         (&Method::GET | &Method::HEAD, [org, name, "resolve", revision, rest @ ..]) if !rest.is_empty() => {
             resolve(mirror, method, org, name, revision, &rest.join("/"), headers).await
         }
+        (&Method::GET | &Method::HEAD, ["cdn", org, name, sha256]) => {
+            cdn(mirror, method, org, name, sha256, query, headers).await
+        }
+        (&Method::GET, ["api", "sous-mirror", "stats"]) => axum::Json(json!({
+            "requests": mirror.requests.load(Ordering::Relaxed),
+            "body_bytes": mirror.body_bytes.load(Ordering::Relaxed),
+        }))
+        .into_response(),
         _ => error(StatusCode::NOT_FOUND, None, "not found", None),
     }
 }
@@ -363,6 +400,135 @@ async fn resolve(
     {
         return (StatusCode::NOT_MODIFIED, h).into_response();
     }
+    if let (Some(cdn_host), Some(sha256)) = (&mirror.cdn_host, &file.lfs_sha256) {
+        // The Hub's metadata rides on the redirect; the CDN's answer carries none.
+        let location = mirror.sign(cdn_host, headers, org, name, sha256);
+        insert(&mut h, "location", &location);
+        insert(&mut h, "x-linked-size", &file.size.to_string());
+        return (StatusCode::FOUND, h).into_response();
+    }
+    let fault_key = format!("/{org}/{name}/resolve/{path}");
+    send_file(mirror, method, file, headers, h, &fault_key).await
+}
+
+impl Mirror {
+    /// A signed link to an LFS object on the CDN host, on the port the request came to.
+    fn sign(&self, cdn_host: &str, headers: &HeaderMap, org: &str, name: &str, sha256: &str) -> String {
+        let port = headers
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|h| h.rsplit_once(':'))
+            .map(|(_, p)| format!(":{p}"))
+            .unwrap_or_default();
+        let expires = unix_now() + self.link_ttl.as_secs();
+        let path = format!("/cdn/{org}/{name}/{sha256}");
+        let signature = self.signature(&path, expires);
+        format!("http://{cdn_host}{port}{path}?expires={expires}&signature={signature}")
+    }
+
+    fn signature(&self, path: &str, expires: u64) -> String {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(format!("{}\n{path}\n{expires}", self.secret));
+        hex::encode(&digest[..16])
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The CDN's answer to a signed link: the object, or 403 as a signed URL answers
+/// when expired or forged.
+async fn cdn(
+    mirror: &Mirror,
+    method: &Method,
+    org: &str,
+    name: &str,
+    sha256: &str,
+    query: &str,
+    headers: &HeaderMap,
+) -> Response {
+    let param = |key: &str| {
+        query
+            .split('&')
+            .find_map(|p| p.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (expires, signature) = (param("expires"), param("signature"));
+    let path = format!("/cdn/{org}/{name}/{sha256}");
+    let valid = expires
+        .parse::<u64>()
+        .is_ok_and(|e| e >= unix_now() && mirror.signature(&path, e) == signature);
+    let denied = || {
+        (
+            StatusCode::FORBIDDEN,
+            [("content-type", "application/xml")],
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>",
+        )
+            .into_response()
+    };
+    if !valid {
+        return denied();
+    }
+    let Ok(Some(index)) = tokio::task::block_in_place(|| mirror.store.repo(org, name)) else {
+        return error(StatusCode::NOT_FOUND, None, "not found", None);
+    };
+    let Some(file) = index
+        .files
+        .iter()
+        .find(|f| f.lfs_sha256.as_deref() == Some(sha256))
+    else {
+        return error(StatusCode::NOT_FOUND, None, "not found", None);
+    };
+    if method == Method::GET
+        && let Ok(mut links) = mirror.links.lock()
+    {
+        let (served, expired) = &mut *links;
+        let so_far = served.get(&signature).copied().unwrap_or(0);
+        if expired.contains(&signature) || mirror.faults.expires(&path, so_far) {
+            expired.insert(signature);
+            return denied();
+        }
+        let asked = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+            Some(spec) => match parse_range(spec, file.size) {
+                RangeSpec::Range(start, end) => end - start,
+                _ => file.size,
+            },
+            None => file.size,
+        };
+        *served.entry(signature).or_insert(0) += asked;
+    }
+    let mut h = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{sha256}\"")) {
+        h.insert(header::ETAG, v);
+    }
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    let fault_key = format!("/{org}/{name}/resolve/{}", file.path);
+    send_file(mirror, method, file, headers, h, &fault_key).await
+}
+
+/// The bytes of `file` (one range of them when asked), with headers `h`.
+async fn send_file(
+    mirror: &Mirror,
+    method: &Method,
+    file: &IndexedFile,
+    headers: &HeaderMap,
+    mut h: HeaderMap,
+    fault_key: &str,
+) -> Response {
+    let path = &file.path;
+    let insert = |h: &mut HeaderMap, name: &'static str, value: &str| {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(name, v);
+        }
+    };
     let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
         None => None,
         Some(spec) => match parse_range(spec, file.size) {
@@ -396,8 +562,8 @@ async fn resolve(
             return error(
                 StatusCode::NOT_FOUND,
                 Some("EntryNotFound"),
-                &format!("{path} does not exist at {revision}"),
-                Some(&index.commit),
+                &format!("{path} does not exist any more"),
+                None,
             );
         }
         Err(e) => {
@@ -418,11 +584,17 @@ async fn resolve(
         );
     }
     let reader = ReaderStream::with_capacity(handle.take(end - start), 256 << 10);
-    let plan = mirror.faults.body(&format!("/{}/{}/resolve/{}", org, name, path));
+    let plan = mirror.faults.body(fault_key);
+    let counter = mirror.body_bytes.clone();
+    let count = move |piece: &std::io::Result<Bytes>| {
+        if let Ok(bytes) = piece {
+            counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
+    };
     let body = if plan.is_clean() {
-        Body::from_stream(reader)
+        Body::from_stream(reader.inspect(count))
     } else {
-        Body::from_stream(faulty(reader, plan))
+        Body::from_stream(faulty(reader, plan).inspect(count))
     };
     (status, h, body).into_response()
 }
