@@ -4,6 +4,8 @@
 //! `openssl speed -bytes 1048576 sha256` (and with SHA-NI masked:
 //! `OPENSSL_ia32cap=:~0x20000000`), which runs the assembly `ring` shares.
 
+#![allow(clippy::print_stdout)]
+
 use std::time::Instant;
 
 use sous::hub::download::sha256::{Backend, cpu_has_sha_extensions};
