@@ -473,3 +473,114 @@ fn bf16_arithmetic_stays_close_to_f32_over_a_long_prompt() {
         mean(&f32s)
     );
 }
+
+/// Calibration's observer: the largest input magnitude of every projection, kept as a
+/// running maximum over samples (compressed-tensors' `static_minmax`).
+#[test]
+fn calibration_keeps_the_running_maximum_of_every_projection_input() {
+    use sous_engine::native::config::ModelConfig;
+    use sous_engine::native::model::{LayerInputs, Model};
+    use sous_engine::native::weights::Checkpoint;
+    let Some(dir) = model_dir() else { return };
+    let config = ModelConfig::read(&dir).expect("config");
+    let checkpoint = Checkpoint::open(&dir, &config).expect("checkpoint");
+    let layers = config.layers;
+    let model = Model::load(config, &checkpoint, Precision::Stored, 256).expect("model");
+    let cases = fixture();
+    let cases = cases["prompts"].as_array().expect("prompts");
+    let a = ids(&cases[0]["input_ids"]);
+    let b = ids(&cases[1]["input_ids"]);
+    assert_ne!(a, b);
+
+    let observe = |samples: &[&[u32]]| {
+        let mut ranges = vec![LayerInputs::default(); layers];
+        for sample in samples {
+            model.observe_inputs(sample, &mut ranges).expect("observe");
+        }
+        ranges
+    };
+    let (only_a, only_b) = (observe(&[&a]), observe(&[&b]));
+    for r in &only_a {
+        for v in [r.qkv, r.o, r.gate_up, r.down] {
+            assert!(v.is_finite() && v > 0.0, "{r:?}");
+        }
+    }
+    // Deterministic, order-free, and the elementwise maximum of the samples alone.
+    assert_eq!(observe(&[&a, &a]), only_a);
+    let both = observe(&[&a, &b]);
+    assert_eq!(observe(&[&b, &a]), both);
+    for ((x, y), z) in only_a.iter().zip(&only_b).zip(&both) {
+        assert_eq!(z.qkv, x.qkv.max(y.qkv));
+        assert_eq!(z.o, x.o.max(y.o));
+        assert_eq!(z.gate_up, x.gate_up.max(y.gate_up));
+        assert_eq!(z.down, x.down.max(y.down));
+    }
+    // The samples differ, so somewhere one of them must set a range the other did not.
+    assert!(only_a != only_b);
+    // A wrong layer count is refused, not indexed out of bounds.
+    assert!(model.observe_inputs(&a, &mut [LayerInputs::default()]).is_err());
+}
+
+/// The activation scales calibration gives beside llm-compressor's: `oneshot` with the
+/// NVFP4 (W4A4) scheme on the same token ids
+/// (`tests/fixtures/nvfp4/smollm2-135m-instruct.w4a4.llmcompressor.json`, made by
+/// `scripts/reference/nvfp4_w4a4_reference.py`). llm-compressor runs the model in bf16,
+/// sous in f32 (or with bf16 products); the scales are bf16 numbers (compressed-tensors
+/// computes `2688 / amax` in the activations' dtype), one bf16 step apart is 0.4–0.8 %.
+#[test]
+fn calibrated_activation_scales_match_llm_compressor() {
+    use sous_engine::native::config::ModelConfig;
+    use sous_engine::native::model::{LayerInputs, Model};
+    use sous_engine::native::weights::Checkpoint;
+    use sous_kernels::formats::bf16::round_bf16;
+    use sous_kernels::{Dtype, Flavor, TensorScale};
+    let Some(dir) = model_dir() else { return };
+    let path = root().join("tests/fixtures/nvfp4/smollm2-135m-instruct.w4a4.llmcompressor.json");
+    let fixture: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("JSON");
+    let config = ModelConfig::read(&dir).expect("config");
+    let checkpoint = Checkpoint::open(&dir, &config).expect("checkpoint");
+    let layers = config.layers;
+    for precision in [Precision::Stored, Precision::Bf16] {
+        let model = Model::load(config.clone(), &checkpoint, precision, 512).expect("model");
+        let mut ranges = vec![LayerInputs::default(); layers];
+        for sample in fixture["calibration_input_ids"].as_array().expect("ids") {
+            model.observe_inputs(&ids(sample), &mut ranges).expect("observe");
+        }
+        let mut worst = (0.0f64, String::new());
+        let mut exact = 0;
+        for (i, r) in ranges.iter().enumerate() {
+            for (module, amax) in [
+                ("self_attn.q_proj", r.qkv),
+                ("self_attn.k_proj", r.qkv),
+                ("self_attn.v_proj", r.qkv),
+                ("self_attn.o_proj", r.o),
+                ("mlp.gate_proj", r.gate_up),
+                ("mlp.up_proj", r.gate_up),
+                ("mlp.down_proj", r.down),
+            ] {
+                let name = format!("model.layers.{i}.{module}");
+                let theirs = fixture["tensors"][&name]["input_global_scale"]
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("{name} in the fixture"));
+                // The observer sees bf16 activations: their largest magnitude is a bf16.
+                let ours =
+                    TensorScale::from_amax(Flavor::CompressedTensors, Dtype::Bf16, round_bf16(amax)).value();
+                let diff = (f64::from(ours) - theirs).abs() / theirs;
+                exact += usize::from(diff == 0.0);
+                if diff > worst.0 {
+                    worst = (diff, format!("{name}: {ours} vs {theirs}"));
+                }
+            }
+        }
+        eprintln!(
+            "{precision:?}: {exact} of {} input_global_scale equal to llm-compressor's; largest difference {:.3} % ({})",
+            layers * 7,
+            worst.0 * 100.0,
+            worst.1
+        );
+        // Not yet the 0.5 % the W4A4 work aims at: attention outputs (o_proj) differ most,
+        // where bf16 arithmetic throughout (transformers) and f32 (sous) part ways.
+        assert!(worst.0 <= 0.03, "{precision:?}: {}", worst.1);
+    }
+}

@@ -109,6 +109,29 @@ pub struct BatchSeq<'a> {
     pub logits: Logits,
 }
 
+/// The largest magnitude that reached the input of each of a layer's linear
+/// projections during calibration: what an NVFP4 W4A4 checkpoint's per-tensor
+/// activation scale (`input_global_scale`) is computed from. q, k and v read one
+/// input, as do gate and up, so a layer has four.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LayerInputs {
+    /// Input of q_proj, k_proj and v_proj (the normed residual).
+    pub qkv: f32,
+    /// Input of o_proj (attention's output).
+    pub o: f32,
+    /// Input of gate_proj and up_proj (the normed residual).
+    pub gate_up: f32,
+    /// Input of down_proj (`silu(gate) * up`).
+    pub down: f32,
+}
+
+impl LayerInputs {
+    fn raise(slot: &mut f32, values: &[f32]) {
+        // NaN never wins a `max`: a NaN activation leaves the range as it was.
+        *slot = values.iter().fold(*slot, |m, v| m.max(v.abs()));
+    }
+}
+
 /// Which rows of logits a sequence wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
@@ -220,10 +243,41 @@ impl Model {
     /// from outside the pool, every product would put the caller to sleep and wake the
     /// workers (a futex round trip each), which cost a decode step 15–30 % here.
     pub fn forward(&self, batch: &[BatchSeq], cache: &mut KvCache) -> Result<Vec<f32>, NativeError> {
-        rayon::scope(|_| self.pass(batch, cache))
+        rayon::scope(|_| self.pass(batch, cache, None))
     }
 
-    fn pass(&self, batch: &[BatchSeq], cache: &mut KvCache) -> Result<Vec<f32>, NativeError> {
+    /// Runs `tokens` as one sequence from position 0 (a calibration sample) and raises
+    /// `ranges` (one entry per layer) to the largest input magnitude each projection
+    /// saw. A running maximum over samples, as compressed-tensors' `static_minmax`
+    /// observer keeps it for NVFP4 activations (llm-compressor 0.14.0.1,
+    /// `observers/min_max.py`), fed one sample per forward as `oneshot` does.
+    pub fn observe_inputs(&self, tokens: &[u32], ranges: &mut [LayerInputs]) -> Result<(), NativeError> {
+        if ranges.len() != self.layers.len() {
+            return Err(NativeError::Internal(format!(
+                "{} input ranges for {} layers",
+                ranges.len(),
+                self.layers.len()
+            )));
+        }
+        const BLOCK: usize = 16;
+        let blocks = tokens.len().div_ceil(BLOCK).max(1);
+        let mut cache = KvCache::new(self, blocks, BLOCK);
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let batch = [BatchSeq {
+            blocks: &table,
+            tokens,
+            start: 0,
+            logits: Logits::None,
+        }];
+        rayon::scope(|_| self.pass(&batch, &mut cache, Some(ranges))).map(|_| ())
+    }
+
+    fn pass(
+        &self,
+        batch: &[BatchSeq],
+        cache: &mut KvCache,
+        mut observe: Option<&mut [LayerInputs]>,
+    ) -> Result<Vec<f32>, NativeError> {
         let c = &self.config;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let tokens: Vec<u32> = batch.iter().flat_map(|s| s.tokens.iter().copied()).collect();
@@ -282,6 +336,9 @@ impl Model {
         let mut down = vec![0.0f32; n * h];
         for (li, layer) in self.layers.iter().enumerate() {
             k::rms_norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
+            if let Some(seen) = observe.as_deref_mut() {
+                LayerInputs::raise(&mut seen[li].qkv, &normed);
+            }
             product(&normed, n, &layer.qkv, &mut qkv);
             if let Some(bias) = &layer.qkv_bias {
                 for row in qkv.chunks_exact_mut(row_len) {
@@ -304,11 +361,20 @@ impl Model {
                 v_cache[at..at + kv_len].copy_from_slice(vr);
             }
             k::attention(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
+            if let Some(seen) = observe.as_deref_mut() {
+                LayerInputs::raise(&mut seen[li].o, &attn);
+            }
             product(&attn, n, &layer.o, &mut o);
             k::add_assign(&mut x, &o);
             k::rms_norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
+            if let Some(seen) = observe.as_deref_mut() {
+                LayerInputs::raise(&mut seen[li].gate_up, &normed);
+            }
             product(&normed, n, &layer.gate_up, &mut gate_up);
             k::silu_mul(&gate_up, c.intermediate_size, &mut act);
+            if let Some(seen) = observe.as_deref_mut() {
+                LayerInputs::raise(&mut seen[li].down, &act);
+            }
             product(&act, n, &layer.down, &mut down);
             k::add_assign(&mut x, &down);
         }
