@@ -111,6 +111,62 @@ impl Rotary {
     }
 }
 
+impl Rotary {
+    /// [`Rotary::apply`] as a bf16 model computes it in transformers: cos and sin
+    /// rounded to bf16 (`cos.to(dtype)`), and every product and sum of
+    /// `q * cos + rotate_half(q) * sin` rounded to bf16. For calibration, which must see
+    /// the activations the reference tools see.
+    pub fn apply_bf16(&self, x: &mut [f32], position: usize) {
+        use crate::formats::bf16::round_bf16 as r;
+        let half = self.half;
+        let cos = &self.cos[position * half..(position + 1) * half];
+        let sin = &self.sin[position * half..(position + 1) * half];
+        for head in x.chunks_exact_mut(2 * half) {
+            let (a, b) = head.split_at_mut(half);
+            for i in 0..half {
+                let (x1, x2) = (a[i], b[i]);
+                let (c, s) = (r(cos[i]), r(sin[i]));
+                a[i] = r(r(x1 * c) - r(x2 * s));
+                b[i] = r(r(x2 * c) + r(x1 * s));
+            }
+        }
+    }
+}
+
+/// [`rms_norm`] as transformers' `LlamaRMSNorm` computes it for a bf16 model: the
+/// variance in f32, `x * rsqrt(var + eps)` rounded to bf16, then times the weight,
+/// rounded again. For calibration.
+pub fn rms_norm_bf16(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    use crate::formats::bf16::round_bf16 as r;
+    let dim = weight.len();
+    for (row, dst) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let sum: f32 = row.iter().map(|v| v * v).sum();
+        let inv = 1.0 / (sum / dim as f32 + eps).sqrt();
+        for ((d, &v), &w) in dst.iter_mut().zip(row).zip(weight) {
+            *d = r(w * r(v * inv));
+        }
+    }
+}
+
+/// [`silu_mul`] as a bf16 model computes it: `silu(gate)` rounded to bf16, then the
+/// product with `up`, rounded. For calibration.
+pub fn silu_mul_bf16(gate_up: &[f32], n: usize, out: &mut [f32]) {
+    use crate::formats::bf16::round_bf16 as r;
+    for (row, dst) in gate_up.chunks_exact(2 * n).zip(out.chunks_exact_mut(n)) {
+        let (gate, up) = row.split_at(n);
+        for ((d, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
+            *d = r(r(g / (1.0 + exp(-g))) * u);
+        }
+    }
+}
+
+/// Rounds every value to bf16 (to the nearest, ties to even).
+pub fn round_bf16_all(x: &mut [f32]) {
+    for v in x {
+        *v = crate::formats::bf16::round_bf16(*v);
+    }
+}
+
 /// The shape of one layer's paged KV cache: `blocks × block_size × kv_heads × head_dim`
 /// values each for keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

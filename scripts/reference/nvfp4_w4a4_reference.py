@@ -76,9 +76,12 @@ def main():
     model.save_pretrained(work, save_compressed=True)
 
     tensors = {}
+    tensor_set = {}
     for shard in sorted(work.glob("*.safetensors")):
         with safe_open(shard, "pt") as f:
             for name in f.keys():
+                piece = f.get_slice(name)
+                tensor_set[name] = [piece.get_dtype(), list(piece.get_shape())]
                 t = f.get_tensor(name)
                 module, _, kind = name.rpartition(".")
                 entry = tensors.setdefault(module, {})
@@ -98,6 +101,7 @@ def main():
         ),
         "calibration_input_ids": ids,
         "quantization_config": config["quantization_config"],
+        "tensor_set": tensor_set,
         "tensors": tensors,
     }
     Path(args.out).write_text(json.dumps(fixture, indent=1, sort_keys=True) + "\n")

@@ -282,3 +282,151 @@ fn smollm2_modelopt_checkpoint() {
     }
     assert!(!tensors.contains_key(&format!("{layer}.self_attn.q_proj.weight_packed")));
 }
+
+/// W4A4 (`--scheme nvfp4`) beside llm-compressor's `oneshot` with the NVFP4 scheme on
+/// the same calibration token ids (`smollm2-135m-instruct.w4a4.llmcompressor.json`,
+/// made by scripts/reference/nvfp4_w4a4_reference.py): the same tensor set, the
+/// weights byte for byte, the activation scales close (sous runs the model in its own
+/// engine; see the bound below), and the same config.
+#[test]
+fn smollm2_w4a4_beside_llm_compressor() {
+    let Some(model) = smollm2() else { return };
+    let fixture: Value = serde_json::from_slice(
+        &std::fs::read(root().join("tests/fixtures/nvfp4/smollm2-135m-instruct.w4a4.llmcompressor.json"))
+            .expect("fixture"),
+    )
+    .expect("fixture JSON");
+    let out = tempfile::tempdir().expect("tempdir");
+    let target = out.path().join("smollm2-nvfp4");
+    // The fixture's 16 samples of at most 256 tokens are the builtin text's.
+    let (code, stdout, stderr) = quantize(
+        &[
+            path(&model),
+            "--out",
+            path(&target),
+            "--scheme",
+            "nvfp4",
+            "--samples",
+            "16",
+            "--seq-len",
+            "256",
+            "--json",
+            "--quiet",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let summary = json(&stdout);
+    let calibration = &summary["calibration"];
+    let want_tokens: usize = fixture["calibration_input_ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|s| s.as_array().expect("sample").len())
+        .sum();
+    assert_eq!(calibration["tokens"], json!(want_tokens), "the same samples");
+    assert_eq!(calibration["bf16"], json!(true));
+
+    let (tensors, _) = read_tensors(&target);
+    let expected = fixture["tensor_set"].as_object().expect("tensor set");
+    assert_eq!(tensors.len(), expected.len());
+    for (name, want) in expected {
+        let got = tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing from the output"));
+        assert_eq!(json!([got.dtype, got.shape]), *want, "{name}");
+    }
+    let f32_of = |name: &str| {
+        let data = &tensors[name].data;
+        f32::from_le_bytes([data[0], data[1], data[2], data[3]])
+    };
+    let mut equal = 0;
+    let mut worst = (0.0f64, String::new());
+    let modules = fixture["tensors"].as_object().expect("tensors");
+    assert_eq!(modules.len(), 210);
+    for (module, want) in modules {
+        for kind in ["weight_packed", "weight_scale"] {
+            assert_eq!(
+                sha256(&tensors[&format!("{module}.{kind}")].data),
+                want[format!("{kind}_sha256")].as_str().expect("digest"),
+                "{module}.{kind}"
+            );
+        }
+        let weight_scale = f32_of(&format!("{module}.weight_global_scale"));
+        assert_eq!(
+            f64::from(weight_scale),
+            want["weight_global_scale"].as_f64().expect("scale")
+        );
+        let ours = f64::from(f32_of(&format!("{module}.input_global_scale")));
+        let theirs = want["input_global_scale"].as_f64().expect("scale");
+        let diff = (ours - theirs).abs() / theirs;
+        equal += usize::from(diff == 0.0);
+        if diff > worst.0 {
+            worst = (diff, format!("{module}: {ours} vs {theirs}"));
+        }
+        assert_eq!(
+            calibration["input_global_scale"][module].as_f64(),
+            Some(ours),
+            "the summary gives the written scale"
+        );
+    }
+    eprintln!(
+        "W4A4: {equal} of 210 input_global_scale equal to llm-compressor's; largest difference {:.2} % ({})",
+        worst.0 * 100.0,
+        worst.1
+    );
+    // The scales are bf16 numbers (0.4-0.8 % apart); sous's bf16 pass and PyTorch's
+    // sum in different orders, and a one-ulp difference in an early layer's bf16
+    // rounding grows through the residual stream (BENCHMARKS.md, issue 18).
+    assert!(equal >= 140, "{equal} equal");
+    assert!(worst.0 < 0.03, "{}", worst.1);
+
+    // config.json: llm-compressor's, without scale_dtype and zp_dtype (as for W4A16).
+    let config: Value = serde_json::from_slice(&std::fs::read(target.join("config.json")).expect("config"))
+        .expect("config JSON");
+    let mut want = fixture["quantization_config"].clone();
+    for args in ["weights", "input_activations"] {
+        for key in ["scale_dtype", "zp_dtype"] {
+            want["config_groups"]["group_0"][args]
+                .as_object_mut()
+                .expect("args")
+                .remove(key);
+        }
+    }
+    assert_eq!(config["quantization_config"], want);
+
+    // A rerun with the same inputs calibrates nothing; the ModelOpt format is refused.
+    let (code, stdout, stderr) = quantize(
+        &[
+            path(&model),
+            "--out",
+            path(&target),
+            "--scheme",
+            "nvfp4",
+            "--samples",
+            "16",
+            "--seq-len",
+            "256",
+            "--json",
+            "--quiet",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(json(&stdout)["up_to_date"], json!(true));
+    let (code, _, stderr) = quantize(
+        &[
+            path(&model),
+            "--out",
+            path(&out.path().join("modelopt")),
+            "--scheme",
+            "nvfp4",
+            "--format",
+            "modelopt",
+        ],
+        &[],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("compressed-tensors format only"), "{stderr}");
+    assert!(!out.path().join("modelopt").exists(), "nothing left behind");
+}

@@ -11,8 +11,9 @@ use super::{OverrideArgs, display, load_recipe};
 use crate::failure::UserError;
 use crate::shell::Shell;
 use sous::hub::cache::RepoCache;
+use sous::quantize::calibrate::BUILTIN;
 use sous::quantize::{
-    DEFAULT_MAX_SHARD_SIZE, DEFAULT_WINDOW, ModelOptExport, Provenance, Request, Summary, run,
+    CalibrationSet, DEFAULT_MAX_SHARD_SIZE, DEFAULT_WINDOW, ModelOptExport, Provenance, Request, Summary, run,
 };
 
 #[derive(Debug, Args)]
@@ -28,10 +29,22 @@ pub struct QuantizeArgs {
     /// `model.repo` at `model.revision` from the Hub cache (`sous pull` it first).
     #[arg(long, short = 'r', value_name = "FILE")]
     recipe: Option<PathBuf>,
-    /// `nvfp4a16`: FP4 weights, 16-bit activations. `nvfp4` (W4A4) needs calibration,
-    /// which arrives with the native engine.
+    /// `nvfp4a16`: FP4 weights, 16-bit activations. `nvfp4`: FP4 weights and
+    /// activations (W4A4), with activation scales calibrated by running the model in the
+    /// native engine over `--calibration` (compressed-tensors format only).
     #[arg(long, value_enum, default_value_t = SchemeArg::Nvfp4a16, conflicts_with = "recipe")]
     scheme: SchemeArg,
+    /// W4A4 calibration text: `builtin` (chapter I of Alice's Adventures in Wonderland,
+    /// public domain) or a UTF-8 text file; paragraphs (split at blank lines) longer than
+    /// 200 characters become samples, each a user message through the chat template.
+    #[arg(long, value_name = "builtin|FILE", default_value = "builtin")]
+    calibration: String,
+    /// W4A4: calibration samples (the first N paragraphs).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    samples: usize,
+    /// W4A4: longest calibration sample, in tokens.
+    #[arg(long, value_name = "TOKENS", default_value_t = 512)]
+    seq_len: usize,
     /// Checkpoint format: compressed-tensors (llm-compressor's) or modelopt (NVIDIA ModelOpt's).
     #[arg(long, value_enum, default_value_t = FormatArg::CompressedTensors, conflicts_with = "recipe")]
     format: FormatArg,
@@ -100,6 +113,7 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         ExportArg::Gpu => ModelOptExport::Gpu,
         ExportArg::Cpu => ModelOptExport::Cpu,
     };
+    let calibration = calibration_set(&args)?;
     let request = match (&args.model, &args.recipe) {
         (Some(model), _) => Request {
             source: model.clone(),
@@ -119,8 +133,9 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             digests: args.digests,
             provenance: None,
             window_bytes,
+            calibration,
         },
-        (None, Some(file)) => from_recipe(file, &args, window_bytes, modelopt_export)?,
+        (None, Some(file)) => from_recipe(file, &args, window_bytes, modelopt_export, calibration)?,
         (None, None) => {
             return Err(
                 UserError::new("nothing to quantize", Some("give MODEL_DIR or `--recipe FILE`")).into(),
@@ -144,6 +159,7 @@ fn from_recipe(
     args: &QuantizeArgs,
     window_bytes: u64,
     modelopt_export: ModelOptExport,
+    calibration: Option<CalibrationSet>,
 ) -> anyhow::Result<Request> {
     let recipe = load_recipe(file, &args.overrides)?.recipe;
     // Where `sous serve` looks for the checkpoint, and the cache it pulls into.
@@ -194,7 +210,38 @@ fn from_recipe(
         digests: args.digests,
         provenance,
         window_bytes,
+        calibration,
     })
+}
+
+/// The calibration set the flags name; read only for W4A4.
+fn calibration_set(args: &QuantizeArgs) -> anyhow::Result<Option<CalibrationSet>> {
+    if !matches!(args.scheme, SchemeArg::Nvfp4) && args.recipe.is_none() {
+        return Ok(None);
+    }
+    if args.samples == 0 || args.seq_len == 0 {
+        return Err(UserError::new(
+            "--samples and --seq-len must be at least 1",
+            Some("the defaults are 16 samples of up to 512 tokens"),
+        )
+        .into());
+    }
+    let text = if args.calibration == "builtin" {
+        BUILTIN.to_owned()
+    } else {
+        std::fs::read_to_string(&args.calibration).map_err(|e| {
+            UserError::new(
+                format!("cannot read the calibration text `{}`: {e}", args.calibration),
+                Some("give a UTF-8 text file, or `--calibration builtin`"),
+            )
+        })?
+    };
+    Ok(Some(CalibrationSet {
+        text,
+        source: args.calibration.clone(),
+        samples: args.samples,
+        seq_len: args.seq_len,
+    }))
 }
 
 /// One status line on stderr.

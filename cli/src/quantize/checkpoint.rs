@@ -64,16 +64,36 @@ pub fn scheme_name(scheme: QuantScheme) -> &'static str {
     }
 }
 
-/// `config.json`'s `quantization_config` for a weight-only NVFP4 checkpoint; `ignore`
-/// lists the Linear modules kept unquantized (compressed-tensors) or every kept
-/// module (ModelOpt), sorted.
-pub fn quantization_config(format: QuantFormat, ignore: &[String]) -> Value {
+/// `config.json`'s `quantization_config` for an NVFP4 checkpoint; `ignore` lists the
+/// Linear modules kept unquantized (compressed-tensors) or every kept module
+/// (ModelOpt), sorted. `w4a4` adds compressed-tensors' `input_activations`: FP4 in
+/// blocks of 16 with scales computed at run time (`dynamic: "local"`) under the
+/// calibrated per-tensor `input_global_scale`, as the `NVFP4` preset scheme of
+/// compressed-tensors 0.19.0 (`quantization/quant_scheme.py`) serializes, minus
+/// `scale_dtype`/`zp_dtype` as for the weights.
+pub fn quantization_config(format: QuantFormat, ignore: &[String], w4a4: bool) -> Value {
+    let input_activations = if w4a4 {
+        json!({
+            "actorder": null,
+            "block_structure": null,
+            "dynamic": "local",
+            "group_size": GROUP_SIZE,
+            "num_bits": 4,
+            "observer": "static_minmax",
+            "observer_kwargs": {},
+            "strategy": "tensor_group",
+            "symmetric": true,
+            "type": "float"
+        })
+    } else {
+        Value::Null
+    };
     match format {
         QuantFormat::CompressedTensors => json!({
             "config_groups": {
                 "group_0": {
                     "format": NVFP4_PACK_QUANTIZED,
-                    "input_activations": null,
+                    "input_activations": input_activations,
                     "output_activations": null,
                     "targets": ["Linear"],
                     "weights": {

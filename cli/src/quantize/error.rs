@@ -10,10 +10,28 @@ use sous_engine::diagnose::{Class, Diagnose, user_unless};
 pub enum QuantizeError {
     /// W4A4 needs activation scales, which need calibration data run through the model.
     #[error(
-        "scheme `nvfp4` (W4A4) needs an `input_global_scale` for every layer, measured by running \
-         calibration data through the model; sous cannot run models yet"
+        "scheme `nvfp4` (W4A4) needs an `input_global_scale` for every quantized layer, measured by \
+         running calibration data through the model, and none was given"
     )]
     NeedsCalibration,
+    /// Calibration could not run.
+    #[error("calibration: {message}")]
+    Calibration {
+        /// What went wrong.
+        message: String,
+    },
+    /// A quantized layer had no calibrated input range.
+    #[error("`{module}` is quantized but calibration measured no input range for it")]
+    Uncalibrated {
+        /// The module.
+        module: String,
+    },
+    /// W4A4 in a format sous does not write yet.
+    #[error("scheme `nvfp4` (W4A4) is written in the compressed-tensors format only, not `{format}`")]
+    W4a4Format {
+        /// The format asked for.
+        format: String,
+    },
     /// The directory holds no safetensors model.
     #[error("{dir}: {reason}")]
     NoModel {
@@ -116,8 +134,19 @@ impl Diagnose for QuantizeError {
     fn hint(&self) -> Option<String> {
         match self {
             QuantizeError::NeedsCalibration => Some(
-                "use `--scheme nvfp4a16` (FP4 weights, 16-bit activations: no calibration); \
-                 W4A4 arrives with the native engine"
+                "give `--calibration builtin` (or a text file), or use `--scheme nvfp4a16` (no calibration)".into(),
+            ),
+            QuantizeError::Calibration { .. } => Some(
+                "W4A4 calibration runs the model in the native engine (Llama-family decoders with a \
+                 tokenizer and chat template); for other models use `--scheme nvfp4a16`"
+                    .into(),
+            ),
+            QuantizeError::Uncalibrated { module } => Some(format!(
+                "the native engine calibrates Llama-family decoder layers only; keep `{module}` unquantized \
+                 with `--ignore`, or use `--scheme nvfp4a16`"
+            )),
+            QuantizeError::W4a4Format { .. } => Some(
+                "use `--format compressed-tensors` (vLLM and SGLang load it), or `--scheme nvfp4a16` for ModelOpt"
                     .into(),
             ),
             QuantizeError::NoModel { .. } => {

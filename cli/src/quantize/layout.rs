@@ -36,6 +36,8 @@ pub enum Content {
     Scales(usize),
     /// The per-tensor scale of source tensor `i`.
     Global(usize),
+    /// The per-tensor activation scale of source tensor `i`'s module (W4A4).
+    InputGlobal(usize),
 }
 
 /// One output tensor.
@@ -82,13 +84,15 @@ pub struct Layout {
 impl Layout {
     /// Plans the output of `source` with `decisions`, in `format`, in shards of at most
     /// `max_shard` bytes of tensor data (a tensor larger than that gets a shard of its
-    /// own), with `metadata` in every header.
+    /// own), with `metadata` in every header; `w4a4` adds each quantized module's
+    /// `input_global_scale` (compressed-tensors).
     pub fn plan(
         tensors: &[SourceTensor],
         decisions: &[Decision],
         format: QuantFormat,
         max_shard: u64,
         metadata: &HashMap<String, String>,
+        w4a4: bool,
     ) -> Result<Layout, QuantizeError> {
         let nvfp4 = Nvfp4Names::of(format);
         // Units that stay together in one shard: a kept tensor, or a quantized
@@ -138,6 +142,17 @@ impl Layout {
                     Content::Global(i),
                 ),
             ]);
+            if w4a4 && let Some(unit) = units.last_mut() {
+                // compressed-tensors: `input_global_scale`, F32 of shape [1], beside
+                // `weight_global_scale`.
+                unit.push(out(
+                    names::tensor(module, "input_global_scale"),
+                    Dtype::F32,
+                    vec![1],
+                    4,
+                    Content::InputGlobal(i),
+                ));
+            }
         }
         let mut groups: Vec<Vec<OutTensor>> = vec![Vec::new()];
         let mut filled = 0u64;

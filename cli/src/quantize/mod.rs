@@ -17,6 +17,7 @@
 //! Not here: the command line (`commands/quantize.rs`) or the numerics
 //! (`sous-kernels`).
 
+pub mod calibrate;
 mod checkpoint;
 mod error;
 mod fused;
@@ -27,7 +28,7 @@ mod select;
 mod source;
 mod write;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -39,6 +40,7 @@ use sous_engine::checkpoint::index::INDEX;
 use sous_engine::recipe::{QuantFormat, QuantScheme};
 use sous_engine::reporter::Reporter;
 
+pub use calibrate::{Calibration, CalibrationSet};
 pub use checkpoint::ModelOptExport;
 pub use error::QuantizeError;
 pub use marker::MARKER;
@@ -61,6 +63,18 @@ pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
 /// Default largest slice of a tensor mapped at once. `SOUS_QUANTIZE_WINDOW` (bytes)
 /// overrides it, for tests and machines with very little memory.
 pub const DEFAULT_WINDOW: u64 = 64 << 20;
+
+/// The calibration a recipe's W4A4 `[quantize]` gets: the builtin text, 16 samples of
+/// up to 512 tokens (`sous quantize`'s defaults, so both paths build the same
+/// checkpoint).
+pub fn default_calibration() -> CalibrationSet {
+    CalibrationSet {
+        text: calibrate::BUILTIN.to_owned(),
+        source: "builtin".into(),
+        samples: 16,
+        seq_len: 512,
+    }
+}
 
 /// A quantization to run.
 #[derive(Debug, Clone)]
@@ -87,6 +101,9 @@ pub struct Request {
     pub provenance: Option<Provenance>,
     /// Largest slice of a tensor mapped at once.
     pub window_bytes: u64,
+    /// W4A4 (`scheme` `nvfp4`): what to calibrate on. Calibration runs only when
+    /// the output is not already this quantization.
+    pub calibration: Option<CalibrationSet>,
 }
 
 /// What a quantization did; the `--json` output, also kept in the completion marker.
@@ -128,6 +145,27 @@ pub struct Summary {
     pub tensors: Vec<TensorReport>,
     /// Tensors written unchanged, with the reason.
     pub kept: Vec<KeptTensor>,
+    /// W4A4: how calibration ran (the per-module ranges are in `tensors`'
+    /// `input_global_scale`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<CalibrationSummary>,
+}
+
+/// How a W4A4 checkpoint was calibrated.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CalibrationSummary {
+    /// `builtin` or the file.
+    pub source: String,
+    /// Samples run.
+    pub samples: usize,
+    /// Tokens run.
+    pub tokens: usize,
+    /// Whether the pass rounded as a bf16 model does.
+    pub bf16: bool,
+    /// Seconds it took.
+    pub seconds: f64,
+    /// Each quantized module's `input_global_scale`.
+    pub input_global_scale: BTreeMap<String, f32>,
 }
 
 /// A tensor written unchanged.
@@ -141,9 +179,17 @@ pub struct KeptTensor {
 
 /// Runs a quantization, or finds it already done, reporting progress to `reporter`.
 pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, QuantizeError> {
-    if request.scheme == QuantScheme::Nvfp4 {
-        return Err(QuantizeError::NeedsCalibration);
+    let w4a4 = request.scheme == QuantScheme::Nvfp4;
+    if w4a4 && request.format != QuantFormat::CompressedTensors {
+        return Err(QuantizeError::W4a4Format {
+            format: checkpoint::format_name(request.format).into(),
+        });
     }
+    let calibration_set = match (w4a4, &request.calibration) {
+        (true, None) => return Err(QuantizeError::NeedsCalibration),
+        (true, Some(c)) => Some(c),
+        (false, _) => None,
+    };
     let started = Instant::now();
     let source = Source::open(&request.source)?;
     let decisions = decide(&source.config, &source.tensors, &request.ignore)?;
@@ -166,6 +212,30 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
     if let Some(summary) = done() {
         return Ok(summary);
     }
+    let calibration = match calibration_set {
+        Some(set) => {
+            let samples = calibrate::samples(&request.source, set)?;
+            // The activations have the weights' dtype; a bf16 model is calibrated
+            // with bf16 rounding, as transformers runs it for llm-compressor.
+            let bf16 = source
+                .tensors
+                .iter()
+                .zip(&decisions)
+                .any(|(t, d)| *d == Decision::Quantize && t.dtype == safetensors::Dtype::BF16);
+            Some(calibrate::calibrate(
+                &request.source,
+                &set.source,
+                &samples,
+                bf16,
+                reporter,
+            )?)
+        }
+        None => None,
+    };
+    let inputs = match &calibration {
+        Some(c) => input_scales(&source.tensors, &decisions, c)?,
+        None => BTreeMap::new(),
+    };
     let provenance = request
         .provenance
         .clone()
@@ -176,6 +246,7 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         request.format,
         request.max_shard_bytes,
         &metadata(request, &provenance),
+        w4a4,
     )?;
     // `check_output` has decided that what is at `out`, if anything, may go.
     let staging = StagingDir::create(&request.out, Existing::Replace)?;
@@ -192,12 +263,13 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         flavor,
         staging.path(),
         options,
+        &inputs,
         &mut progress,
     );
     progress.finish();
     let mut tensors = written?;
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
-    write_configs(&source, &decisions, request.format, &layout, staging.path())?;
+    write_configs(&source, &decisions, request.format, &layout, staging.path(), w4a4)?;
     copy_other_files(&source.dir, staging.path())?;
     let seconds = started.elapsed().as_secs_f64();
     let bytes_in: u64 = source.tensors.iter().map(|t| t.len).sum();
@@ -231,6 +303,17 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
                 Decision::Quantize => None,
             })
             .collect(),
+        calibration: calibration.as_ref().map(|c| CalibrationSummary {
+            source: c.source.clone(),
+            samples: c.samples,
+            tokens: c.tokens,
+            bf16: c.bf16,
+            seconds: c.seconds,
+            input_global_scale: inputs
+                .iter()
+                .map(|(&i, &v)| (names_module(&source.tensors[i].name), v))
+                .collect(),
+        }),
     };
     marker::commit(
         staging,
@@ -240,6 +323,47 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         },
     )?;
     Ok(summary)
+}
+
+/// Each quantized tensor's `input_global_scale`, from its module's calibrated input
+/// range: compressed-tensors' `generate_gparam` (`2688 / amax`) in the activations'
+/// dtype, which is the weights' (the observer's statistics keep it), so a bf16 model
+/// gets a bf16-valued scale, as llm-compressor writes.
+fn input_scales(
+    tensors: &[SourceTensor],
+    decisions: &[Decision],
+    calibration: &Calibration,
+) -> Result<BTreeMap<usize, f32>, QuantizeError> {
+    use sous_kernels::formats::bf16::round_bf16;
+    use sous_kernels::{Dtype, Flavor, TensorScale};
+    let mut out = BTreeMap::new();
+    for (i, (t, d)) in tensors.iter().zip(decisions).enumerate() {
+        if *d != Decision::Quantize {
+            continue;
+        }
+        let module = names_module(&t.name);
+        let amax = *calibration
+            .input_amax
+            .get(&module)
+            .ok_or_else(|| QuantizeError::Uncalibrated {
+                module: module.clone(),
+            })?;
+        let dtype = write::kernel_dtype(t.dtype).unwrap_or(Dtype::F32);
+        let amax = if dtype == Dtype::Bf16 {
+            round_bf16(amax)
+        } else {
+            amax
+        };
+        out.insert(
+            i,
+            TensorScale::from_amax(Flavor::CompressedTensors, dtype, amax).value(),
+        );
+    }
+    Ok(out)
+}
+
+fn names_module(tensor: &str) -> String {
+    sous_engine::checkpoint::names::module_of(tensor).to_owned()
 }
 
 /// The output may be replaced only if it is absent, an empty directory, or (with
@@ -314,7 +438,7 @@ pub fn planned_bytes(
     ignore: &[String],
 ) -> Result<u64, QuantizeError> {
     let decisions = decide(config, tensors, ignore)?;
-    let layout = Layout::plan(tensors, &decisions, format, u64::MAX, &HashMap::new())?;
+    let layout = Layout::plan(tensors, &decisions, format, u64::MAX, &HashMap::new(), false)?;
     Ok(layout.data_bytes())
 }
 
@@ -350,6 +474,9 @@ fn inputs(source: &Source, request: &Request) -> Value {
         "ignore": request.ignore,
         "max_shard_bytes": request.max_shard_bytes,
         "digests": request.digests,
+        "calibration": request.calibration.as_ref().filter(|_| request.scheme == QuantScheme::Nvfp4).map(|c| {
+            json!([c.source, hex::encode(Sha256::digest(c.text.as_bytes())), c.samples, c.seq_len])
+        }),
         "provenance": request.provenance.as_ref().map(|p| (&p.repo, &p.commit)),
         "config_sha256": hex::encode(Sha256::digest(&source.config_bytes)),
         "shards": source.shards.iter().map(|s| json!([s.name, s.size, s.mtime_ns.to_string()])).collect::<Vec<_>>(),
@@ -392,6 +519,7 @@ fn write_configs(
     format: QuantFormat,
     layout: &Layout,
     dir: &Path,
+    w4a4: bool,
 ) -> Result<(), QuantizeError> {
     let kept = |include: &dyn Fn(&select::Kept) -> bool| -> Vec<String> {
         let mut names: BTreeSet<String> = source
@@ -417,7 +545,7 @@ fn write_configs(
     let mut config = source.config.clone();
     config.insert(
         "quantization_config".into(),
-        checkpoint::quantization_config(format, &ignore),
+        checkpoint::quantization_config(format, &ignore, w4a4),
     );
     write_json(&dir.join("config.json"), &Value::Object(config))?;
     if format == QuantFormat::Modelopt {

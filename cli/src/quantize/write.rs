@@ -133,6 +133,7 @@ enum Item<'a> {
 }
 
 /// Creates the shard files in `dir` and fills them.
+#[allow(clippy::too_many_arguments)]
 pub fn write(
     source: &Source,
     layout: &Layout,
@@ -140,6 +141,7 @@ pub fn write(
     flavor: Flavor,
     dir: &Path,
     options: Options,
+    inputs: &BTreeMap<usize, f32>,
     progress: &mut Progress,
 ) -> Result<Vec<TensorReport>, QuantizeError> {
     let mut files = Vec::with_capacity(layout.shards.len());
@@ -168,6 +170,7 @@ pub fn write(
             jobs,
             flavor,
             options,
+            inputs,
         };
         let mut reports = Vec::new();
         let mut outcome = Ok(());
@@ -199,6 +202,8 @@ struct Work<'a> {
     jobs: SyncSender<Write>,
     flavor: Flavor,
     options: Options,
+    /// W4A4: each quantized source tensor's `input_global_scale`.
+    inputs: &'a BTreeMap<usize, f32>,
 }
 
 impl Work<'_> {
@@ -390,6 +395,11 @@ impl Work<'_> {
         let global = scale.value().to_le_bytes();
         self.send(global_shard, global_at, Data::Owned(global.to_vec()))?;
         progress.advance(0, 4);
+        if let Some(value) = self.inputs.get(&index) {
+            let (shard, at) = self.place(Content::InputGlobal(index))?;
+            self.send(shard, at, Data::Owned(value.to_le_bytes().to_vec()))?;
+            progress.advance(0, 4);
+        }
         let share = |n: u64| {
             if blocks.total == 0 {
                 0.0

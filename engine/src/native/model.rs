@@ -132,6 +132,60 @@ impl LayerInputs {
     }
 }
 
+/// Causal attention as transformers' eager implementation computes it for a bf16
+/// model, which is what llm-compressor's calibration runs: `q @ k^T` rounded to bf16,
+/// times the scale, softmax in f32 rounded to bf16, `p @ v` rounded to bf16 (each
+/// product accumulating in f32). Scalar and slow: calibration only.
+fn eager_attention_bf16(
+    q: &[f32],
+    spans: &[Span],
+    heads: usize,
+    shape: KvShape,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: &mut [f32],
+) {
+    use sous_kernels::formats::bf16::round_bf16 as r;
+    let hd = shape.head_dim;
+    let group = heads / shape.kv_heads.max(1);
+    let scale = r(1.0 / (hd as f32).sqrt());
+    let mut scores = Vec::new();
+    for span in spans {
+        for i in 0..span.len {
+            let row = span.row + i;
+            let position = span.start + i;
+            for h in 0..heads {
+                let qh = &q[(row * heads + h) * hd..(row * heads + h + 1) * hd];
+                let kvh = h / group;
+                scores.clear();
+                for j in 0..=position {
+                    let at = shape.slot_offset(span.blocks, j) + kvh * hd;
+                    let dot: f32 = qh.iter().zip(&k_cache[at..at + hd]).map(|(a, b)| a * b).sum();
+                    scores.push(r(r(dot) * scale));
+                }
+                let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                let sum: f32 = scores.iter().map(|&v| (v - max).exp()).sum();
+                let o = &mut out[(row * heads + h) * hd..(row * heads + h + 1) * hd];
+                o.fill(0.0);
+                for (j, &score) in scores.iter().enumerate() {
+                    let p = r((score - max).exp() / sum);
+                    let at = shape.slot_offset(span.blocks, j) + kvh * hd;
+                    for (d, &v) in o.iter_mut().zip(&v_cache[at..at + hd]) {
+                        *d += p * v;
+                    }
+                }
+                k::round_bf16_all(o);
+            }
+        }
+    }
+}
+
+/// What a calibration pass records, and how it rounds.
+struct Observer<'a> {
+    ranges: &'a mut [LayerInputs],
+    bf16: bool,
+}
+
 /// Which rows of logits a sequence wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
@@ -251,7 +305,18 @@ impl Model {
     /// saw. A running maximum over samples, as compressed-tensors' `static_minmax`
     /// observer keeps it for NVFP4 activations (llm-compressor 0.14.0.1,
     /// `observers/min_max.py`), fed one sample per forward as `oneshot` does.
-    pub fn observe_inputs(&self, tokens: &[u32], ranges: &mut [LayerInputs]) -> Result<(), NativeError> {
+    ///
+    /// With `bf16`, the pass rounds to bf16 wherever transformers' bf16 model does
+    /// (every product's output, the norms, rotary, attention's output, the residual
+    /// sums and the gated activation), so that the ranges are those of the model
+    /// llm-compressor calibrates; the products still accumulate in f32, as PyTorch's
+    /// do, in another order.
+    pub fn observe_inputs(
+        &self,
+        tokens: &[u32],
+        ranges: &mut [LayerInputs],
+        bf16: bool,
+    ) -> Result<(), NativeError> {
         if ranges.len() != self.layers.len() {
             return Err(NativeError::Internal(format!(
                 "{} input ranges for {} layers",
@@ -269,15 +334,18 @@ impl Model {
             start: 0,
             logits: Logits::None,
         }];
-        rayon::scope(|_| self.pass(&batch, &mut cache, Some(ranges))).map(|_| ())
+        let observer = Observer { ranges, bf16 };
+        rayon::scope(|_| self.pass(&batch, &mut cache, Some(observer))).map(|_| ())
     }
 
     fn pass(
         &self,
         batch: &[BatchSeq],
         cache: &mut KvCache,
-        mut observe: Option<&mut [LayerInputs]>,
+        mut observe: Option<Observer<'_>>,
     ) -> Result<Vec<f32>, NativeError> {
+        let bf16 = observe.as_ref().is_some_and(|o| o.bf16);
+        let norm = if bf16 { k::rms_norm_bf16 } else { k::rms_norm };
         let c = &self.config;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let tokens: Vec<u32> = batch.iter().flat_map(|s| s.tokens.iter().copied()).collect();
@@ -335,14 +403,20 @@ impl Model {
         let mut gate_up = vec![0.0f32; n * 2 * c.intermediate_size];
         let mut down = vec![0.0f32; n * h];
         for (li, layer) in self.layers.iter().enumerate() {
-            k::rms_norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
-            if let Some(seen) = observe.as_deref_mut() {
-                LayerInputs::raise(&mut seen[li].qkv, &normed);
+            norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
+            if let Some(seen) = observe.as_mut() {
+                LayerInputs::raise(&mut seen.ranges[li].qkv, &normed);
             }
             product(&normed, n, &layer.qkv, &mut qkv);
+            if bf16 {
+                k::round_bf16_all(&mut qkv);
+            }
             if let Some(bias) = &layer.qkv_bias {
                 for row in qkv.chunks_exact_mut(row_len) {
                     k::add_assign(row, bias);
+                    if bf16 {
+                        k::round_bf16_all(row);
+                    }
                 }
             }
             let (k_cache, v_cache) = (&mut cache.k[li], &mut cache.v[li]);
@@ -353,30 +427,56 @@ impl Model {
                     k::rms_norm_heads(qr, qn, c.rms_norm_eps);
                     k::rms_norm_heads(kr, kn, c.rms_norm_eps);
                 }
-                self.rotary.apply(qr, positions[t]);
-                self.rotary.apply(kr, positions[t]);
+                if bf16 {
+                    self.rotary.apply_bf16(qr, positions[t]);
+                    self.rotary.apply_bf16(kr, positions[t]);
+                } else {
+                    self.rotary.apply(qr, positions[t]);
+                    self.rotary.apply(kr, positions[t]);
+                }
                 q[t * q_len..(t + 1) * q_len].copy_from_slice(qr);
                 let at = cache.shape.slot_offset(tables[t], positions[t]);
                 k_cache[at..at + kv_len].copy_from_slice(kr);
                 v_cache[at..at + kv_len].copy_from_slice(vr);
             }
-            k::attention(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
-            if let Some(seen) = observe.as_deref_mut() {
-                LayerInputs::raise(&mut seen[li].o, &attn);
+            if bf16 {
+                eager_attention_bf16(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
+            } else {
+                k::attention(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
+            }
+            if let Some(seen) = observe.as_mut() {
+                LayerInputs::raise(&mut seen.ranges[li].o, &attn);
             }
             product(&attn, n, &layer.o, &mut o);
+            if bf16 {
+                k::round_bf16_all(&mut o);
+            }
             k::add_assign(&mut x, &o);
-            k::rms_norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
-            if let Some(seen) = observe.as_deref_mut() {
-                LayerInputs::raise(&mut seen[li].gate_up, &normed);
+            if bf16 {
+                k::round_bf16_all(&mut x);
+            }
+            norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
+            if let Some(seen) = observe.as_mut() {
+                LayerInputs::raise(&mut seen.ranges[li].gate_up, &normed);
             }
             product(&normed, n, &layer.gate_up, &mut gate_up);
-            k::silu_mul(&gate_up, c.intermediate_size, &mut act);
-            if let Some(seen) = observe.as_deref_mut() {
-                LayerInputs::raise(&mut seen[li].down, &act);
+            if bf16 {
+                k::round_bf16_all(&mut gate_up);
+                k::silu_mul_bf16(&gate_up, c.intermediate_size, &mut act);
+            } else {
+                k::silu_mul(&gate_up, c.intermediate_size, &mut act);
+            }
+            if let Some(seen) = observe.as_mut() {
+                LayerInputs::raise(&mut seen.ranges[li].down, &act);
             }
             product(&act, n, &layer.down, &mut down);
+            if bf16 {
+                k::round_bf16_all(&mut down);
+            }
             k::add_assign(&mut x, &down);
+            if bf16 {
+                k::round_bf16_all(&mut x);
+            }
         }
         // Final norm and lm_head, only for the rows asked for.
         let mut rows = Vec::new();

@@ -1,0 +1,179 @@
+//! Calibration for W4A4 NVFP4: the native engine runs the source model over
+//! calibration samples and records the largest magnitude reaching every quantized
+//! Linear's input, from which the checkpoint's activation scales are computed.
+//!
+//! The rules are llm-compressor 0.14.0.1's with compressed-tensors 0.19.0
+//! (`docs/nvfp4.md`, "W4A4"): one sample per forward, no padding; the input
+//! observer of the NVFP4 scheme is `static_minmax`, a running min/max over every
+//! token of every sample; the scale is `2688 / amax` computed in the activations'
+//! dtype. q/k/v (and gate/up) read one input, so theirs are equal.
+//!
+//! Samples: paragraphs of a text file (split at blank lines, whitespace joined;
+//! paragraphs of 200 characters or fewer are skipped), the first N, each as one user
+//! message through the model's chat template (no generation prompt), tokenized
+//! without added special tokens and cut to `seq_len` tokens: how llm-compressor's
+//! examples prepare chat data. `builtin` is chapter I of Lewis Carroll's *Alice's
+//! Adventures in Wonderland* (1865, public domain; Project Gutenberg eBook #11).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use sous_engine::chat::RenderOptions;
+use sous_engine::native::config::ModelConfig;
+use sous_engine::native::model::{LayerInputs, Model};
+use sous_engine::native::text::TextModel;
+use sous_engine::native::weights::{Checkpoint, Precision};
+use sous_engine::reporter::{Reporter, Task};
+
+use super::error::QuantizeError;
+
+/// The builtin calibration text.
+pub const BUILTIN: &str = include_str!("../../../scripts/bench/data/alice-chapter1.txt");
+
+/// Paragraphs this short are headings or dialogue scraps, not calibration text.
+const MIN_PARAGRAPH_CHARS: usize = 200;
+
+/// What to calibrate on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalibrationSet {
+    /// The text; see the module doc for how it becomes samples.
+    pub text: String,
+    /// Where it came from (`builtin` or a path), for the summary.
+    pub source: String,
+    /// Samples to take.
+    pub samples: usize,
+    /// Longest sample, in tokens.
+    pub seq_len: usize,
+}
+
+/// What calibration measured: the largest input magnitude per quantized module.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Calibration {
+    /// `builtin` or the file's path.
+    pub source: String,
+    /// Samples run.
+    pub samples: usize,
+    /// Tokens run.
+    pub tokens: usize,
+    /// Whether the pass rounded as a bf16 model does.
+    pub bf16: bool,
+    /// Seconds it took.
+    pub seconds: f64,
+    /// Module name (`model.layers.0.self_attn.q_proj`) to the largest magnitude of its
+    /// input, in the activations' dtype.
+    pub input_amax: BTreeMap<String, f32>,
+}
+
+/// The calibration samples of `set` for the model in `dir`, as token ids.
+pub fn samples(dir: &Path, set: &CalibrationSet) -> Result<Vec<Vec<u32>>, QuantizeError> {
+    let config = ModelConfig::read(dir).map_err(engine_error(dir))?;
+    let text = TextModel::load(dir, &config.eos_token_ids).map_err(engine_error(dir))?;
+    let template = text.chat.as_ref().ok_or_else(|| QuantizeError::Calibration {
+        message: format!(
+            "the model in `{}` has no chat template: {}",
+            dir.display(),
+            text.chat_missing.as_deref().unwrap_or("none found")
+        ),
+    })?;
+    let paragraphs: Vec<String> = set
+        .text
+        .split("\n\n")
+        .map(|p| p.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|p| p.chars().count() > MIN_PARAGRAPH_CHARS)
+        .take(set.samples)
+        .collect();
+    if paragraphs.len() < set.samples {
+        return Err(QuantizeError::Calibration {
+            message: format!(
+                "{} has {} paragraphs longer than {MIN_PARAGRAPH_CHARS} characters, fewer than the {} samples asked for",
+                set.source,
+                paragraphs.len(),
+                set.samples
+            ),
+        });
+    }
+    let options = RenderOptions {
+        add_generation_prompt: false,
+        tools: None,
+        documents: None,
+    };
+    paragraphs
+        .iter()
+        .map(|p| {
+            let messages = serde_json::json!([{"role": "user", "content": p}]);
+            let chat = template
+                .render(&messages, &options)
+                .map_err(|e| QuantizeError::Calibration {
+                    message: format!("the chat template failed: {e}"),
+                })?;
+            let mut ids = text
+                .encode(&chat, false)
+                .map_err(|message| QuantizeError::Calibration { message })?;
+            ids.truncate(set.seq_len);
+            Ok(ids)
+        })
+        .collect()
+}
+
+/// Runs the model in `dir` over `samples` and returns the input ranges of every
+/// layer's projections; `bf16` rounds as a bf16 model does (for bf16 weights).
+pub fn calibrate(
+    dir: &Path,
+    source: &str,
+    samples: &[Vec<u32>],
+    bf16: bool,
+    reporter: &dyn Reporter,
+) -> Result<Calibration, QuantizeError> {
+    let started = Instant::now();
+    let config = ModelConfig::read(dir).map_err(engine_error(dir))?;
+    let checkpoint = Checkpoint::open(dir, &config).map_err(engine_error(dir))?;
+    let layers = config.layers;
+    let longest = samples.iter().map(Vec::len).max().unwrap_or(1).max(1);
+    let model = Model::load(config, &checkpoint, Precision::Stored, longest).map_err(engine_error(dir))?;
+    let progress = reporter.progress(Task::count("calibrate", "samples", samples.len() as u64));
+    let mut ranges = vec![LayerInputs::default(); layers];
+    for sample in samples {
+        model
+            .observe_inputs(sample, &mut ranges, bf16)
+            .map_err(engine_error(dir))?;
+        progress.add(1);
+    }
+    progress.finish(Some(&format!(
+        "calibrated on {} samples ({} tokens)",
+        samples.len(),
+        samples.iter().map(Vec::len).sum::<usize>()
+    )));
+    let mut input_amax = BTreeMap::new();
+    for (i, r) in ranges.iter().enumerate() {
+        for (module, amax) in [
+            ("self_attn.q_proj", r.qkv),
+            ("self_attn.k_proj", r.qkv),
+            ("self_attn.v_proj", r.qkv),
+            ("self_attn.o_proj", r.o),
+            ("mlp.gate_proj", r.gate_up),
+            ("mlp.up_proj", r.gate_up),
+            ("mlp.down_proj", r.down),
+        ] {
+            input_amax.insert(format!("model.layers.{i}.{module}"), amax);
+        }
+    }
+    Ok(Calibration {
+        source: source.to_owned(),
+        samples: samples.len(),
+        tokens: samples.iter().map(Vec::len).sum(),
+        bf16,
+        seconds: started.elapsed().as_secs_f64(),
+        input_amax,
+    })
+}
+
+fn engine_error(dir: &Path) -> impl Fn(sous_engine::native::NativeError) -> QuantizeError + '_ {
+    move |e| QuantizeError::Calibration {
+        message: format!(
+            "the native engine cannot run the model in `{}` for calibration: {e}",
+            dir.display()
+        ),
+    }
+}
