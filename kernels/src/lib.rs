@@ -21,6 +21,7 @@
 //! Not here: reading or writing checkpoints, choosing which tensors to quantize, or fused
 //! layers (the caller takes the amax over a fused group and passes one [`TensorScale`]).
 
+pub mod activation;
 pub mod fast;
 pub mod formats;
 pub mod gemm;

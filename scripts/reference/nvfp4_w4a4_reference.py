@@ -36,8 +36,8 @@ from llmcompressor.modifiers.quantization import QuantizationModifier
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def samples(tokenizer, count, seq_len):
-    text = (ROOT / "scripts/bench/data/alice-chapter1.txt").read_text(encoding="utf-8")
+def samples(tokenizer, count, seq_len, path):
+    text = Path(path).read_text(encoding="utf-8")
     paragraphs = [" ".join(p.split()) for p in text.split("\n\n")]
     paragraphs = [p for p in paragraphs if len(p) > 200]
     out = []
@@ -57,10 +57,12 @@ def main():
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--work", default=str(ROOT / "target/nvfp4-w4a4-reference"))
+    parser.add_argument("--text", default=str(ROOT / "scripts/bench/data/alice-chapter1.txt"),
+                        help="calibration text (paragraphs split at blank lines), as `sous quantize --calibration`")
     args = parser.parse_args()
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    ids = samples(tokenizer, args.samples, args.seq_len)
+    ids = samples(tokenizer, args.samples, args.seq_len, args.text)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
     dataset = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]})
     recipe = QuantizationModifier(targets="Linear", scheme="NVFP4", ignore=["lm_head"])

@@ -315,6 +315,66 @@ fn the_nvfp4_recipe_pulls_quantizes_and_answers() {
     );
 }
 
+#[test]
+fn the_w4a4_recipe_calibrates_quantizes_and_answers() {
+    let _cpu = cpu_exclusive();
+    let Some(_) = smollm2() else { return };
+    let mirror = Mirror::start(&root().join("target/models"), &["--quiet"], &[]);
+    let work = tempfile::tempdir().expect("tempdir");
+    let (cache, sous_cache) = (work.path().join("hub"), work.path().join("sous-cache"));
+    let port = free_port().to_string();
+    let envs = [
+        ("HF_ENDPOINT", mirror.url.as_str()),
+        ("HF_HUB_CACHE", cache.to_str().expect("utf-8")),
+        ("SOUS_CACHE_DIR", sous_cache.to_str().expect("utf-8")),
+        ("SOUS_STATE_DIR", work.path().to_str().expect("utf-8")),
+    ];
+    let set_port = format!("server.port={port}");
+    let args = [
+        "serve",
+        "--recipe",
+        "recipes/local/smollm2-135m-w4a4.toml",
+        "--set",
+        set_port.as_str(),
+    ];
+    let mut server = Running::start(&args, &envs);
+    assert!(
+        server.wait_for("ready http://", Duration::from_secs(240)),
+        "{}",
+        server.stderr()
+    );
+    let log = server.stderr();
+    assert!(log.contains("calibrated on 16 samples"), "{log}");
+    assert!(log.contains("Nvfp4W4a4CompressedTensors"), "{log}");
+    let checkpoint = sous_cache.join("quantized/smollm2-135m-w4a4");
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(checkpoint.join("config.json")).expect("config"))
+            .expect("JSON");
+    assert_eq!(
+        config["quantization_config"]["config_groups"]["group_0"]["input_activations"]["dynamic"],
+        "local"
+    );
+    let rt = runtime();
+    let answer = rt.block_on(async {
+        let client = reqwest::Client::new();
+        let body = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0});
+        let (status, text) = post(&client, &format!("http://127.0.0.1:{port}/v1/chat/completions"), &body.to_string(), None).await;
+        assert_eq!(status, 200, "{text}");
+        json_of(&text)["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned()
+    });
+    // FP4 activations cost a 135M model a good deal (perplexity 22.6 with FP4 weights,
+    // 27.5 with FP4 activations too, as transformers gives for llm-compressor's own
+    // W4A4 checkpoint: BENCHMARKS.md): it still answers on topic, not always right.
+    assert!(answer.contains("France"), "the W4A4 model's answer: {answer:?}");
+    server.signal("INT");
+    assert_eq!(
+        server.wait(Duration::from_secs(10)),
+        Some(0),
+        "{}",
+        server.stderr()
+    );
+}
+
 /// A small deterministic generator for the load test (no dependency for one test).
 struct Lcg(u64);
 

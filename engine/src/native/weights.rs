@@ -36,20 +36,41 @@ pub enum Quantization {
     Nvfp4CompressedTensors,
     /// NVFP4 weights with 16-bit activations, ModelOpt layout.
     Nvfp4ModelOpt,
+    /// NVFP4 weights and activations (W4A4), compressed-tensors layout: every
+    /// quantized Linear has an `input_global_scale`, and its input is quantized to
+    /// NVFP4 before the product (`sous_kernels::activation`).
+    Nvfp4W4a4CompressedTensors,
+}
+
+/// Whether compressed-tensors `input_activations` are NVFP4's: FP4 floats in groups of
+/// 16 under a static per-tensor scale, block scales at run time (`dynamic: "local"`).
+fn is_nvfp4_activations(a: &Value) -> bool {
+    a.get("num_bits").and_then(Value::as_u64) == Some(4)
+        && a.get("type").and_then(Value::as_str) == Some("float")
+        && a.get("strategy").and_then(Value::as_str) == Some("tensor_group")
+        && a.get("group_size").and_then(Value::as_u64) == Some(16)
+        && a.get("dynamic").and_then(Value::as_str) == Some("local")
 }
 
 impl Quantization {
+    /// Whether the checkpoint quantizes activations (W4A4).
+    pub fn activations(self) -> bool {
+        self == Quantization::Nvfp4W4a4CompressedTensors
+    }
+
     /// Reads `quantization_config` and refuses what the engine cannot run.
     pub fn of(config: &ModelConfig, dir: &Path) -> Result<Quantization, NativeError> {
         let Some(q) = &config.quantization else {
             return Ok(Quantization::None);
         };
         let method = q.get("quant_method").and_then(Value::as_str).unwrap_or_default();
-        let unsupported = |what: String| NativeError::Unsupported {
+        let unsupported = |what: String| {
+            NativeError::Unsupported {
             what: format!("{what} in {}", dir.join("config.json").display()),
-            hint: "the native engine runs unquantized checkpoints and weight-only NVFP4 (NVFP4A16) \
-                   checkpoints as `sous quantize` writes them; serve others with vLLM"
+            hint: "the native engine runs unquantized checkpoints, NVFP4A16 checkpoints and \
+                   compressed-tensors NVFP4 W4A4 checkpoints as `sous quantize` writes them; serve others with vLLM"
                 .into(),
+        }
         };
         match method {
             names::COMPRESSED_TENSORS => {
@@ -58,14 +79,30 @@ impl Quantization {
                     return Err(unsupported(format!("compressed-tensors format `{format}`")));
                 }
                 let groups = q.get("config_groups").and_then(Value::as_object);
+                let mut w4a4 = None;
                 for (name, group) in groups.into_iter().flatten() {
-                    if group.get("input_activations").is_some_and(|a| !a.is_null()) {
-                        return Err(unsupported(format!(
-                            "quantized activations (`{name}.input_activations`, NVFP4 W4A4)"
-                        )));
+                    let activations = group.get("input_activations").filter(|a| !a.is_null());
+                    let this = match activations {
+                        None => false,
+                        Some(a) if is_nvfp4_activations(a) => true,
+                        Some(a) => {
+                            return Err(unsupported(format!(
+                                "quantized activations other than NVFP4 (`{name}.input_activations`: {a})"
+                            )));
+                        }
+                    };
+                    if w4a4.is_some_and(|w| w != this) {
+                        return Err(unsupported(
+                            "groups with and without quantized activations".into(),
+                        ));
                     }
+                    w4a4 = Some(this);
                 }
-                Ok(Quantization::Nvfp4CompressedTensors)
+                Ok(if w4a4 == Some(true) {
+                    Quantization::Nvfp4W4a4CompressedTensors
+                } else {
+                    Quantization::Nvfp4CompressedTensors
+                })
             }
             names::MODELOPT => {
                 let algo = q.get("quant_algo").and_then(Value::as_str).unwrap_or_default();
@@ -82,7 +119,9 @@ impl Quantization {
     pub fn format(self) -> Option<QuantFormat> {
         match self {
             Quantization::None => None,
-            Quantization::Nvfp4CompressedTensors => Some(QuantFormat::CompressedTensors),
+            Quantization::Nvfp4CompressedTensors | Quantization::Nvfp4W4a4CompressedTensors => {
+                Some(QuantFormat::CompressedTensors)
+            }
             Quantization::Nvfp4ModelOpt => Some(QuantFormat::Modelopt),
         }
     }

@@ -30,6 +30,7 @@ pub fn f16_to_f32(bits: u16) -> f32 {
 /// lowest kept bit and truncate. Overflow rounds to infinity as it should; a NaN stays
 /// a NaN (the bit trick alone could carry a NaN payload into infinity, so it is checked
 /// first, as c10 does).
+#[inline]
 pub fn round_bf16(x: f32) -> f32 {
     if x.is_nan() {
         return f32::NAN;
