@@ -87,7 +87,8 @@ pub fn samples(dir: &Path, set: &CalibrationSet) -> Result<Vec<Vec<u32>>, Quanti
     if paragraphs.len() < set.samples {
         return Err(QuantizeError::Calibration {
             message: format!(
-                "{} has {} paragraphs longer than {MIN_PARAGRAPH_CHARS} characters, fewer than the {} samples asked for",
+                "{} has {} paragraphs longer than {MIN_PARAGRAPH_CHARS} characters, fewer than the {} samples asked for: \
+                 give a longer text or fewer --samples",
                 set.source,
                 paragraphs.len(),
                 set.samples
