@@ -287,6 +287,10 @@ pub async fn fetch(
         chunks.fill(index as usize, have, false);
     }
     progress.store(resumed, Ordering::Relaxed);
+    // If this future is dropped (another file failed and the pull aborts the rest),
+    // the hashing thread must stop waiting for ranges that will never come: the
+    // runtime waits for blocking threads when it shuts down.
+    let _stop_hasher = CancelOnDrop(chunks.clone());
     let hasher = {
         let (chunks, path, lfs, size) = (chunks.clone(), partial.clone(), job.lfs, job.size);
         let verified = counters.verified.clone();
@@ -334,6 +338,15 @@ pub async fn fetch(
         downloaded_at: Some(downloaded_at),
         verified_at: Some(verified_at),
     })
+}
+
+/// Cancels the hashing thread's wait when dropped (after the digest, a no-op).
+struct CancelOnDrop(Arc<Chunks>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
 }
 
 /// Gives the file its final size, with its blocks reserved where the filesystem can

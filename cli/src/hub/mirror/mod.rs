@@ -115,7 +115,7 @@ async fn handle(State(mirror): State<Arc<Mirror>>, method: Method, uri: Uri, hea
 }
 
 async fn route(mirror: &Mirror, method: &Method, uri: &Uri, headers: &HeaderMap) -> Response {
-    mirror.requests.fetch_add(1, Ordering::Relaxed);
+    mirror.requests.fetch_add(1, Ordering::Relaxed); // also numbers signed links
     let segments: Vec<String> = uri
         .path()
         .trim_start_matches('/')
@@ -421,14 +421,17 @@ impl Mirror {
             .map(|(_, p)| format!(":{p}"))
             .unwrap_or_default();
         let expires = unix_now() + self.link_ttl.as_secs();
+        // Every link is new, even two signed in the same second: an expired link must
+        // not come back from the next `resolve`.
+        let id = self.requests.load(Ordering::Relaxed);
         let path = format!("/cdn/{org}/{name}/{sha256}");
-        let signature = self.signature(&path, expires);
-        format!("http://{cdn_host}{port}{path}?expires={expires}&signature={signature}")
+        let signature = self.signature(&path, expires, id);
+        format!("http://{cdn_host}{port}{path}?expires={expires}&id={id}&signature={signature}")
     }
 
-    fn signature(&self, path: &str, expires: u64) -> String {
+    fn signature(&self, path: &str, expires: u64, id: u64) -> String {
         use sha2::Digest;
-        let digest = sha2::Sha256::digest(format!("{}\n{path}\n{expires}", self.secret));
+        let digest = sha2::Sha256::digest(format!("{}\n{path}\n{expires}\n{id}", self.secret));
         hex::encode(&digest[..16])
     }
 }
@@ -457,11 +460,12 @@ async fn cdn(
             .unwrap_or_default()
             .to_owned()
     };
-    let (expires, signature) = (param("expires"), param("signature"));
+    let (expires, id, signature) = (param("expires"), param("id"), param("signature"));
     let path = format!("/cdn/{org}/{name}/{sha256}");
-    let valid = expires
-        .parse::<u64>()
-        .is_ok_and(|e| e >= unix_now() && mirror.signature(&path, e) == signature);
+    let valid = match (expires.parse::<u64>(), id.parse::<u64>()) {
+        (Ok(e), Ok(id)) => e >= unix_now() && mirror.signature(&path, e, id) == signature,
+        _ => false,
+    };
     let denied = || {
         (
             StatusCode::FORBIDDEN,
