@@ -556,15 +556,7 @@ fn calibrated_activation_scales_match_llm_compressor() {
         let mut worst = (0.0f64, String::new());
         let mut exact = 0;
         for (i, r) in ranges.iter().enumerate() {
-            for (module, amax) in [
-                ("self_attn.q_proj", r.qkv),
-                ("self_attn.k_proj", r.qkv),
-                ("self_attn.v_proj", r.qkv),
-                ("self_attn.o_proj", r.o),
-                ("mlp.gate_proj", r.gate_up),
-                ("mlp.up_proj", r.gate_up),
-                ("mlp.down_proj", r.down),
-            ] {
+            for (module, amax) in r.modules() {
                 let name = format!("model.layers.{i}.{module}");
                 let theirs = fixture["tensors"][&name]["input_global_scale"]
                     .as_f64()

@@ -299,22 +299,20 @@ fn smollm2_w4a4_beside_llm_compressor() {
     let out = tempfile::tempdir().expect("tempdir");
     let target = out.path().join("smollm2-nvfp4");
     // The fixture's 16 samples of at most 256 tokens are the builtin text's.
-    let (code, stdout, stderr) = quantize(
-        &[
-            path(&model),
-            "--out",
-            path(&target),
-            "--scheme",
-            "nvfp4",
-            "--samples",
-            "16",
-            "--seq-len",
-            "256",
-            "--json",
-            "--quiet",
-        ],
-        &[],
-    );
+    let args = [
+        path(&model),
+        "--out",
+        path(&target),
+        "--scheme",
+        "nvfp4",
+        "--samples",
+        "16",
+        "--seq-len",
+        "256",
+        "--json",
+        "--quiet",
+    ];
+    let (code, stdout, stderr) = quantize(&args, &[]);
     assert_eq!(code, 0, "{stderr}");
     let summary = json(&stdout);
     let calibration = &summary["calibration"];
@@ -396,22 +394,7 @@ fn smollm2_w4a4_beside_llm_compressor() {
     assert_eq!(config["quantization_config"], want);
 
     // A rerun with the same inputs calibrates nothing; the ModelOpt format is refused.
-    let (code, stdout, stderr) = quantize(
-        &[
-            path(&model),
-            "--out",
-            path(&target),
-            "--scheme",
-            "nvfp4",
-            "--samples",
-            "16",
-            "--seq-len",
-            "256",
-            "--json",
-            "--quiet",
-        ],
-        &[],
-    );
+    let (code, stdout, stderr) = quantize(&args, &[]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(json(&stdout)["up_to_date"], json!(true));
     let (code, _, stderr) = quantize(

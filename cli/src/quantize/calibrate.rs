@@ -151,15 +151,7 @@ pub fn calibrate(
     )));
     let mut input_amax = BTreeMap::new();
     for (i, r) in ranges.iter().enumerate() {
-        for (module, amax) in [
-            ("self_attn.q_proj", r.qkv),
-            ("self_attn.k_proj", r.qkv),
-            ("self_attn.v_proj", r.qkv),
-            ("self_attn.o_proj", r.o),
-            ("mlp.gate_proj", r.gate_up),
-            ("mlp.up_proj", r.gate_up),
-            ("mlp.down_proj", r.down),
-        ] {
+        for (module, amax) in r.modules() {
             input_amax.insert(format!("model.layers.{i}.{module}"), amax);
         }
     }

@@ -136,6 +136,20 @@ pub struct LayerInputs {
 }
 
 impl LayerInputs {
+    /// The layer's quantizable projections (their names under `model.layers.N.`) and
+    /// the input range each saw.
+    pub fn modules(&self) -> [(&'static str, f32); 7] {
+        [
+            ("self_attn.q_proj", self.qkv),
+            ("self_attn.k_proj", self.qkv),
+            ("self_attn.v_proj", self.qkv),
+            ("self_attn.o_proj", self.o),
+            ("mlp.gate_proj", self.gate_up),
+            ("mlp.up_proj", self.gate_up),
+            ("mlp.down_proj", self.down),
+        ]
+    }
+
     fn raise(slot: &mut f32, values: &[f32]) {
         // NaN never wins a `max`: a NaN activation leaves the range as it was.
         *slot = values.iter().fold(*slot, |m, v| m.max(v.abs()));
