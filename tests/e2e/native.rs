@@ -289,14 +289,7 @@ fn the_nvfp4_recipe_pulls_quantizes_and_answers() {
     );
     assert!(log.contains("quantized ") && log.contains("weights to "), "{log}");
     assert!(log.contains("Nvfp4CompressedTensors"), "{log}");
-    let rt = runtime();
-    let answer = rt.block_on(async {
-        let client = reqwest::Client::new();
-        let body = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0});
-        let (status, text) = post(&client, &format!("http://127.0.0.1:{port}/v1/chat/completions"), &body.to_string(), None).await;
-        assert_eq!(status, 200, "{text}");
-        json_of(&text)["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned()
-    });
+    let answer = capital_of_france(&port);
     assert!(answer.contains("Paris"), "the NVFP4 model's answer: {answer:?}");
     first.signal("INT");
     assert_eq!(first.wait(Duration::from_secs(10)), Some(0), "{}", first.stderr());
@@ -313,6 +306,17 @@ fn the_nvfp4_recipe_pulls_quantizes_and_answers() {
         log.contains("is on disk") && log.contains("is up to date"),
         "{log}"
     );
+}
+
+/// The server's greedy answer to "What is the capital of France?".
+fn capital_of_france(port: &str) -> String {
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let body = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0});
+        let (status, text) = post(&client, &format!("http://127.0.0.1:{port}/v1/chat/completions"), &body.to_string(), None).await;
+        assert_eq!(status, 200, "{text}");
+        json_of(&text)["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned()
+    })
 }
 
 #[test]
@@ -354,14 +358,7 @@ fn the_w4a4_recipe_calibrates_quantizes_and_answers() {
         config["quantization_config"]["config_groups"]["group_0"]["input_activations"]["dynamic"],
         "local"
     );
-    let rt = runtime();
-    let answer = rt.block_on(async {
-        let client = reqwest::Client::new();
-        let body = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0});
-        let (status, text) = post(&client, &format!("http://127.0.0.1:{port}/v1/chat/completions"), &body.to_string(), None).await;
-        assert_eq!(status, 200, "{text}");
-        json_of(&text)["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned()
-    });
+    let answer = capital_of_france(&port);
     // FP4 activations cost a 135M model a good deal (perplexity 22.6 with FP4 weights,
     // 27.5 with FP4 activations too, as transformers gives for llm-compressor's own
     // W4A4 checkpoint: BENCHMARKS.md): it still answers on topic, not always right.

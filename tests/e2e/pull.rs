@@ -137,17 +137,7 @@ fn a_killed_pull_resumes_where_it_stopped() {
         .expect("pull starts");
     let blobs = cache.path().join("models--acme--shards/blobs");
     let deadline = Instant::now() + Duration::from_secs(30);
-    let written = || -> u64 {
-        std::fs::read_dir(&blobs)
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".sous.state"))
-                    .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-                    .map(|s| s.lines().count() as u64)
-                    .sum()
-            })
-            .unwrap_or(0)
-    };
+    let written = || logged_megabytes(&blobs);
     while written() < 24 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -185,6 +175,19 @@ fn a_killed_pull_resumes_where_it_stopped() {
         &PathBuf::from(summary["path"].as_str().expect("path")),
         &root.join("acme/shards"),
     );
+}
+
+/// Megabytes a pull in progress has logged in its resume logs (one line per MiB).
+fn logged_megabytes(blobs: &Path) -> u64 {
+    std::fs::read_dir(blobs)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".sous.state"))
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .map(|s| s.lines().count() as u64)
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 #[test]
@@ -637,17 +640,7 @@ fn a_large_pull_survives_kill_9_in_bounded_memory() {
             .expect("pull starts")
     };
     let blobs = cache.join(format!("models--acme--{name}/blobs"));
-    let written = || -> u64 {
-        std::fs::read_dir(&blobs)
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".sous.state"))
-                    .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-                    .map(|s| s.lines().count() as u64 * (1 << 20))
-                    .sum()
-            })
-            .unwrap_or(0)
-    };
+    let written = || logged_megabytes(&blobs) << 20;
     // What the pull takes: the shards, index and config (not the duplicate formats).
     let total: u64 = std::fs::read_dir(root.join(&repo))
         .expect("repo")
