@@ -495,7 +495,13 @@ fn calibration_keeps_the_running_maximum_of_every_projection_input() {
     let observe = |samples: &[&[u32]]| {
         let mut ranges = vec![LayerInputs::default(); layers];
         for sample in samples {
-            model.observe_inputs(sample, &mut ranges, false).expect("observe");
+            // Every layer reports that it is done, once and in order (the progress bar).
+            let done = std::sync::Mutex::new(Vec::new());
+            let record = |li: usize| done.lock().expect("lock").push(li);
+            model
+                .observe_inputs(sample, &mut ranges, false, &record)
+                .expect("observe");
+            assert_eq!(done.into_inner().expect("lock"), (0..layers).collect::<Vec<_>>());
         }
         ranges
     };
@@ -520,7 +526,7 @@ fn calibration_keeps_the_running_maximum_of_every_projection_input() {
     // A wrong layer count is refused, not indexed out of bounds.
     assert!(
         model
-            .observe_inputs(&a, &mut [LayerInputs::default()], false)
+            .observe_inputs(&a, &mut [LayerInputs::default()], false, &|_| {})
             .is_err()
     );
 }
@@ -550,7 +556,7 @@ fn calibrated_activation_scales_match_llm_compressor() {
         let mut ranges = vec![LayerInputs::default(); layers];
         for sample in fixture["calibration_input_ids"].as_array().expect("ids") {
             model
-                .observe_inputs(&ids(sample), &mut ranges, bf16)
+                .observe_inputs(&ids(sample), &mut ranges, bf16, &|_| {})
                 .expect("observe");
         }
         let mut worst = (0.0f64, String::new());

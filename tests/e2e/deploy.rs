@@ -870,6 +870,18 @@ fn bad_deployments_are_refused_with_what_to_do() {
             "k8s",
             &["`model.path` (models/x) is relative"][..],
         ),
+        (
+            write(
+                "calibration.toml",
+                "[model]\nrepo = \"Qwen/Qwen3-0.6B\"\n[quantize]\nscheme = \"nvfp4\"\ncalibration = \"text.txt\"\n[engine]\nkind = \"vllm\"\n[deploy.storage]\nsize = \"10Gi\"\n",
+            ),
+            "k8s",
+            &[
+                "`quantize.calibration` is a file of this machine",
+                "text.txt",
+                "hint: use `calibration = \"builtin\"`",
+            ][..],
+        ),
     ];
     for (recipe, target, phrases) in cases {
         let (code, out, stderr) = deploy(&["render", "--recipe", &recipe, "--target", target], &[]);

@@ -229,6 +229,135 @@ fn recipe_drives_quantize() {
     assert!(stderr.contains("no `[quantize]` section"), "{stderr}");
 }
 
+/// `[quantize]`'s calibration keys: a text file found beside the recipe that names it,
+/// samples and length taken from the recipe, the flags laid over them, and the keys
+/// refused where the scheme has no calibration.
+#[test]
+fn calibration_comes_from_the_recipe_and_the_flags() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let recipes = work.path().join("recipes");
+    std::fs::create_dir(&recipes).expect("dir");
+    // Refusals need no model: they come before anything is read.
+    let refused = |body: &str, needles: &[&str]| {
+        let recipe = recipes.join("refused.toml");
+        std::fs::write(
+            &recipe,
+            format!("[model]\npath = \"/nonexistent\"\n\n[quantize]\n{body}"),
+        )
+        .expect("recipe");
+        let mut cmd = sous();
+        cmd.args(["quantize", "--recipe", path(&recipe), "--quiet"])
+            .env("SOUS_CACHE_DIR", work.path().join("cache"));
+        let (code, _, stderr) = run(&mut cmd);
+        assert_eq!(code, 1, "{body}: {stderr}");
+        for needle in needles {
+            assert!(stderr.contains(needle), "{body}: no `{needle}` in {stderr}");
+        }
+    };
+    refused(
+        "scheme = \"nvfp4a16\"\nsamples = 4\n",
+        &["quantize.samples", "nvfp4a16", "refused.toml"],
+    );
+    refused(
+        "scheme = \"nvfp4\"\nseq_len = 0\n",
+        &["quantize.seq_len", "at least 1"],
+    );
+    let model_dir = work.path().join("model");
+    small_model(&model_dir, 64, 128, 1);
+    let (code, _, stderr) = quantize(
+        &[
+            path(&model_dir),
+            "--out",
+            path(&work.path().join("x")),
+            "--samples",
+            "3",
+            "--quiet",
+        ],
+        &[],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("--samples") && stderr.contains("nvfp4"),
+        "{stderr}"
+    );
+
+    let Some(model) = crate::util::smollm2() else {
+        return;
+    };
+    std::fs::write(
+        recipes.join("calibration.txt"),
+        [
+            "The Rhine rises in the Swiss Alps and flows north through Germany and the Netherlands \
+             to the North Sea; for centuries it carried coal, grain and timber between the cities \
+             along its banks, and it still carries more freight than any other river in Europe.",
+            "Short line.",
+            "A lighthouse keeper on a northern island kept a log of every ship that passed, the \
+             weather at dawn and at dusk, and the oil burned each night; two hundred years of those \
+             logs are now read by people who study storms and the history of trade.",
+        ]
+        .join("\n\n"),
+    )
+    .expect("text");
+    let recipe = recipes.join("w4a4.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "[model]\npath = \"{}\"\n\n[quantize]\nscheme = \"nvfp4\"\ncalibration = \"calibration.txt\"\nsamples = 2\nseq_len = 24\n\n[engine]\nkind = \"native\"\n",
+            model.display()
+        ),
+    )
+    .expect("recipe");
+    let out = work.path().join("w4a4");
+    let calibrate = |extra: &[&str]| {
+        let mut cmd = sous();
+        cmd.args([
+            "quantize",
+            "--recipe",
+            path(&recipe),
+            "--out",
+            path(&out),
+            "--force",
+            "--json",
+            "--quiet",
+        ])
+        .args(extra);
+        let (code, stdout, stderr) = run(&mut cmd);
+        assert_eq!(code, 0, "{extra:?}: {stderr}");
+        json(&stdout)["calibration"].clone()
+    };
+    // From the recipe: the file beside it (the short paragraph skipped), 2 samples cut
+    // to 24 tokens.
+    let calibration = calibrate(&[]);
+    assert_eq!(
+        calibration["source"],
+        json!(recipes.join("calibration.txt").display().to_string())
+    );
+    assert_eq!(calibration["samples"], json!(2));
+    assert_eq!(calibration["tokens"], json!(48));
+    let peak = calibration["peak_rss_bytes"].as_u64().expect("peak memory");
+    assert!(peak > 100 << 20, "SmolLM2 is loaded: {peak}");
+    let from_recipe = calibration["input_global_scale"].clone();
+    // The flags win over the recipe: another text, fewer samples, shorter.
+    let calibration = calibrate(&["--calibration", "builtin", "--samples", "1", "--seq-len", "16"]);
+    assert_eq!(calibration["source"], json!("builtin"));
+    assert_eq!(calibration["samples"], json!(1));
+    assert_eq!(calibration["tokens"], json!(16));
+    assert_ne!(calibration["input_global_scale"], from_recipe);
+    // A missing file is named, and nothing is written.
+    let (code, _, stderr) = run(sous()
+        .args([
+            "quantize",
+            "--recipe",
+            path(&recipe),
+            "--out",
+            path(&work.path().join("none")),
+        ])
+        .args(["--calibration", "missing.txt", "--quiet"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("missing.txt"), "{stderr}");
+    assert!(!work.path().join("none").exists());
+}
+
 #[test]
 fn concurrent_runs_into_one_output_take_turns() {
     // Two pods whose init containers share a volume: one quantizes, the other waits

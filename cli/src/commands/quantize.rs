@@ -4,14 +4,16 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
-use sous_engine::recipe::{ByteSize, DEFAULT_REVISION, QuantFormat, QuantScheme};
+use sous_engine::recipe::{
+    ByteSize, Calibration, CalibrationText, DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SEQ_LEN,
+    DEFAULT_REVISION, QuantFormat, QuantScheme,
+};
 use sous_engine::size::human;
 
 use super::{OverrideArgs, display, load_recipe};
 use crate::failure::UserError;
 use crate::shell::Shell;
 use sous::hub::cache::RepoCache;
-use sous::quantize::calibrate::BUILTIN;
 use sous::quantize::{
     CalibrationSet, DEFAULT_MAX_SHARD_SIZE, DEFAULT_WINDOW, ModelOptExport, Provenance, Request, Summary, run,
 };
@@ -37,14 +39,17 @@ pub struct QuantizeArgs {
     /// W4A4 calibration text: `builtin` (chapter I of Alice's Adventures in Wonderland,
     /// public domain) or a UTF-8 text file; paragraphs (split at blank lines) longer than
     /// 200 characters become samples, each a user message through the chat template.
-    #[arg(long, value_name = "builtin|FILE", default_value = "builtin")]
-    calibration: String,
-    /// W4A4: calibration samples (the first N paragraphs).
-    #[arg(long, value_name = "N", default_value_t = 16)]
-    samples: usize,
-    /// W4A4: longest calibration sample, in tokens.
-    #[arg(long, value_name = "TOKENS", default_value_t = 512)]
-    seq_len: usize,
+    /// Default: the recipe's `quantize.calibration`, else `builtin`.
+    #[arg(long, value_name = "builtin|FILE")]
+    calibration: Option<String>,
+    /// W4A4: calibration samples (the first N paragraphs). Default: the recipe's
+    /// `quantize.samples`, else 16.
+    #[arg(long, value_name = "N")]
+    samples: Option<usize>,
+    /// W4A4: longest calibration sample, in tokens. Default: the recipe's
+    /// `quantize.seq_len`, else 512.
+    #[arg(long, value_name = "TOKENS")]
+    seq_len: Option<usize>,
     /// Checkpoint format: compressed-tensors (llm-compressor's) or modelopt (NVIDIA ModelOpt's).
     #[arg(long, value_enum, default_value_t = FormatArg::CompressedTensors, conflicts_with = "recipe")]
     format: FormatArg,
@@ -113,7 +118,6 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         ExportArg::Gpu => ModelOptExport::Gpu,
         ExportArg::Cpu => ModelOptExport::Cpu,
     };
-    let calibration = calibration_set(&args)?;
     let request = match (&args.model, &args.recipe) {
         (Some(model), _) => Request {
             source: model.clone(),
@@ -133,9 +137,13 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             digests: args.digests,
             provenance: None,
             window_bytes,
-            calibration,
+            calibration: calibration_set(
+                &args,
+                matches!(args.scheme, SchemeArg::Nvfp4).then(default_calibration),
+                "--scheme nvfp4",
+            )?,
         },
-        (None, Some(file)) => from_recipe(file, &args, window_bytes, modelopt_export, calibration)?,
+        (None, Some(file)) => from_recipe(file, &args, window_bytes, modelopt_export)?,
         (None, None) => {
             return Err(
                 UserError::new("nothing to quantize", Some("give MODEL_DIR or `--recipe FILE`")).into(),
@@ -159,7 +167,6 @@ fn from_recipe(
     args: &QuantizeArgs,
     window_bytes: u64,
     modelopt_export: ModelOptExport,
-    calibration: Option<CalibrationSet>,
 ) -> anyhow::Result<Request> {
     let recipe = load_recipe(file, &args.overrides)?.recipe;
     // Where `sous serve` looks for the checkpoint, and the cache it pulls into.
@@ -210,38 +217,58 @@ fn from_recipe(
         digests: args.digests,
         provenance,
         window_bytes,
-        calibration,
+        calibration: calibration_set(
+            args,
+            quantize.calibration,
+            "`quantize.scheme = \"nvfp4\"` in the recipe",
+        )?,
     })
 }
 
-/// The calibration set the flags name; read only for W4A4.
-fn calibration_set(args: &QuantizeArgs) -> anyhow::Result<Option<CalibrationSet>> {
-    if !matches!(args.scheme, SchemeArg::Nvfp4) && args.recipe.is_none() {
+/// The calibration of a W4A4 quantization: `base` (the recipe's, or the defaults for
+/// `--scheme nvfp4`; `None` when the scheme needs none) with the flags laid over it.
+fn calibration_set(
+    args: &QuantizeArgs,
+    base: Option<Calibration>,
+    needs: &str,
+) -> anyhow::Result<Option<CalibrationSet>> {
+    let flags = args.calibration.is_some() || args.samples.is_some() || args.seq_len.is_some();
+    let Some(mut spec) = base else {
+        if flags {
+            return Err(UserError::new(
+                "--calibration, --samples and --seq-len are for W4A4 (scheme nvfp4), which calibrates activation scales",
+                Some(&format!("drop them, or use {needs}")),
+            )
+            .into());
+        }
         return Ok(None);
+    };
+    if let Some(text) = &args.calibration {
+        spec.text = match text.as_str() {
+            "builtin" => CalibrationText::Builtin,
+            file => CalibrationText::File(file.into()),
+        };
     }
-    if args.samples == 0 || args.seq_len == 0 {
+    spec.samples = args.samples.unwrap_or(spec.samples);
+    spec.seq_len = args.seq_len.unwrap_or(spec.seq_len);
+    if spec.samples == 0 || spec.seq_len == 0 {
         return Err(UserError::new(
             "--samples and --seq-len must be at least 1",
-            Some("the defaults are 16 samples of up to 512 tokens"),
+            Some(&format!(
+                "the defaults are {DEFAULT_CALIBRATION_SAMPLES} samples of up to {DEFAULT_CALIBRATION_SEQ_LEN} tokens"
+            )),
         )
         .into());
     }
-    let text = if args.calibration == "builtin" {
-        BUILTIN.to_owned()
-    } else {
-        std::fs::read_to_string(&args.calibration).map_err(|e| {
-            UserError::new(
-                format!("cannot read the calibration text `{}`: {e}", args.calibration),
-                Some("give a UTF-8 text file, or `--calibration builtin`"),
-            )
-        })?
-    };
-    Ok(Some(CalibrationSet {
-        text,
-        source: args.calibration.clone(),
-        samples: args.samples,
-        seq_len: args.seq_len,
-    }))
+    Ok(Some(CalibrationSet::load(&spec)?))
+}
+
+fn default_calibration() -> Calibration {
+    Calibration {
+        text: CalibrationText::Builtin,
+        samples: DEFAULT_CALIBRATION_SAMPLES,
+        seq_len: DEFAULT_CALIBRATION_SEQ_LEN,
+    }
 }
 
 /// One status line on stderr.

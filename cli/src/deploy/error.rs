@@ -31,6 +31,14 @@ pub enum DeployError {
         /// The recipe's path.
         path: String,
     },
+    /// A W4A4 calibration text that is a file of this machine.
+    #[error(
+        "`quantize.calibration` is a file of this machine ({path}), which the container that quantizes does not have"
+    )]
+    CalibrationFile {
+        /// The resolved path.
+        path: String,
+    },
     /// No image for an engine that has no official one sous can name.
     #[error("`engine.image` is not set, and sous names no default image for {engine}")]
     NoImage {
@@ -152,6 +160,9 @@ impl Diagnose for DeployError {
             }
             DeployError::ClaimWithRepo => "remove `deploy.model_claim`, or `model.repo`".into(),
             DeployError::RelativePath { .. } => "write `model.path` as an absolute path, e.g. `/models/NAME`".into(),
+            DeployError::CalibrationFile { .. } => {
+                "use `calibration = \"builtin\"`, or quantize on this machine (`sous quantize --recipe`) and deploy the checkpoint with `model.path`".into()
+            }
             DeployError::NoImage { .. } => {
                 "set `engine.image` to the engine's image and release, e.g. `lmsysorg/sglang:v0.5.23`".into()
             }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use sous_engine::launch::{self, Arg, Launch, RenderContext};
 use sous_engine::paths;
-use sous_engine::recipe::{EngineKind, Recipe, Runtime};
+use sous_engine::recipe::{CalibrationText, EngineKind, Recipe, Runtime};
 use sous_engine::serve::{HEALTH_PATH, health_timeout};
 
 use super::DeployError;
@@ -121,6 +121,17 @@ impl Plan {
                 deployed.server.host
             ));
             deployed.server.host = "0.0.0.0".into();
+        }
+
+        if let Some(CalibrationText::File(path)) = recipe
+            .quantize
+            .as_ref()
+            .and_then(|q| q.calibration.as_ref())
+            .map(|c| &c.text)
+        {
+            return Err(DeployError::CalibrationFile {
+                path: path.display().to_string(),
+            });
         }
 
         let models_dir = Path::new(DATA_DIR).join("models");

@@ -100,8 +100,11 @@ pub async fn build(
                 digests: false,
                 provenance: provenance.clone(),
                 window_bytes: quantize::DEFAULT_WINDOW,
-                calibration: (q.scheme == sous_engine::recipe::QuantScheme::Nvfp4)
-                    .then(quantize::default_calibration),
+                calibration: q
+                    .calibration
+                    .as_ref()
+                    .map(quantize::CalibrationSet::load)
+                    .transpose()?,
             };
             let worker = reporter.clone();
             let summary = tokio::task::spawn_blocking(move || quantize::run(&request, worker.as_ref()))

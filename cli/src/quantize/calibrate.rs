@@ -25,6 +25,7 @@ use sous_engine::native::config::ModelConfig;
 use sous_engine::native::model::{LayerInputs, Model};
 use sous_engine::native::text::TextModel;
 use sous_engine::native::weights::{Checkpoint, Precision};
+use sous_engine::recipe::CalibrationText;
 use sous_engine::reporter::{Reporter, Task};
 
 use super::error::QuantizeError;
@@ -48,6 +49,28 @@ pub struct CalibrationSet {
     pub seq_len: usize,
 }
 
+impl CalibrationSet {
+    /// The set a recipe's `quantize.calibration`, `samples` and `seq_len` (or the flags
+    /// that stand for them) describe; reads the file, if it is one.
+    pub fn load(spec: &sous_engine::recipe::Calibration) -> Result<CalibrationSet, QuantizeError> {
+        let text = match &spec.text {
+            CalibrationText::Builtin => BUILTIN.to_owned(),
+            CalibrationText::File(path) => {
+                std::fs::read_to_string(path).map_err(|e| QuantizeError::CalibrationText {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?
+            }
+        };
+        Ok(CalibrationSet {
+            text,
+            source: spec.text.as_arg(),
+            samples: spec.samples,
+            seq_len: spec.seq_len,
+        })
+    }
+}
+
 /// What calibration measured: the largest input magnitude per quantized module.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Calibration {
@@ -61,6 +84,9 @@ pub struct Calibration {
     pub bf16: bool,
     /// Seconds it took.
     pub seconds: f64,
+    /// The process's peak resident memory once calibration was over (Linux's `VmHWM`;
+    /// `None` where the system does not say).
+    pub peak_rss_bytes: Option<u64>,
     /// Module name (`model.layers.0.self_attn.q_proj`) to the largest magnitude of its
     /// input, in the activations' dtype.
     pub input_amax: BTreeMap<String, f32>,
@@ -136,18 +162,35 @@ pub fn calibrate(
     // product instructions pair their sums differently, which moves more scales by a
     // bf16 step (136 of 210 equal instead of 150 on SmolLM2).
     let model = Model::load(config, &checkpoint, Precision::Stored, longest).map_err(engine_error(dir))?;
-    let progress = reporter.progress(Task::count("calibrate", "samples", samples.len() as u64));
+    // One step per layer of every sample: a large model's sample takes a while.
+    let progress = reporter.progress(Task::count(
+        "calibrate",
+        "layers",
+        (samples.len() * layers) as u64,
+    ));
     let mut ranges = vec![LayerInputs::default(); layers];
-    for sample in samples {
+    for (i, sample) in samples.iter().enumerate() {
+        let layer_done = |li: usize| {
+            progress.add(1);
+            progress.note(&format!(
+                "sample {}/{}, layer {}/{layers}",
+                i + 1,
+                samples.len(),
+                li + 1
+            ));
+        };
         model
-            .observe_inputs(sample, &mut ranges, bf16)
+            .observe_inputs(sample, &mut ranges, bf16, &layer_done)
             .map_err(engine_error(dir))?;
-        progress.add(1);
     }
+    let peak_rss_bytes = peak_rss_bytes();
     progress.finish(Some(&format!(
-        "calibrated on {} samples ({} tokens)",
+        "calibrated on {} samples ({} tokens){}",
         samples.len(),
-        samples.iter().map(Vec::len).sum::<usize>()
+        samples.iter().map(Vec::len).sum::<usize>(),
+        peak_rss_bytes
+            .map(|b| format!(", peak memory {}", sous_engine::size::human(b)))
+            .unwrap_or_default()
     )));
     let mut input_amax = BTreeMap::new();
     for (i, r) in ranges.iter().enumerate() {
@@ -161,6 +204,7 @@ pub fn calibrate(
         tokens: samples.iter().map(Vec::len).sum(),
         bf16,
         seconds: started.elapsed().as_secs_f64(),
+        peak_rss_bytes,
         input_amax,
     })
 }
@@ -172,4 +216,18 @@ fn engine_error(dir: &Path) -> impl Fn(sous_engine::native::NativeError) -> Quan
             dir.display()
         ),
     }
+}
+
+/// Peak resident memory of this process so far, from `/proc/self/status` (Linux).
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib * 1024)
 }

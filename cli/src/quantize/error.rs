@@ -20,6 +20,14 @@ pub enum QuantizeError {
         /// What went wrong.
         message: String,
     },
+    /// The calibration text file cannot be read.
+    #[error("cannot read the calibration text `{}`: {message}", path.display())]
+    CalibrationText {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        message: String,
+    },
     /// A quantized layer had no calibrated input range.
     #[error("`{module}` is quantized but calibration measured no input range for it")]
     Uncalibrated {
@@ -135,6 +143,11 @@ impl Diagnose for QuantizeError {
         match self {
             QuantizeError::NeedsCalibration => Some(
                 "give `--calibration builtin` (or a text file), or use `--scheme nvfp4a16` (no calibration)".into(),
+            ),
+            QuantizeError::CalibrationText { .. } => Some(
+                "give a UTF-8 text file (`--calibration FILE`, or `quantize.calibration` relative to the recipe), \
+                 or `builtin`"
+                    .into(),
             ),
             QuantizeError::Calibration { .. } => Some(
                 "W4A4 calibration runs the model in the native engine (Llama-family decoders with a \

@@ -64,18 +64,6 @@ pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
 /// overrides it, for tests and machines with very little memory.
 pub const DEFAULT_WINDOW: u64 = 64 << 20;
 
-/// The calibration a recipe's W4A4 `[quantize]` gets: the builtin text, 16 samples of
-/// up to 512 tokens (`sous quantize`'s defaults, so both paths build the same
-/// checkpoint).
-pub fn default_calibration() -> CalibrationSet {
-    CalibrationSet {
-        text: calibrate::BUILTIN.to_owned(),
-        source: "builtin".into(),
-        samples: 16,
-        seq_len: 512,
-    }
-}
-
 /// A quantization to run.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -164,6 +152,8 @@ pub struct CalibrationSummary {
     pub bf16: bool,
     /// Seconds it took.
     pub seconds: f64,
+    /// Peak resident memory of the process once calibration was over (Linux).
+    pub peak_rss_bytes: Option<u64>,
     /// Each quantized module's `input_global_scale`.
     pub input_global_scale: BTreeMap<String, f32>,
 }
@@ -309,6 +299,7 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
             tokens: c.tokens,
             bf16: c.bf16,
             seconds: c.seconds,
+            peak_rss_bytes: c.peak_rss_bytes,
             input_global_scale: inputs
                 .iter()
                 .map(|(&i, &v)| (names_module(&source.tensors[i].name), v))

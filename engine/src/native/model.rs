@@ -232,6 +232,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 struct Observer<'a> {
     ranges: &'a mut [LayerInputs],
     bf16: bool,
+    /// Called with each layer's index once the pass is through it.
+    layer_done: &'a (dyn Fn(usize) + Sync),
 }
 
 /// Which rows of logits a sequence wants.
@@ -381,11 +383,14 @@ impl Model {
     /// sums and the gated activation), so that the ranges are those of the model
     /// llm-compressor calibrates; the products still accumulate in f32, as PyTorch's
     /// do, in another order.
+    ///
+    /// `layer_done` is called with each layer's index as the pass leaves it (progress).
     pub fn observe_inputs(
         &self,
         tokens: &[u32],
         ranges: &mut [LayerInputs],
         bf16: bool,
+        layer_done: &(dyn Fn(usize) + Sync),
     ) -> Result<(), NativeError> {
         if ranges.len() != self.layers.len() {
             return Err(NativeError::Internal(format!(
@@ -404,7 +409,11 @@ impl Model {
             start: 0,
             logits: Logits::None,
         }];
-        let observer = Observer { ranges, bf16 };
+        let observer = Observer {
+            ranges,
+            bf16,
+            layer_done,
+        };
         rayon::scope(|_| self.pass(&batch, &mut cache, Some(observer))).map(|_| ())
     }
 
@@ -558,6 +567,9 @@ impl Model {
             k::add_assign(&mut x, &down);
             if bf16 {
                 k::round_bf16_all(&mut x);
+            }
+            if let Some(seen) = observe.as_ref() {
+                (seen.layer_done)(li);
             }
         }
         // Final norm and lm_head, only for the rows asked for.

@@ -114,6 +114,24 @@ pub struct QuantizeSection {
     /// regular expressions prefixed with `re:` (e.g. `re:.*mlp\.gate$`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignore: Vec<String>,
+
+    /// Scheme `nvfp4` only: the text the native engine runs the model over to measure
+    /// activation ranges. `builtin` (chapter I of *Alice's Adventures in Wonderland*,
+    /// public domain) or a UTF-8 text file, relative to the recipe file that names it;
+    /// paragraphs longer than 200 characters become samples, each a user message through
+    /// the model's chat template. Default: `builtin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<String>,
+
+    /// Scheme `nvfp4` only: calibration samples (the first N paragraphs). Default: 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub samples: Option<u32>,
+
+    /// Scheme `nvfp4` only: longest calibration sample, in tokens. Default: 512.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub seq_len: Option<u32>,
 }
 
 /// NVFP4 quantization schemes.

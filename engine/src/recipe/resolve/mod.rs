@@ -26,7 +26,10 @@ use engine::resolve_engine;
 pub use engine::{Engine, RESTART_WINDOW};
 pub use memory::Memory;
 use memory::resolve_memory;
-pub use model::{DEFAULT_REVISION, Model, Quantize};
+pub use model::{
+    Calibration, CalibrationText, DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SEQ_LEN, DEFAULT_REVISION,
+    Model, Quantize,
+};
 use model::{resolve_model, resolve_quantize};
 use server::resolve_server;
 pub use server::{DEFAULT_HOST, DEFAULT_PORT, Server};
@@ -38,7 +41,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::error::{At, RecipeError};
+use super::error::{At, Location, RecipeError};
 use super::file::{
     EngineKind, EngineSection, MemorySection, ModelDtype, ModelSection, QuantizeSection, RecipeFile, Runtime,
     ServerSection, ServingSection,
@@ -114,11 +117,15 @@ pub fn resolve(raw: RecipeFile, provenance: &Provenance) -> Result<(Recipe, Vec<
     }
 
     let model = resolve_model(raw.model, &invalid)?;
+    let calibration_base = match provenance.locate(&["quantize", "calibration"], false) {
+        Some(Location::File { path, .. } | Location::FileOnly(path)) => path.parent().map(Path::to_path_buf),
+        _ => None,
+    };
     let quantize = raw
         .quantize
-        .map(resolve_quantize)
+        .map(|q| resolve_quantize(q, calibration_base.as_deref()))
         .transpose()
-        .map_err(|m| invalid(&["quantize", "scheme"], m, None))?;
+        .map_err(|(key, m)| invalid(&["quantize", key], m, None))?;
     let engine = resolve_engine(raw.engine, &invalid)?;
     let memory = resolve_memory(raw.memory, provenance, &invalid)?;
     let serving = check_serving(raw.serving, provenance, &invalid)?;
@@ -198,6 +205,9 @@ impl Recipe {
                 scheme: Some(q.scheme),
                 format: Some(q.format),
                 ignore: q.ignore.clone(),
+                calibration: q.calibration.as_ref().map(|c| c.text.as_arg()),
+                samples: q.calibration.as_ref().map(|c| c.samples as u32),
+                seq_len: q.calibration.as_ref().map(|c| c.seq_len as u32),
             }),
             engine: EngineSection {
                 kind: Some(self.engine.kind),

@@ -2,7 +2,7 @@
 //! local directory), the name clients use, and the optional build step that quantizes
 //! them first. Whether the engine can load them is the adapters' concern (`launch/`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::recipe::{ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeError};
 use crate::repo::RepoId;
@@ -44,6 +44,43 @@ pub struct Quantize {
     pub format: QuantFormat,
     /// Extra modules kept unquantized.
     pub ignore: Vec<String>,
+    /// What the activation scales are measured on (scheme `nvfp4` only).
+    pub calibration: Option<Calibration>,
+}
+
+/// Default `quantize.samples`.
+pub const DEFAULT_CALIBRATION_SAMPLES: usize = 16;
+/// Default `quantize.seq_len`.
+pub const DEFAULT_CALIBRATION_SEQ_LEN: usize = 512;
+
+/// W4A4 calibration: which text, how many samples, how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Calibration {
+    /// The text.
+    pub text: CalibrationText,
+    /// Samples (paragraphs) to run.
+    pub samples: usize,
+    /// Longest sample, in tokens.
+    pub seq_len: usize,
+}
+
+/// Where calibration text comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CalibrationText {
+    /// The text shipped with sous.
+    Builtin,
+    /// A file (absolute, or relative to where `sous` runs when it came from `--set`).
+    File(PathBuf),
+}
+
+impl CalibrationText {
+    /// As a recipe or a flag writes it.
+    pub fn as_arg(&self) -> String {
+        match self {
+            CalibrationText::Builtin => "builtin".into(),
+            CalibrationText::File(path) => path.display().to_string(),
+        }
+    }
 }
 
 pub(super) fn resolve_model(raw: ModelSection, invalid: &Invalid<'_>) -> Result<Model, RecipeError> {
@@ -105,13 +142,68 @@ pub(super) fn resolve_model(raw: ModelSection, invalid: &Invalid<'_>) -> Result<
     })
 }
 
-pub(super) fn resolve_quantize(raw: QuantizeSection) -> Result<Quantize, String> {
-    let scheme = raw
-        .scheme
-        .ok_or_else(|| "`[quantize]` needs a `scheme`: `nvfp4a16` or `nvfp4`".to_owned())?;
+/// Resolves `[quantize]`; `base` is the directory of the recipe file that names
+/// `quantize.calibration` (relative calibration files are found there). Errors name the
+/// key at fault.
+pub(super) fn resolve_quantize(
+    raw: QuantizeSection,
+    base: Option<&Path>,
+) -> Result<Quantize, (&'static str, String)> {
+    let scheme = raw.scheme.ok_or_else(|| {
+        (
+            "scheme",
+            "`[quantize]` needs a `scheme`: `nvfp4a16` or `nvfp4`".to_owned(),
+        )
+    })?;
+    let calibration = if scheme == QuantScheme::Nvfp4 {
+        let text = match raw.calibration.as_deref().map(str::trim) {
+            None | Some("builtin") => CalibrationText::Builtin,
+            Some("") => {
+                return Err((
+                    "calibration",
+                    "the calibration text is empty: write `builtin` or a file".into(),
+                ));
+            }
+            Some(file) => {
+                let path = Path::new(file);
+                CalibrationText::File(match base {
+                    Some(dir) if path.is_relative() => dir.join(path),
+                    _ => path.to_path_buf(),
+                })
+            }
+        };
+        let count = |key: &'static str, value: Option<u32>, default: usize| match value {
+            None => Ok(default),
+            Some(0) => Err((key, format!("`quantize.{key}` must be at least 1"))),
+            Some(n) => Ok(n as usize),
+        };
+        Some(Calibration {
+            text,
+            samples: count("samples", raw.samples, DEFAULT_CALIBRATION_SAMPLES)?,
+            seq_len: count("seq_len", raw.seq_len, DEFAULT_CALIBRATION_SEQ_LEN)?,
+        })
+    } else {
+        for (key, set) in [
+            ("calibration", raw.calibration.is_some()),
+            ("samples", raw.samples.is_some()),
+            ("seq_len", raw.seq_len.is_some()),
+        ] {
+            if set {
+                return Err((
+                    key,
+                    format!(
+                        "`quantize.{key}` is for scheme `nvfp4` (W4A4), which calibrates activation scales; \
+                         `nvfp4a16` needs no calibration"
+                    ),
+                ));
+            }
+        }
+        None
+    };
     Ok(Quantize {
         scheme,
         format: raw.format.unwrap_or(QuantFormat::CompressedTensors),
         ignore: raw.ignore,
+        calibration,
     })
 }
