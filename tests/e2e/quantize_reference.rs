@@ -375,9 +375,39 @@ fn smollm2_w4a4_beside_llm_compressor() {
     );
     // The scales are bf16 numbers (0.4-0.8 % apart); sous's bf16 pass and PyTorch's
     // sum in different orders, and a one-ulp difference in an early layer's bf16
-    // rounding grows through the residual stream (BENCHMARKS.md, issue 18).
-    assert!(equal >= 140, "{equal} equal");
-    assert!(worst.0 < 0.03, "{}", worst.1);
+    // rounding grows through the residual stream (BENCHMARKS.md, issue 18). The
+    // reference tool moves as much with the CPU's kernels: llm-compressor run again on
+    // the same machine with AVX2 instead of AMX products
+    // (`smollm2-135m-instruct.w4a4.llmcompressor-avx2.json`). sous must be no further
+    // from the fixture than that.
+    let avx2: Value = serde_json::from_slice(
+        &std::fs::read(
+            root().join("tests/fixtures/nvfp4/smollm2-135m-instruct.w4a4.llmcompressor-avx2.json"),
+        )
+        .expect("AVX2 fixture"),
+    )
+    .expect("AVX2 fixture JSON");
+    let (mut self_equal, mut self_worst) = (0, 0.0f64);
+    for (module, want) in fixture["tensors"].as_object().expect("tensors") {
+        let amx = want["input_global_scale"].as_f64().expect("scale");
+        let other = avx2["input_global_scale"][module].as_f64().expect("AVX2 scale");
+        self_equal += usize::from(amx == other);
+        self_worst = self_worst.max((amx - other).abs() / amx);
+    }
+    eprintln!(
+        "llm-compressor AMX vs AVX2: {self_equal} of 210 equal; largest difference {:.2} %",
+        self_worst * 100.0
+    );
+    assert!(
+        equal >= self_equal,
+        "{equal} equal; the reference agrees with itself on {self_equal}"
+    );
+    assert!(
+        worst.0 <= self_worst,
+        "{}; the reference moves by up to {:.2} %",
+        worst.1,
+        self_worst * 100.0
+    );
 
     // config.json: llm-compressor's, without scale_dtype and zp_dtype (as for W4A16).
     let config: Value = serde_json::from_slice(&std::fs::read(target.join("config.json")).expect("config"))
