@@ -37,4 +37,15 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
+# NVRTC from the test environment's nvidia-cuda-nvrtc wheel: the CUDA kernels are
+# compiled (not run: there is no GPU here) by `the_kernels_compile_for_every_architecture`.
+nvrtc=$(ls -d target/py/lib/python3*/site-packages/nvidia/cu13/lib 2>/dev/null | head -n 1 || true)
+if [ -n "$nvrtc" ] && [ -e "$nvrtc/libnvrtc.so.13" ]; then
+  export SOUS_TEST_NVRTC=1 LD_LIBRARY_PATH="$PWD/$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+elif [ "${CI:-}" = true ]; then
+  echo "error: NVRTC is missing from target/py (scripts/python-env.sh installs nvidia-cuda-nvrtc)" >&2
+  exit 1
+else
+  echo "warning: NVRTC not found in target/py: the CUDA kernels are not compiled by this run" >&2
+fi
 cargo test --workspace --locked

@@ -22,6 +22,8 @@
 //! layers (the caller takes the amax over a fused group and passes one [`TensorScale`]).
 
 pub mod activation;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod fast;
 pub mod formats;
 pub mod gemm;

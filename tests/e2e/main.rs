@@ -13,6 +13,7 @@ mod pipeline;
 mod plan;
 mod pull;
 mod quantize;
+mod quantize_gpu;
 mod quantize_large;
 mod quantize_reference;
 mod quantize_util;

@@ -6,6 +6,7 @@ mod completions;
 mod deploy;
 mod hub;
 mod import;
+mod kernels;
 mod plan;
 mod pull;
 mod quantize;
@@ -47,6 +48,9 @@ enum Command {
     Hub(hub::HubCommand),
     /// Quantize a model's weights to NVFP4 (compressed-tensors or ModelOpt checkpoint).
     Quantize(quantize::QuantizeArgs),
+    /// Check and time the NVFP4 kernels on a GPU against the CPU's bytes.
+    #[command(subcommand)]
+    Kernels(kernels::KernelsCommand),
     /// Whether a recipe fits a machine, the KV cache its engine will size, and a decode
     /// ceiling, from the model's config and headers (no GPU, no weights).
     Plan(plan::PlanArgs),
@@ -74,6 +78,7 @@ pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
         Command::Import(cmd) => import::exec(cmd, shell),
         Command::Bench(cmd) => bench::exec(cmd, shell),
         Command::Plan(args) => plan::exec(args, shell),
+        Command::Kernels(cmd) => kernels::exec(cmd, shell),
         Command::Deploy(cmd) => deploy::exec(cmd, shell),
         Command::Completions(args) => completions::exec(args, shell),
     }

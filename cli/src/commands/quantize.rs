@@ -15,7 +15,8 @@ use crate::failure::UserError;
 use crate::shell::Shell;
 use sous::hub::cache::RepoCache;
 use sous::quantize::{
-    CalibrationSet, DEFAULT_MAX_SHARD_SIZE, DEFAULT_WINDOW, ModelOptExport, Provenance, Request, Summary, run,
+    CalibrationSet, DEFAULT_MAX_SHARD_SIZE, DEFAULT_WINDOW, Device, ModelOptExport, Provenance, Request,
+    Summary, run,
 };
 
 #[derive(Debug, Args)]
@@ -50,6 +51,11 @@ pub struct QuantizeArgs {
     /// `quantize.seq_len`, else 512.
     #[arg(long, value_name = "TOKENS")]
     seq_len: Option<usize>,
+    /// Where the kernels run: `cpu`, or `cuda` / `cuda:N` (an NVIDIA GPU through its
+    /// driver and NVRTC; the same bytes). Default: the recipe's `quantize.device`, else
+    /// `cpu`.
+    #[arg(long, value_name = "cpu|cuda[:N]")]
+    device: Option<Device>,
     /// Checkpoint format: compressed-tensors (llm-compressor's) or modelopt (NVIDIA ModelOpt's).
     #[arg(long, value_enum, default_value_t = FormatArg::CompressedTensors, conflicts_with = "recipe")]
     format: FormatArg,
@@ -142,6 +148,7 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
                 matches!(args.scheme, SchemeArg::Nvfp4).then(default_calibration),
                 "--scheme nvfp4",
             )?,
+            device: args.device.unwrap_or_default(),
         },
         (None, Some(file)) => from_recipe(file, &args, window_bytes, modelopt_export)?,
         (None, None) => {
@@ -222,6 +229,7 @@ fn from_recipe(
             quantize.calibration,
             "`quantize.scheme = \"nvfp4\"` in the recipe",
         )?,
+        device: args.device.unwrap_or(quantize.device),
     })
 }
 

@@ -105,6 +105,7 @@ pub async fn build(
                     .as_ref()
                     .map(quantize::CalibrationSet::load)
                     .transpose()?,
+                device: q.device,
             };
             let worker = reporter.clone();
             let summary = tokio::task::spawn_blocking(move || quantize::run(&request, worker.as_ref()))

@@ -28,6 +28,12 @@ pub enum QuantizeError {
         /// Why.
         message: String,
     },
+    /// `--device cuda` and the GPU cannot be used.
+    #[error("cannot quantize on the GPU: {message}")]
+    Gpu {
+        /// What is missing or failed.
+        message: String,
+    },
     /// A quantized layer had no calibrated input range.
     #[error("`{module}` is quantized but calibration measured no input range for it")]
     Uncalibrated {
@@ -143,6 +149,12 @@ impl Diagnose for QuantizeError {
         match self {
             QuantizeError::NeedsCalibration => Some(
                 "give `--calibration builtin` (or a text file), or use `--scheme nvfp4a16` (no calibration)".into(),
+            ),
+            QuantizeError::Gpu { .. } => Some(
+                "`--device cuda` needs an NVIDIA driver (libcuda) and NVRTC (libnvrtc, from the CUDA toolkit or the \
+                 `nvidia-cuda-nvrtc` wheel) on the library path; without them, quantize on the CPU (`--device cpu`, the \
+                 default)"
+                    .into(),
             ),
             QuantizeError::CalibrationText { .. } => Some(
                 "give a UTF-8 text file (`--calibration FILE`, or `quantize.calibration` relative to the recipe), \

@@ -21,6 +21,7 @@ pub mod calibrate;
 mod checkpoint;
 mod error;
 mod fused;
+mod gpu;
 mod layout;
 mod marker;
 mod progress;
@@ -64,6 +65,8 @@ pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
 /// overrides it, for tests and machines with very little memory.
 pub const DEFAULT_WINDOW: u64 = 64 << 20;
 
+pub use sous_engine::recipe::QuantDevice as Device;
+
 /// A quantization to run.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -92,6 +95,8 @@ pub struct Request {
     /// W4A4 (`scheme` `nvfp4`): what to calibrate on. Calibration runs only when
     /// the output is not already this quantization.
     pub calibration: Option<CalibrationSet>,
+    /// Where the kernels run. The bytes are the same on every device.
+    pub device: Device,
 }
 
 /// What a quantization did; the `--json` output, also kept in the completion marker.
@@ -125,8 +130,11 @@ pub struct Summary {
     pub shards: usize,
     /// Weights quantized.
     pub quantized: usize,
-    /// The NVFP4 kernel used (`avx2`, `portable`).
+    /// The NVFP4 kernel used (`avx2`, `portable`, `cuda compute_90`).
     pub kernel: String,
+    /// Where it ran: `cpu`, or `cuda:N (name)`.
+    #[serde(default)]
+    pub device: String,
     /// Threads the kernel ran on.
     pub threads: usize,
     /// Per quantized weight.
@@ -202,6 +210,39 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
     if let Some(summary) = done() {
         return Ok(summary);
     }
+    // The GPU is opened before anything long runs, so a missing driver fails fast.
+    let mut gpu = match request.device {
+        Device::Cpu => None,
+        Device::Cuda(ordinal) => {
+            let largest = groups
+                .iter()
+                .map(|g| g.iter().map(|&i| source.tensors[i].len).sum::<u64>())
+                .max()
+                .unwrap_or(0) as usize;
+            let cache = sous_engine::paths::cache_dir();
+            let pipeline = gpu::Pipeline::open(ordinal as usize, Some(&cache), largest).map_err(|e| {
+                QuantizeError::Gpu {
+                    message: e.to_string(),
+                }
+            })?;
+            let info = pipeline.info();
+            reporter.status(
+                "gpu",
+                &format!(
+                    "{} (cuda:{}, compute capability {}.{}, kernels {})",
+                    info.name,
+                    info.ordinal,
+                    info.compute_capability.0,
+                    info.compute_capability.1,
+                    match info.compile_ms {
+                        Some(ms) => format!("compiled for {} in {ms:.0} ms", info.arch),
+                        None => format!("for {} from the cache", info.arch),
+                    }
+                ),
+            );
+            Some(pipeline)
+        }
+    };
     let calibration = match calibration_set {
         Some(set) => {
             let samples = calibrate::samples(&request.source, set)?;
@@ -254,9 +295,19 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         staging.path(),
         options,
         &inputs,
+        gpu.as_mut(),
         &mut progress,
     );
     progress.finish();
+    if let Some(pipeline) = &gpu
+        && !pipeline.on_cpu.is_empty()
+    {
+        reporter.warn(&format!(
+            "{} fused group(s) too large for the GPU's buffers were quantized on the CPU (the same bytes), the first {}",
+            pipeline.on_cpu.len(),
+            pipeline.on_cpu[0]
+        ));
+    }
     let mut tensors = written?;
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
     write_configs(&source, &decisions, request.format, &layout, staging.path(), w4a4)?;
@@ -278,7 +329,14 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         gb_per_s: bytes_in as f64 / seconds.max(1e-9) / 1e9,
         shards: layout.shards.len(),
         quantized: tensors.len(),
-        kernel: sous_kernels::fast::Kernel::detect().name().into(),
+        kernel: match &gpu {
+            Some(pipeline) => format!("cuda {}", pipeline.info().arch),
+            None => sous_kernels::fast::Kernel::detect().name().into(),
+        },
+        device: match &gpu {
+            Some(pipeline) => format!("cuda:{} ({})", pipeline.info().ordinal, pipeline.info().name),
+            None => "cpu".into(),
+        },
         threads: rayon::current_num_threads(),
         tensors,
         kept: source

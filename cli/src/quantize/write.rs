@@ -91,7 +91,7 @@ pub const QUEUE: usize = 2;
 pub const FLUSH_EVERY: u64 = 64 << 20;
 
 /// Bytes for the writer: computed output, or a mapped window of a kept tensor.
-enum Data {
+pub(super) enum Data {
     Owned(Vec<u8>),
     Mapped(memmap2::Mmap),
 }
@@ -127,7 +127,7 @@ fn writer(files: &[(PathBuf, File)], jobs: Receiver<Write>) -> Result<(), Quanti
 }
 
 /// One unit of work, in source order.
-enum Item<'a> {
+pub(super) enum Item<'a> {
     Copy(usize),
     Group(&'a [usize]),
 }
@@ -142,6 +142,7 @@ pub fn write(
     dir: &Path,
     options: Options,
     inputs: &BTreeMap<usize, f32>,
+    gpu: Option<&mut super::gpu::Pipeline>,
     progress: &mut Progress,
 ) -> Result<Vec<TensorReport>, QuantizeError> {
     let mut files = Vec::with_capacity(layout.shards.len());
@@ -174,14 +175,22 @@ pub fn write(
         };
         let mut reports = Vec::new();
         let mut outcome = Ok(());
-        for (_, item) in items {
-            let done = match item {
-                Item::Copy(i) => work.copy(i, progress),
-                Item::Group(members) => work.group(members, progress).map(|r| reports.extend(r)),
-            };
-            if let Err(e) = done {
-                outcome = Err(e);
-                break;
+        match gpu {
+            Some(pipeline) => match pipeline.run(&work, items, progress) {
+                Ok(r) => reports = r,
+                Err(e) => outcome = Err(e),
+            },
+            None => {
+                for (_, item) in items {
+                    let done = match item {
+                        Item::Copy(i) => work.copy(i, progress),
+                        Item::Group(members) => work.group(members, progress).map(|r| reports.extend(r)),
+                    };
+                    if let Err(e) = done {
+                        outcome = Err(e);
+                        break;
+                    }
+                }
             }
         }
         // Closing the channel ends the writer; its error, if any, explains ours (a
@@ -196,31 +205,31 @@ pub fn write(
 }
 
 /// The computing side: reads windows, runs the kernels, hands bytes to the writer.
-struct Work<'a> {
-    source: &'a Source,
+pub(super) struct Work<'a> {
+    pub(super) source: &'a Source,
     layout: &'a Layout,
     jobs: SyncSender<Write>,
-    flavor: Flavor,
-    options: Options,
+    pub(super) flavor: Flavor,
+    pub(super) options: Options,
     /// W4A4: each quantized source tensor's `input_global_scale`.
     inputs: &'a BTreeMap<usize, f32>,
 }
 
 impl Work<'_> {
-    fn place(&self, content: Content) -> Result<(usize, u64), QuantizeError> {
+    pub(super) fn place(&self, content: Content) -> Result<(usize, u64), QuantizeError> {
         self.layout
             .place(content)
             .ok_or_else(|| QuantizeError::Bug(format!("{content:?} has no place in the output")))
     }
 
     /// Queues a write; fails only if the writer has stopped (on an error it reports).
-    fn send(&self, shard: usize, offset: u64, data: Data) -> Result<(), QuantizeError> {
+    pub(super) fn send(&self, shard: usize, offset: u64, data: Data) -> Result<(), QuantizeError> {
         self.jobs
             .send(Write(shard, offset, data))
             .map_err(|_| QuantizeError::Bug("the writer stopped".into()))
     }
 
-    fn copy(&self, index: usize, progress: &mut Progress) -> Result<(), QuantizeError> {
+    pub(super) fn copy(&self, index: usize, progress: &mut Progress) -> Result<(), QuantizeError> {
         let tensor = &self.source.tensors[index];
         let (shard, offset) = self.place(Content::Copy(index))?;
         progress.tensor(&tensor.name, tensor.len);
@@ -286,7 +295,11 @@ impl Work<'_> {
         Ok(amax)
     }
 
-    fn group(&self, members: &[usize], progress: &mut Progress) -> Result<Vec<TensorReport>, QuantizeError> {
+    pub(super) fn group(
+        &self,
+        members: &[usize],
+        progress: &mut Progress,
+    ) -> Result<Vec<TensorReport>, QuantizeError> {
         // A group that fits in one window is mapped once for both passes.
         let tensors: Vec<&SourceTensor> = members.iter().map(|&i| &self.source.tensors[i]).collect();
         let total: u64 = tensors.iter().map(|t| t.len).sum();
@@ -320,11 +333,7 @@ impl Work<'_> {
         let mut reports = Vec::with_capacity(members.len());
         for (k, &i) in members.iter().enumerate() {
             let mut report = self.quantize(i, amax, whole.as_ref().map(|maps| &maps[k][..]), progress)?;
-            report.fused_with = names
-                .iter()
-                .filter(|n| **n != report.name)
-                .map(|n| (*n).to_owned())
-                .collect();
+            report.fused_with = fused_with(&names, &report.name);
             reports.push(report);
         }
         Ok(reports)
@@ -348,7 +357,6 @@ impl Work<'_> {
         let scale = TensorScale::from_amax(self.flavor, dtype, amax);
         let (packed_shard, packed_at) = self.place(Content::Packed(index))?;
         let (scales_shard, scales_at) = self.place(Content::Scales(index))?;
-        let (global_shard, global_at) = self.place(Content::Global(index))?;
         progress.tensor(&tensor.name, tensor.len);
         let mut blocks = BlockCounts::default();
         let mut errors = ErrorStats::default();
@@ -392,6 +400,24 @@ impl Work<'_> {
             )?;
             progress.advance((rows * cols * tensor.dtype.bitsize() / 8) as u64, out);
         }
+        self.finish_tensor(index, amax, &scale, blocks, errors, hashes, progress)
+    }
+
+    /// Queues what follows a quantized tensor's blocks (its global scale and, for W4A4,
+    /// its input scale) and builds its report.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish_tensor(
+        &self,
+        index: usize,
+        amax: f32,
+        scale: &TensorScale,
+        blocks: BlockCounts,
+        errors: ErrorStats,
+        hashes: Option<[Sha256; 3]>,
+        progress: &mut Progress,
+    ) -> Result<TensorReport, QuantizeError> {
+        let tensor = &self.source.tensors[index];
+        let (global_shard, global_at) = self.place(Content::Global(index))?;
         let global = scale.value().to_le_bytes();
         self.send(global_shard, global_at, Data::Owned(global.to_vec()))?;
         progress.advance(0, 4);
@@ -452,4 +478,13 @@ impl Work<'_> {
             name(Content::Global(index))?,
         ])
     }
+}
+
+/// The other members of a fused group, by name.
+pub(super) fn fused_with(names: &[&str], name: &str) -> Vec<String> {
+    names
+        .iter()
+        .filter(|n| **n != name)
+        .map(|n| (*n).to_owned())
+        .collect()
 }

@@ -132,6 +132,12 @@ pub struct QuantizeSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub seq_len: Option<u32>,
+
+    /// Where the quantization kernels run: `cpu`, or `cuda` / `cuda:N` (an NVIDIA GPU,
+    /// through the driver and NVRTC). The checkpoint's bytes are the same on every
+    /// device. Default: `cpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
 }
 
 /// NVFP4 quantization schemes.

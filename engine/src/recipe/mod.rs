@@ -19,8 +19,8 @@ pub use load::{ENV_PREFIX, Overrides, Provenance};
 pub use resolve::{
     Calibration, CalibrationText, DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SEQ_LEN,
     DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION, DEFAULT_SHM_SIZE, Deploy, Engine,
-    Memory, Model, Quantity, Quantize, RESTART_WINDOW, Recipe, Server, Storage, Warning, default_sous_image,
-    is_dns_label, is_dns_subdomain, is_label_value, is_mtp, is_qualified_name,
+    Memory, Model, QuantDevice, Quantity, Quantize, RESTART_WINDOW, Recipe, Server, Storage, Warning,
+    default_sous_image, is_dns_label, is_dns_subdomain, is_label_value, is_mtp, is_qualified_name,
 };
 
 use std::path::Path;

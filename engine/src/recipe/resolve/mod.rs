@@ -28,7 +28,7 @@ pub use memory::Memory;
 use memory::resolve_memory;
 pub use model::{
     Calibration, CalibrationText, DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SEQ_LEN, DEFAULT_REVISION,
-    Model, Quantize,
+    Model, QuantDevice, Quantize,
 };
 use model::{resolve_model, resolve_quantize};
 use server::resolve_server;
@@ -208,6 +208,7 @@ impl Recipe {
                 calibration: q.calibration.as_ref().map(|c| c.text.as_arg()),
                 samples: q.calibration.as_ref().map(|c| c.samples as u32),
                 seq_len: q.calibration.as_ref().map(|c| c.seq_len as u32),
+                device: (q.device != QuantDevice::Cpu).then(|| q.device.to_string()),
             }),
             engine: EngineSection {
                 kind: Some(self.engine.kind),

@@ -46,6 +46,43 @@ pub struct Quantize {
     pub ignore: Vec<String>,
     /// What the activation scales are measured on (scheme `nvfp4` only).
     pub calibration: Option<Calibration>,
+    /// Where the kernels run.
+    pub device: QuantDevice,
+}
+
+/// Where quantization runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuantDevice {
+    /// The CPU.
+    #[default]
+    Cpu,
+    /// CUDA device N.
+    Cuda(u32),
+}
+
+impl std::fmt::Display for QuantDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuantDevice::Cpu => f.write_str("cpu"),
+            QuantDevice::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for QuantDevice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<QuantDevice, String> {
+        match s.trim() {
+            "cpu" => Ok(QuantDevice::Cpu),
+            "cuda" => Ok(QuantDevice::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(QuantDevice::Cuda)
+                .ok_or_else(|| format!("`{s}` is not a device: write `cpu`, `cuda` or `cuda:N`")),
+        }
+    }
 }
 
 /// Default `quantize.samples`.
@@ -200,10 +237,15 @@ pub(super) fn resolve_quantize(
         }
         None
     };
+    let device = match &raw.device {
+        None => QuantDevice::Cpu,
+        Some(text) => text.parse().map_err(|m| ("device", m))?,
+    };
     Ok(Quantize {
         scheme,
         format: raw.format.unwrap_or(QuantFormat::CompressedTensors),
         ignore: raw.ignore,
         calibration,
+        device,
     })
 }

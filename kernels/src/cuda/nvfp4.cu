@@ -1,0 +1,434 @@
+// NVFP4 quantization on NVIDIA GPUs, compiled at run time by NVRTC (kernels/src/cuda/mod.rs).
+//
+// The arithmetic is the CPU reference's (kernels/src/scale.rs, formats/fp4.rs,
+// formats/fp8.rs), step for step, so that the bytes are the same: IEEE division and
+// multiplication with round-to-nearest written out (__fdiv_rn, __fmul_rn), no fused
+// multiply-add (NVRTC runs with --fmad=false), no flushing of subnormals, clamps that let
+// NaN through as Rust's f32::clamp does, and maxima that let NaN win as torch.amax does.
+//
+// Layout: the input is read in 16-byte loads ("lanes"; a bf16 or f16 lane is half an
+// NVFP4 block, an f32 lane a quarter). The quantize kernels give each thread a whole
+// block (its scale is computed once, not once per lane: on an H200 that overhead was the
+// bottleneck) and write its eight packed bytes in one store; the amax kernel reads one
+// lane per thread. Both walk the tensor with grid-stride loops, and reduce with warp
+// shuffles once at the end.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef unsigned long long u64;
+
+#define DT_BF16 0
+#define DT_F16 1
+#define DT_F32 2
+
+#define FLAVOR_CT 0
+#define FLAVOR_MO 1
+
+#define KIND_NORMAL 0
+#define KIND_ZERO 1
+#define KIND_SATURATED 2
+#define KIND_UNDERFLOW 3
+
+__device__ __forceinline__ float bf16_to_f32(u32 bits) { return __uint_as_float(bits << 16); }
+
+// kernels/src/formats/bf16.rs `f16_to_f32`: exact, bit for bit the same NaNs.
+__device__ __forceinline__ float f16_to_f32(u32 bits) {
+    u32 sign = (bits & 0x8000u) << 16;
+    u32 exponent = (bits >> 10) & 0x1Fu;
+    u32 mantissa = bits & 0x3FFu;
+    u32 magnitude;
+    if (exponent == 0) {
+        magnitude = __float_as_uint(__fmul_rn((float)mantissa, __uint_as_float((127u - 24u) << 23)));
+    } else if (exponent == 0x1F) {
+        magnitude = 0x7F800000u | (mantissa << 13);
+    } else {
+        magnitude = ((exponent + 127u - 15u) << 23) | (mantissa << 13);
+    }
+    return __uint_as_float(sign | magnitude);
+}
+
+// kernels/src/formats/bf16.rs `round_bf16`.
+__device__ __forceinline__ float round_bf16(float x) {
+    if (isnan(x)) return __uint_as_float(0x7FC00000u);
+    u32 bits = __float_as_uint(x);
+    u32 bias = 0x7FFFu + ((bits >> 16) & 1u);
+    return __uint_as_float((bits + bias) & 0xFFFF0000u);
+}
+
+// Rust's f32::clamp: a NaN stays NaN.
+__device__ __forceinline__ float clamp_rs(float x, float lo, float hi) {
+    if (x < lo) x = lo;
+    if (x > hi) x = hi;
+    return x;
+}
+
+// kernels/src/formats/fp8.rs `encode_fast` (E4M3, round half to even, NaN above 464).
+__device__ __forceinline__ u32 e4m3_encode(float v) {
+    u32 bits = __float_as_uint(v);
+    u32 magnitude = bits & 0x7FFFFFFFu;
+    if (magnitude > 0x7F800000u) return 0x7Fu;
+    u32 sign = (bits >> 24) & 0x80u;
+    u32 code;
+    if (magnitude >= 0x43F00000u) {
+        code = 0x7Fu;
+    } else if (magnitude < (121u << 23)) {
+        float sum = __fadd_rn(__uint_as_float(magnitude), __uint_as_float(141u << 23));
+        code = (__float_as_uint(sum) - (141u << 23)) & 0xFFu;
+    } else {
+        u32 odd = (magnitude >> 20) & 1u;
+        u32 rounded = magnitude - (120u << 23) + 0x7FFFFu + odd;
+        code = (rounded >> 20) & 0xFFu;
+    }
+    return code | sign;
+}
+
+// kernels/src/formats/fp8.rs `decode`: every value is exact in f32.
+__device__ __forceinline__ float e4m3_decode(u32 code) {
+    if ((code & 0x7Fu) == 0x7Fu) return __uint_as_float(0x7FC00000u);
+    u32 e = (code >> 3) & 0xFu;
+    float m = (float)(code & 7u);
+    float magnitude;
+    if (e == 0) {
+        magnitude = __fmul_rn(m, __uint_as_float((127u - 9u) << 23));
+    } else {
+        magnitude = __fmul_rn(__fadd_rn(1.0f, __fmul_rn(m, 0.125f)), __uint_as_float((e + 127u - 7u) << 23));
+    }
+    return (code & 0x80u) ? -magnitude : magnitude;
+}
+
+// kernels/src/formats/fp4.rs `encode_bits` (equal to `encode`, compressed-tensors'
+// thresholds, for every f32): rint(2|y|) below 1, one mantissa bit rounded half to even
+// from 1 up, saturating at code 7; sign iff y < 0; NaN gives 0.
+__device__ __forceinline__ u32 e2m1_encode(float y) {
+    // Both cases are computed and one selected: lanes of a warp take different cases, and
+    // a branch would run them one after the other.
+    u32 bits = __float_as_uint(y);
+    u32 a = bits & 0x7FFFFFFFu;
+    u32 below_one = __float_as_uint(__fadd_rn(__fmul_rn(__uint_as_float(a), 2.0f), 8388608.0f)) - 0x4B000000u;
+    u32 odd = (a >> 22) & 1u;
+    u32 from_one = min(((a + 0x1FFFFFu + odd) >> 22) - 252u, 7u);
+    u32 magnitude = a < 0x3F800000u ? below_one : from_one;
+    u32 sign = (bits >> 28) & 8u;
+    u32 code = magnitude | (a != 0u ? sign : 0u);
+    return a > 0x7F800000u ? 0u : code;
+}
+
+// kernels/src/formats/fp4.rs `encode_fp` (equal to `encode` for every f32), for a
+// y that is not NaN: the arithmetic runs on the FMA pipes, leaving the integer units,
+// this kernel's bottleneck, three operations an element. Returns code bits in 0..=15.
+__device__ __forceinline__ u32 e2m1_encode_fp(float y) {
+    const float step_half = 4194304.0f; // 2^22
+    float a = fminf(fabsf(y), 6.0f);
+    float binade = __uint_as_float(__float_as_uint(a) & 0x7F800000u);
+    float magic = fmaxf(__fmul_rn(binade, step_half), step_half);
+    float q = __fsub_rn(__fadd_rn(a, magic), magic);
+    float code = fminf(fminf(__fmul_rn(2.0f, q), __fadd_rn(q, 2.0f)), __fadd_rn(__fmul_rn(q, 0.5f), 4.0f));
+    float sign = y < 0.0f ? 8.0f : 0.0f;
+    return __float_as_uint(__fadd_rn(__fadd_rn(code, sign), 8388608.0f)) & 0xFu;
+}
+
+// The grid 0, 0.5, 1, 1.5, 2, 3, 4, 6 without a table (a table would live in local memory).
+__device__ __forceinline__ float e2m1_decode(u32 code) {
+    u32 m = code & 7u;
+    float magnitude = m < 4u ? __fmul_rn((float)m, 0.5f) : (m == 7u ? 6.0f : (float)(m - 2u));
+    return (code & 8u) ? -magnitude : magnitude;
+}
+
+// x / d rounded to nearest even, as div.rn.f32, with the reciprocal of d computed once
+// for a lane's elements. div.rn.f32 compiles (sm_90, CUDA 13) to exactly this sequence,
+// an approximate reciprocal refined by one Newton step and a quotient corrected by its
+// residual, guarded by FCHK, which sends operands whose exponents could break the
+// sequence to an exact slow path; here the guard is a range test (`in_range`) stricter
+// than FCHK's, and every element outside it takes __fdiv_rn itself.
+struct Reciprocal {
+    float d, r;
+    bool usable; // d is a normal number in [2^-60, 2^60]
+};
+
+__device__ __forceinline__ Reciprocal reciprocal(float d) {
+    Reciprocal out;
+    out.d = d;
+    float r0;
+    asm("rcp.approx.f32 %0, %1;" : "=f"(r0) : "f"(d));
+    out.r = __fmaf_rn(r0, __fmaf_rn(-d, r0, 1.0f), r0);
+    u32 m = __float_as_uint(d) & 0x7FFFFFFFu;
+    out.usable = m >= 0x21800000u && m <= 0x5D800000u; // 2^-60 .. 2^60
+    return out;
+}
+
+// Whether x is zero or a normal number in [2^-60, 2^60], where the quotient by a usable
+// divisor stays far from overflow, underflow and subnormals.
+__device__ __forceinline__ bool in_range(float x) {
+    u32 m = __float_as_uint(x) & 0x7FFFFFFFu;
+    return m == 0u || (m - 0x21800000u) <= (0x5D800000u - 0x21800000u);
+}
+
+__device__ __forceinline__ float divide(float x, const Reciprocal& c) {
+    float q0 = __fmul_rn(x, c.r);
+    float rem = __fmaf_rn(-c.d, q0, x);
+    return __fmaf_rn(c.r, rem, q0);
+}
+
+// The per-tensor scale as the CPU's TensorScale holds it.
+struct Scale {
+    int flavor;     // FLAVOR_CT or FLAVOR_MO
+    int arith_bf16; // compressed-tensors rounds its intermediates to bf16 for bf16 weights
+    float value;    // weight_global_scale (CT) or weight_scale_2 (ModelOpt)
+};
+
+// kernels/src/scale.rs `block_code` and `divisor`.
+__device__ __forceinline__ void block_scale(const Scale s, float bmax, u32* code, u32* kind, float* divisor) {
+    if (s.flavor == FLAVOR_CT) {
+        float per_block = __fdiv_rn(bmax, 6.0f);
+        if (s.arith_bf16) per_block = round_bf16(per_block);
+        float scaled = __fmul_rn(s.value, per_block);
+        u32 c = e4m3_encode(clamp_rs(scaled, -448.0f, 448.0f));
+        if ((c & 0x7Fu) == 0) {
+            *kind = (bmax == 0.0f) ? KIND_ZERO : KIND_UNDERFLOW;
+            c = 0x20u;
+        } else if (scaled > 448.0f) {
+            *kind = KIND_SATURATED;
+        } else {
+            *kind = KIND_NORMAL;
+        }
+        *code = c;
+        *divisor = __fdiv_rn(e4m3_decode(c), s.value);
+    } else {
+        float per_block = (s.value == 0.0f) ? 0.0f : __fdiv_rn(bmax, __fmul_rn(6.0f, s.value));
+        u32 c;
+        if (per_block == 0.0f) {
+            *kind = (bmax == 0.0f) ? KIND_ZERO : KIND_UNDERFLOW;
+            c = e4m3_encode(1.0f);
+        } else {
+            const float smallest = 0.001953125f;
+            c = e4m3_encode(clamp_rs(per_block, smallest, 448.0f));
+            if (per_block < smallest) {
+                *kind = KIND_UNDERFLOW;
+            } else if (per_block > 448.0f) {
+                *kind = KIND_SATURATED;
+            } else {
+                *kind = KIND_NORMAL;
+            }
+        }
+        *code = c;
+        *divisor = __fmul_rn(e4m3_decode(c), s.value);
+    }
+}
+
+// A maximum of magnitudes that lets NaN win: magnitudes compared as integers, where
+// every NaN is above infinity.
+__device__ __forceinline__ u32 magnitude_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+
+template <int DT> struct Lane;
+template <> struct Lane<DT_BF16> {
+    static const int N = 8;
+    static __device__ __forceinline__ void load(const uint4 v, float* out) {
+        u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            out[2 * i] = bf16_to_f32(w[i] & 0xFFFFu);
+            out[2 * i + 1] = bf16_to_f32(w[i] >> 16);
+        }
+    }
+};
+template <> struct Lane<DT_F16> {
+    static const int N = 8;
+    static __device__ __forceinline__ void load(const uint4 v, float* out) {
+        u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            out[2 * i] = f16_to_f32(w[i] & 0xFFFFu);
+            out[2 * i + 1] = f16_to_f32(w[i] >> 16);
+        }
+    }
+};
+template <> struct Lane<DT_F32> {
+    static const int N = 4;
+    static __device__ __forceinline__ void load(const uint4 v, float* out) {
+        out[0] = __uint_as_float(v.x);
+        out[1] = __uint_as_float(v.y);
+        out[2] = __uint_as_float(v.z);
+        out[3] = __uint_as_float(v.w);
+    }
+};
+
+// Sums a double over the block into one atomic add (stats only, once per thread).
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+__device__ __forceinline__ u64 warp_sum_u64(u64 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+__device__ __forceinline__ u64 warp_max_u64(u64 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        u64 other = __shfl_xor_sync(0xFFFFFFFFu, v, o);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+
+// One thread per NVFP4 block of 16 elements: two (f32: four) 16-byte loads, the block's
+// scale computed once, eight bytes of packed codes and one scale byte written.
+//
+// stats: [0] sum of squared errors, [1] sum of squared weights (doubles);
+// counts: [0] largest |error| as the bits of a non-negative double (NaN wins),
+// [1] zero blocks, [2] saturated blocks, [3] underflow blocks.
+template <int DT, bool STATS>
+__device__ __forceinline__ void quantize_body(const uint4* __restrict__ in, u64 lanes, void* __restrict__ packed,
+                                              u8* __restrict__ scales, const Scale s, double* __restrict__ stats,
+                                              u64* __restrict__ counts) {
+    const int N = Lane<DT>::N;
+    const int G = 16 / N; // 16-byte loads per block
+    const u64 blocks = lanes / G;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    double sse = 0.0, ssw = 0.0;
+    u64 max_err = 0, zero = 0, saturated = 0, underflow = 0;
+    for (u64 block = (u64)blockIdx.x * blockDim.x + threadIdx.x; block < blocks; block += stride) {
+        float x[16];
+#pragma unroll
+        for (int g = 0; g < G; g++) Lane<DT>::load(__ldg(in + block * G + g), x + g * N);
+        u32 bits = 0;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            u32 m = magnitude_bits(x[i]);
+            bits = m > bits ? m : bits;
+        }
+        const float bmax = bits > 0x7F800000u ? __uint_as_float(0x7FC00000u) : __uint_as_float(bits);
+        u32 code, kind;
+        float divisor;
+        block_scale(s, bmax, &code, &kind, &divisor);
+        // A block with no NaN or infinity and a finite positive divisor gives no NaN
+        // quotient, so the cheaper encoder applies; within range, so does the cheaper
+        // division. Other blocks take the careful path.
+        const bool clean = bits < 0x7F800000u && divisor > 0.0f && divisor < __uint_as_float(0x7F800000u);
+        const Reciprocal rcp = reciprocal(divisor);
+        bool fast = clean && rcp.usable;
+#pragma unroll
+        for (int i = 0; i < 16; i++) fast = fast && in_range(x[i]);
+        u32 lo = 0, hi = 0;
+        if (fast) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                lo |= e2m1_encode_fp(divide(x[i], rcp)) << (4 * i);
+                hi |= e2m1_encode_fp(divide(x[i + 8], rcp)) << (4 * i);
+            }
+        } else if (clean) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                lo |= e2m1_encode_fp(__fdiv_rn(x[i], divisor)) << (4 * i);
+                hi |= e2m1_encode_fp(__fdiv_rn(x[i + 8], divisor)) << (4 * i);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                lo |= e2m1_encode(__fdiv_rn(x[i], divisor)) << (4 * i);
+                hi |= e2m1_encode(__fdiv_rn(x[i + 8], divisor)) << (4 * i);
+            }
+        }
+        if (STATS) {
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const u32 q = ((i < 8 ? lo : hi) >> (4 * (i & 7))) & 0xFu;
+                double e = (double)__fmul_rn(e2m1_decode(q), divisor) - (double)x[i];
+                sse += e * e;
+                ssw += (double)x[i] * (double)x[i];
+                u64 eb = __double_as_longlong(fabs(e));
+                if (isnan(e)) eb = 0x7FF8000000000000ull;
+                max_err = eb > max_err ? eb : max_err;
+            }
+            zero += kind == KIND_ZERO;
+            saturated += kind == KIND_SATURATED;
+            underflow += kind == KIND_UNDERFLOW;
+        }
+        ((uint2*)packed)[block] = make_uint2(lo, hi);
+        scales[block] = (u8)code;
+    }
+    if (STATS) {
+        sse = warp_sum(sse);
+        ssw = warp_sum(ssw);
+        max_err = warp_max_u64(max_err);
+        zero = warp_sum_u64(zero);
+        saturated = warp_sum_u64(saturated);
+        underflow = warp_sum_u64(underflow);
+        if ((threadIdx.x & 31u) == 0) {
+            atomicAdd(&stats[0], sse);
+            atomicAdd(&stats[1], ssw);
+            atomicMax(&counts[0], max_err);
+            atomicAdd(&counts[1], zero);
+            atomicAdd(&counts[2], saturated);
+            atomicAdd(&counts[3], underflow);
+        }
+    }
+}
+
+#define QUANTIZE(NAME, DT, STATS)                                                                              \
+    extern "C" __global__ void NAME(const uint4* __restrict__ in, u64 lanes, void* __restrict__ packed,        \
+                                    u8* __restrict__ scales, int flavor, int arith_bf16, float value,          \
+                                    double* __restrict__ stats, u64* __restrict__ counts) {                    \
+        Scale s;                                                                                               \
+        s.flavor = flavor;                                                                                     \
+        s.arith_bf16 = arith_bf16;                                                                             \
+        s.value = value;                                                                                       \
+        quantize_body<DT, STATS>(in, lanes, packed, scales, s, stats, counts);                                 \
+    }
+
+QUANTIZE(nvfp4_quantize_bf16, DT_BF16, false)
+QUANTIZE(nvfp4_quantize_f16, DT_F16, false)
+QUANTIZE(nvfp4_quantize_f32, DT_F32, false)
+QUANTIZE(nvfp4_quantize_bf16_stats, DT_BF16, true)
+QUANTIZE(nvfp4_quantize_f16_stats, DT_F16, true)
+QUANTIZE(nvfp4_quantize_f32_stats, DT_F32, true)
+
+// The largest magnitude, as bits (NaN above infinity), into *out with one atomic per warp.
+template <int DT>
+__device__ __forceinline__ void amax_body(const uint4* __restrict__ in, u64 lanes, u32* __restrict__ out) {
+    const int N = Lane<DT>::N;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    u32 bits = 0;
+    for (u64 lane = (u64)blockIdx.x * blockDim.x + threadIdx.x; lane < lanes; lane += stride) {
+        float x[N];
+        Lane<DT>::load(__ldg(in + lane), x);
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            u32 m = magnitude_bits(x[i]);
+            bits = m > bits ? m : bits;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        u32 other = __shfl_xor_sync(0xFFFFFFFFu, bits, o);
+        bits = other > bits ? other : bits;
+    }
+    if ((threadIdx.x & 31u) == 0) atomicMax(out, bits);
+}
+
+extern "C" __global__ void nvfp4_amax_bf16(const uint4* __restrict__ in, u64 lanes, u32* __restrict__ out) {
+    amax_body<DT_BF16>(in, lanes, out);
+}
+extern "C" __global__ void nvfp4_amax_f16(const uint4* __restrict__ in, u64 lanes, u32* __restrict__ out) {
+    amax_body<DT_F16>(in, lanes, out);
+}
+extern "C" __global__ void nvfp4_amax_f32(const uint4* __restrict__ in, u64 lanes, u32* __restrict__ out) {
+    amax_body<DT_F32>(in, lanes, out);
+}
+
+// Dequantization to f32 (kernels/src/reference.rs `dequantize`): one thread per packed
+// byte, `fp4 value * divisor` in one multiply.
+extern "C" __global__ void nvfp4_dequantize(const u8* __restrict__ packed, u64 bytes, const u8* __restrict__ scales,
+                                            int flavor, float value, float* __restrict__ out) {
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < bytes; i += stride) {
+        u32 code = scales[i / 8];
+        float f = e4m3_decode(code);
+        float divisor = flavor == FLAVOR_CT ? __fdiv_rn(f, value) : __fmul_rn(f, value);
+        u32 byte = packed[i];
+        out[2 * i] = __fmul_rn(e2m1_decode(byte & 0xFu), divisor);
+        out[2 * i + 1] = __fmul_rn(e2m1_decode(byte >> 4), divisor);
+    }
+}
