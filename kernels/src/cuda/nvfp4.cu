@@ -117,15 +117,27 @@ __device__ __forceinline__ u32 e2m1_encode(float y) {
 // kernels/src/formats/fp4.rs `encode_fp` (equal to `encode` for every f32), for a
 // y that is not NaN: the arithmetic runs on the FMA pipes, leaving the integer units,
 // this kernel's bottleneck, three operations an element. Returns code bits in 0..=15.
-__device__ __forceinline__ u32 e2m1_encode_fp(float y) {
+__device__ __forceinline__ u32 e2m1_encode_fp_biased(float y) {
     const float step_half = 4194304.0f; // 2^22
     float a = fminf(fabsf(y), 6.0f);
     float binade = __uint_as_float(__float_as_uint(a) & 0x7F800000u);
     float magic = fmaxf(__fmul_rn(binade, step_half), step_half);
     float q = __fsub_rn(__fadd_rn(a, magic), magic);
-    float code = fminf(fminf(__fmul_rn(2.0f, q), __fadd_rn(q, 2.0f)), __fadd_rn(__fmul_rn(q, 0.5f), 4.0f));
-    float sign = y < 0.0f ? 8.0f : 0.0f;
-    return __float_as_uint(__fadd_rn(__fadd_rn(code, sign), 8388608.0f)) & 0xFu;
+    float code = fminf(fminf(__fadd_rn(q, q), __fadd_rn(q, 2.0f)), __fmaf_rn(q, 0.5f, 4.0f));
+    float base = y < 0.0f ? 8388616.0f : 8388608.0f; // 2^23, + 8 for the sign
+    return __float_as_uint(__fadd_rn(code, base)); // 0x4B000000 + the code
+}
+
+__device__ __forceinline__ u32 e2m1_encode_fp(float y) { return e2m1_encode_fp_biased(y) & 0xFu; }
+
+// The sum over i < 8 of 0x4B000000 << 4i, modulo 2^32: what packing eight biased codes
+// with multiply-adds (`code_i * 16^i + acc`, one instruction each) adds to the packed
+// word, subtracted once at the end.
+__device__ __forceinline__ u32 packing_bias() {
+    u32 bias = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) bias += 0x4B000000u << (4 * i);
+    return bias;
 }
 
 // The grid 0, 0.5, 1, 1.5, 2, 3, 4, 6 without a table (a table would live in local memory).
@@ -139,8 +151,9 @@ __device__ __forceinline__ float e2m1_decode(u32 code) {
 // for a lane's elements. div.rn.f32 compiles (sm_90, CUDA 13) to exactly this sequence,
 // an approximate reciprocal refined by one Newton step and a quotient corrected by its
 // residual, guarded by FCHK, which sends operands whose exponents could break the
-// sequence to an exact slow path; here the guard is a range test (`in_range`) stricter
-// than FCHK's, and every element outside it takes __fdiv_rn itself.
+// sequence to an exact slow path; here the guard is a range test stricter than FCHK's
+// (the divisor and every element of the block zero or within [2^-60, 2^60]), and a block
+// outside it takes __fdiv_rn itself.
 struct Reciprocal {
     float d, r;
     bool usable; // d is a normal number in [2^-60, 2^60]
@@ -157,13 +170,6 @@ __device__ __forceinline__ Reciprocal reciprocal(float d) {
     return out;
 }
 
-// Whether x is zero or a normal number in [2^-60, 2^60], where the quotient by a usable
-// divisor stays far from overflow, underflow and subnormals.
-__device__ __forceinline__ bool in_range(float x) {
-    u32 m = __float_as_uint(x) & 0x7FFFFFFFu;
-    return m == 0u || (m - 0x21800000u) <= (0x5D800000u - 0x21800000u);
-}
-
 __device__ __forceinline__ float divide(float x, const Reciprocal& c) {
     float q0 = __fmul_rn(x, c.r);
     float rem = __fmaf_rn(-c.d, q0, x);
@@ -177,10 +183,16 @@ struct Scale {
     float value;    // weight_global_scale (CT) or weight_scale_2 (ModelOpt)
 };
 
-// kernels/src/scale.rs `block_code` and `divisor`.
-__device__ __forceinline__ void block_scale(const Scale s, float bmax, u32* code, u32* kind, float* divisor) {
+// kernels/src/scale.rs `divisor`: what a block with scale byte `code` divides by.
+__device__ __forceinline__ float divisor_of(const Scale s, u32 code) {
+    return s.flavor == FLAVOR_CT ? __fdiv_rn(e4m3_decode(code), s.value) : __fmul_rn(e4m3_decode(code), s.value);
+}
+
+// kernels/src/scale.rs `block_code`: a block's scale byte and what happened to it.
+// `per_block` is bmax / 6 (compressed-tensors) or bmax / (6 * value) (ModelOpt), divided
+// by the caller.
+__device__ __forceinline__ void block_code(const Scale s, float bmax, float per_block, u32* code, u32* kind) {
     if (s.flavor == FLAVOR_CT) {
-        float per_block = __fdiv_rn(bmax, 6.0f);
         if (s.arith_bf16) per_block = round_bf16(per_block);
         float scaled = __fmul_rn(s.value, per_block);
         u32 c = e4m3_encode(clamp_rs(scaled, -448.0f, 448.0f));
@@ -193,9 +205,8 @@ __device__ __forceinline__ void block_scale(const Scale s, float bmax, u32* code
             *kind = KIND_NORMAL;
         }
         *code = c;
-        *divisor = __fdiv_rn(e4m3_decode(c), s.value);
     } else {
-        float per_block = (s.value == 0.0f) ? 0.0f : __fdiv_rn(bmax, __fmul_rn(6.0f, s.value));
+        if (s.value == 0.0f) per_block = 0.0f;
         u32 c;
         if (per_block == 0.0f) {
             *kind = (bmax == 0.0f) ? KIND_ZERO : KIND_UNDERFLOW;
@@ -212,8 +223,12 @@ __device__ __forceinline__ void block_scale(const Scale s, float bmax, u32* code
             }
         }
         *code = c;
-        *divisor = __fmul_rn(e4m3_decode(c), s.value);
     }
+}
+
+// The denominator of `per_block`: 6, or 6 * value for ModelOpt.
+__device__ __forceinline__ float per_block_denominator(const Scale s) {
+    return s.flavor == FLAVOR_CT ? 6.0f : __fmul_rn(6.0f, s.value);
 }
 
 // A maximum of magnitudes that lets NaN win: magnitudes compared as integers, where
@@ -273,8 +288,10 @@ __device__ __forceinline__ u64 warp_max_u64(u64 v) {
     return v;
 }
 
-// One thread per NVFP4 block of 16 elements: two (f32: four) 16-byte loads, the block's
-// scale computed once, eight bytes of packed codes and one scale byte written.
+// One thread per NVFP4 block of 16 elements: two (f32: four) 16-byte loads, eight bytes
+// of packed codes and one scale byte written. The 256 possible divisors (and their
+// reciprocals) are computed once per CUDA block into shared memory, as the CPU's fast
+// path tabulates them.
 //
 // stats: [0] sum of squared errors, [1] sum of squared weights (doubles);
 // counts: [0] largest |error| as the bits of a non-negative double (NaN wins),
@@ -283,52 +300,72 @@ template <int DT, bool STATS>
 __device__ __forceinline__ void quantize_body(const uint4* __restrict__ in, u64 lanes, void* __restrict__ packed,
                                               u8* __restrict__ scales, const Scale s, double* __restrict__ stats,
                                               u64* __restrict__ counts) {
+    __shared__ float table_divisor[256];
+    __shared__ float table_rcp[256]; // 0 where the divisor is outside the fast division's range
+    for (u32 c = threadIdx.x; c < 256u; c += blockDim.x) {
+        const float d = divisor_of(s, c);
+        const Reciprocal r = reciprocal(d);
+        table_divisor[c] = d;
+        table_rcp[c] = (r.usable && d > 0.0f) ? r.r : 0.0f;
+    }
+    __syncthreads();
     const int N = Lane<DT>::N;
     const int G = 16 / N; // 16-byte loads per block
     const u64 blocks = lanes / G;
     const u64 stride = (u64)gridDim.x * blockDim.x;
+    const Reciprocal per_block_rcp = reciprocal(per_block_denominator(s));
+    const u32 bias = packing_bias();
     double sse = 0.0, ssw = 0.0;
     u64 max_err = 0, zero = 0, saturated = 0, underflow = 0;
     for (u64 block = (u64)blockIdx.x * blockDim.x + threadIdx.x; block < blocks; block += stride) {
         float x[16];
 #pragma unroll
         for (int g = 0; g < G; g++) Lane<DT>::load(__ldg(in + block * G + g), x + g * N);
-        u32 bits = 0;
+        // The largest magnitude (NaN above infinity) and the smallest non-zero one.
+        u32 bits = 0, smallest = 0xFFFFFFFFu;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
-            u32 m = magnitude_bits(x[i]);
+            const u32 m = magnitude_bits(x[i]);
             bits = m > bits ? m : bits;
+            const u32 m1 = m - 1u; // a zero becomes the largest value and drops out
+            smallest = m1 < smallest ? m1 : smallest;
         }
         const float bmax = bits > 0x7F800000u ? __uint_as_float(0x7FC00000u) : __uint_as_float(bits);
+        // Every element zero or within [2^-60, 2^60] (so no NaN or infinity either).
+        const bool in_range_block = bits <= 0x5D800000u && (smallest == 0xFFFFFFFFu || smallest >= 0x21800000u - 1u);
+        const float per_block = (in_range_block && per_block_rcp.usable && bits != 0u)
+                                    ? divide(bmax, per_block_rcp)
+                                    : __fdiv_rn(bmax, per_block_denominator(s));
         u32 code, kind;
-        float divisor;
-        block_scale(s, bmax, &code, &kind, &divisor);
-        // A block with no NaN or infinity and a finite positive divisor gives no NaN
-        // quotient, so the cheaper encoder applies; within range, so does the cheaper
-        // division. Other blocks take the careful path.
-        const bool clean = bits < 0x7F800000u && divisor > 0.0f && divisor < __uint_as_float(0x7F800000u);
-        const Reciprocal rcp = reciprocal(divisor);
-        bool fast = clean && rcp.usable;
-#pragma unroll
-        for (int i = 0; i < 16; i++) fast = fast && in_range(x[i]);
-        u32 lo = 0, hi = 0;
-        if (fast) {
+        block_code(s, bmax, per_block, &code, &kind);
+        const float divisor = table_divisor[code];
+        const float r = table_rcp[code];
+        u32 lo, hi;
+        if (in_range_block && r != 0.0f) {
+            // The fast division and the floating-point FP4 rounding; the biased codes are
+            // packed with one multiply-add each.
+            const Reciprocal rcp = {divisor, r, true};
+            lo = 0;
+            hi = 0;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                lo |= e2m1_encode_fp(divide(x[i], rcp)) << (4 * i);
-                hi |= e2m1_encode_fp(divide(x[i + 8], rcp)) << (4 * i);
+                lo = e2m1_encode_fp_biased(divide(x[i], rcp)) * (1u << (4 * i)) + lo;
+                hi = e2m1_encode_fp_biased(divide(x[i + 8], rcp)) * (1u << (4 * i)) + hi;
             }
-        } else if (clean) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                lo |= e2m1_encode_fp(__fdiv_rn(x[i], divisor)) << (4 * i);
-                hi |= e2m1_encode_fp(__fdiv_rn(x[i + 8], divisor)) << (4 * i);
-            }
+            lo -= bias;
+            hi -= bias;
         } else {
+            // A block with no NaN or infinity and a finite positive divisor gives no NaN
+            // quotient, so the floating-point rounding still applies; others take the
+            // integer one, which sends NaN to code 0.
+            const bool clean = bits < 0x7F800000u && divisor > 0.0f && divisor < __uint_as_float(0x7F800000u);
+            lo = 0;
+            hi = 0;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                lo |= e2m1_encode(__fdiv_rn(x[i], divisor)) << (4 * i);
-                hi |= e2m1_encode(__fdiv_rn(x[i + 8], divisor)) << (4 * i);
+                const float a = __fdiv_rn(x[i], divisor), b = __fdiv_rn(x[i + 8], divisor);
+                lo |= (clean ? e2m1_encode_fp(a) : e2m1_encode(a)) << (4 * i);
+                hi |= (clean ? e2m1_encode_fp(b) : e2m1_encode(b)) << (4 * i);
             }
         }
         if (STATS) {

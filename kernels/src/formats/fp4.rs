@@ -69,9 +69,11 @@ pub fn encode_fp(y: f32) -> u8 {
     let binade = f32::from_bits(a.to_bits() & 0x7F80_0000);
     let magic = (binade * STEP_HALF).max(STEP_HALF);
     let q = (a + magic) - magic;
-    let code = (2.0 * q).min(q + 2.0).min(q * 0.5 + 4.0);
-    let sign = if y < 0.0 { 8.0 } else { 0.0 };
-    ((code + sign + 8_388_608.0).to_bits() & 0xF) as u8
+    // Every step below is exact (small integers and halves), so the fused multiply-add
+    // rounds nothing.
+    let code = (q + q).min(q + 2.0).min(q.mul_add(0.5, 4.0));
+    let base = if y < 0.0 { 8_388_616.0 } else { 8_388_608.0 }; // 2^23, + 8 for the sign
+    ((code + base).to_bits() & 0xF) as u8
 }
 
 /// The value of a code (code 8 is -0.0).
