@@ -326,50 +326,67 @@ fn the_w4a4_recipe_calibrates_quantizes_and_answers() {
     let mirror = Mirror::start(&root().join("target/models"), &["--quiet"], &[]);
     let work = tempfile::tempdir().expect("tempdir");
     let (cache, sous_cache) = (work.path().join("hub"), work.path().join("sous-cache"));
-    let port = free_port().to_string();
     let envs = [
         ("HF_ENDPOINT", mirror.url.as_str()),
         ("HF_HUB_CACHE", cache.to_str().expect("utf-8")),
         ("SOUS_CACHE_DIR", sous_cache.to_str().expect("utf-8")),
         ("SOUS_STATE_DIR", work.path().to_str().expect("utf-8")),
     ];
-    let set_port = format!("server.port={port}");
-    let args = [
-        "serve",
-        "--recipe",
-        "recipes/local/smollm2-135m-w4a4.toml",
-        "--set",
-        set_port.as_str(),
-    ];
-    let mut server = Running::start(&args, &envs);
-    assert!(
-        server.wait_for("ready http://", Duration::from_secs(240)),
-        "{}",
-        server.stderr()
-    );
-    let log = server.stderr();
-    assert!(log.contains("calibrated on 16 samples"), "{log}");
-    assert!(log.contains("Nvfp4W4a4CompressedTensors"), "{log}");
-    let checkpoint = sous_cache.join("quantized/smollm2-135m-w4a4");
-    let config: Value =
-        serde_json::from_slice(&std::fs::read(checkpoint.join("config.json")).expect("config"))
-            .expect("JSON");
-    assert_eq!(
-        config["quantization_config"]["config_groups"]["group_0"]["input_activations"]["dynamic"],
-        "local"
-    );
-    let answer = capital_of_france(&port);
-    // FP4 activations cost a 135M model a good deal (perplexity 22.6 with FP4 weights,
-    // 27.5 with FP4 activations too, as transformers gives for llm-compressor's own
-    // W4A4 checkpoint: BENCHMARKS.md): it still answers on topic, not always right.
-    assert!(answer.contains("France"), "the W4A4 model's answer: {answer:?}");
-    server.signal("INT");
-    assert_eq!(
-        server.wait(Duration::from_secs(10)),
-        Some(0),
-        "{}",
-        server.stderr()
-    );
+    // The recipe's compressed-tensors checkpoint, then the same model in ModelOpt's
+    // format (`input_scale`, quant_algo `NVFP4`), each served by the native engine.
+    for format in ["compressed-tensors", "modelopt"] {
+        let port = free_port().to_string();
+        let set_port = format!("server.port={port}");
+        let set_format = format!("quantize.format={format}");
+        let args = [
+            "serve",
+            "--recipe",
+            "recipes/local/smollm2-135m-w4a4.toml",
+            "--set",
+            set_port.as_str(),
+            "--set",
+            set_format.as_str(),
+        ];
+        let mut server = Running::start(&args, &envs);
+        assert!(
+            server.wait_for("ready http://", Duration::from_secs(240)),
+            "{format}: {}",
+            server.stderr()
+        );
+        let log = server.stderr();
+        assert!(log.contains("calibrated on 16 samples"), "{log}");
+        let checkpoint = sous_cache.join("quantized/smollm2-135m-w4a4");
+        let config: Value =
+            serde_json::from_slice(&std::fs::read(checkpoint.join("config.json")).expect("config"))
+                .expect("JSON");
+        let q = &config["quantization_config"];
+        if format == "modelopt" {
+            assert!(log.contains("Nvfp4W4a4ModelOpt"), "{log}");
+            assert_eq!(q["quant_algo"], "NVFP4");
+        } else {
+            assert!(log.contains("Nvfp4W4a4CompressedTensors"), "{log}");
+            assert_eq!(
+                q["config_groups"]["group_0"]["input_activations"]["dynamic"],
+                "local"
+            );
+        }
+        let answer = capital_of_france(&port);
+        // FP4 activations cost a 135M model a good deal (perplexity 22.6 with FP4
+        // weights, 27.5 with FP4 activations too, as transformers gives for
+        // llm-compressor's own W4A4 checkpoint: BENCHMARKS.md): it still answers on
+        // topic, not always right.
+        assert!(
+            answer.contains("France"),
+            "{format}: the W4A4 model's answer: {answer:?}"
+        );
+        server.signal("INT");
+        assert_eq!(
+            server.wait(Duration::from_secs(10)),
+            Some(0),
+            "{}",
+            server.stderr()
+        );
+    }
 }
 
 /// A small deterministic generator for the load test (no dependency for one test).

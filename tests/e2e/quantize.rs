@@ -215,12 +215,15 @@ fn recipe_drives_quantize() {
         "--quiet",
         "--set",
         "quantize.scheme=nvfp4",
+        "--force",
     ])
     .env("SOUS_CACHE_DIR", &cache);
     let (code, _, stderr) = run(&mut cmd);
     assert_eq!(code, 1, "{stderr}");
-    // W4A4 is written in the compressed-tensors format only (this recipe is ModelOpt).
-    assert!(stderr.contains("compressed-tensors format only"), "{stderr}");
+    // W4A4 calibrates by running the model, which this generated one (no tokenizer)
+    // cannot do; the earlier output, which --force would replace, is left as it was.
+    assert!(stderr.contains("calibration"), "{stderr}");
+    assert!(out.join("hf_quant_config.json").is_file());
     // A recipe without [quantize] says so.
     let mut cmd = sous();
     cmd.args(["quantize", "--recipe", "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml"]);

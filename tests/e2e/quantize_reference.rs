@@ -423,23 +423,69 @@ fn smollm2_w4a4_beside_llm_compressor() {
     }
     assert_eq!(config["quantization_config"], want);
 
-    // A rerun with the same inputs calibrates nothing; the ModelOpt format is refused.
+    // A rerun with the same inputs calibrates nothing.
     let (code, stdout, stderr) = quantize(&args, &[]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(json(&stdout)["up_to_date"], json!(true));
-    let (code, _, stderr) = quantize(
-        &[
+
+    // The ModelOpt format: the weights of its weight-only export (checked against
+    // ModelOpt's own bytes in `smollm2_modelopt_checkpoint`) and an `input_scale` per
+    // Linear, `amax / 2688` (ModelOpt 0.47 `get_activation_scaling_factor`), the inverse
+    // of compressed-tensors' `input_global_scale` up to its bf16 rounding.
+    let modelopt = |scheme: &str, dir: &Path| {
+        let mut args = vec![
             path(&model),
             "--out",
-            path(&out.path().join("modelopt")),
+            path(dir),
             "--scheme",
-            "nvfp4",
+            scheme,
             "--format",
             "modelopt",
-        ],
-        &[],
+            "--quiet",
+        ];
+        if scheme == "nvfp4" {
+            args.extend(["--samples", "16", "--seq-len", "256"]);
+        }
+        let (code, _, stderr) = quantize(&args, &[]);
+        assert_eq!(code, 0, "{scheme}: {stderr}");
+        read_tensors(dir).0
+    };
+    let a16 = modelopt("nvfp4a16", &out.path().join("modelopt-a16"));
+    let w4a4_dir = out.path().join("modelopt-w4a4");
+    let w4a4 = modelopt("nvfp4", &w4a4_dir);
+    for (name, t) in &a16 {
+        let got = w4a4.get(name).unwrap_or_else(|| panic!("{name} missing"));
+        assert!(
+            got.data == t.data && got.shape == t.shape,
+            "{name}: the weights are the weight-only export's"
+        );
+    }
+    let extra: Vec<&String> = w4a4.keys().filter(|n| !a16.contains_key(*n)).collect();
+    assert_eq!(extra.len(), 210, "{extra:?}");
+    for name in extra {
+        let module = name
+            .strip_suffix(".input_scale")
+            .expect("only input scales are added");
+        let t = &w4a4[name];
+        assert_eq!((t.dtype.as_str(), t.shape.as_slice()), ("F32", &[][..]), "{name}");
+        let scale = f32::from_le_bytes([t.data[0], t.data[1], t.data[2], t.data[3]]);
+        let product = f64::from(scale) * f64::from(f32_of(&format!("{module}.input_global_scale")));
+        assert!(
+            (product - 1.0).abs() < 0.01,
+            "{name}: {scale} against compressed-tensors' scale, product {product}"
+        );
+    }
+    let config: Value = serde_json::from_slice(&std::fs::read(w4a4_dir.join("config.json")).expect("config"))
+        .expect("config JSON");
+    let q = &config["quantization_config"];
+    assert_eq!(q["quant_algo"], "NVFP4");
+    assert_eq!(
+        q["config_groups"]["group_0"]["input_activations"],
+        json!({"dynamic": false, "num_bits": 4, "type": "float", "group_size": 16})
     );
-    assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains("compressed-tensors format only"), "{stderr}");
-    assert!(!out.path().join("modelopt").exists(), "nothing left behind");
+    let hf: Value = serde_json::from_slice(
+        &std::fs::read(w4a4_dir.join("hf_quant_config.json")).expect("hf_quant_config"),
+    )
+    .expect("JSON");
+    assert_eq!(hf["quantization"]["quant_algo"], "NVFP4");
 }

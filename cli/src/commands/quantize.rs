@@ -34,7 +34,7 @@ pub struct QuantizeArgs {
     recipe: Option<PathBuf>,
     /// `nvfp4a16`: FP4 weights, 16-bit activations. `nvfp4`: FP4 weights and
     /// activations (W4A4), with activation scales calibrated by running the model in the
-    /// native engine over `--calibration` (compressed-tensors format only).
+    /// native engine over `--calibration`.
     #[arg(long, value_enum, default_value_t = SchemeArg::Nvfp4a16, conflicts_with = "recipe")]
     scheme: SchemeArg,
     /// W4A4 calibration text: `builtin` (chapter I of Alice's Adventures in Wonderland,

@@ -19,7 +19,9 @@
 //! `docs/nvfp4.md` shows both formats whole.
 
 use serde_json::{Value, json};
-use sous_engine::checkpoint::names::{COMPRESSED_TENSORS, MODELOPT, NVFP4_PACK_QUANTIZED, W4A16_NVFP4};
+use sous_engine::checkpoint::names::{
+    COMPRESSED_TENSORS, MODELOPT, NVFP4, NVFP4_PACK_QUANTIZED, W4A16_NVFP4,
+};
 use sous_engine::recipe::{QuantFormat, QuantScheme};
 use sous_kernels::Flavor;
 
@@ -120,6 +122,22 @@ pub fn quantization_config(format: QuantFormat, ignore: &[String], w4a4: bool) -
             "transform_config": {},
             "version": "0.19.0"
         }),
+        // ModelOpt 0.47 `convert_hf_quant_config_format`
+        // (`modelopt/torch/export/convert_hf_config.py`): for `NVFP4` (W4A4) the group
+        // also lists FP4 input activations in blocks of 16.
+        QuantFormat::Modelopt if w4a4 => json!({
+            "config_groups": {
+                "group_0": {
+                    "input_activations": {"dynamic": false, "num_bits": 4, "type": "float", "group_size": GROUP_SIZE},
+                    "weights": {"dynamic": false, "num_bits": 4, "type": "float", "group_size": GROUP_SIZE},
+                    "targets": ["Linear"]
+                }
+            },
+            "ignore": ignore,
+            "quant_algo": NVFP4,
+            "producer": producer(),
+            "quant_method": MODELOPT
+        }),
         QuantFormat::Modelopt => json!({
             "config_groups": {
                 "group_0": {
@@ -135,12 +153,13 @@ pub fn quantization_config(format: QuantFormat, ignore: &[String], w4a4: bool) -
     }
 }
 
-/// ModelOpt's `hf_quant_config.json` for a weight-only NVFP4 checkpoint.
-pub fn hf_quant_config(exclude: &[String]) -> Value {
+/// ModelOpt's `hf_quant_config.json` for an NVFP4 checkpoint: `W4A16_NVFP4` weight-only,
+/// `NVFP4` with FP4 activations (W4A4).
+pub fn hf_quant_config(exclude: &[String], w4a4: bool) -> Value {
     json!({
         "producer": producer(),
         "quantization": {
-            "quant_algo": W4A16_NVFP4,
+            "quant_algo": if w4a4 { NVFP4 } else { W4A16_NVFP4 },
             "kv_cache_quant_algo": null,
             "group_size": GROUP_SIZE,
             "exclude_modules": exclude

@@ -40,12 +40,6 @@ pub enum QuantizeError {
         /// The module.
         module: String,
     },
-    /// W4A4 in a format sous does not write yet.
-    #[error("scheme `nvfp4` (W4A4) is written in the compressed-tensors format only, not `{format}`")]
-    W4a4Format {
-        /// The format asked for.
-        format: String,
-    },
     /// The directory holds no safetensors model.
     #[error("{dir}: {reason}")]
     NoModel {
@@ -170,10 +164,6 @@ impl Diagnose for QuantizeError {
                 "the native engine calibrates Llama-family decoder layers only; keep `{module}` unquantized \
                  with `--ignore`, or use `--scheme nvfp4a16`"
             )),
-            QuantizeError::W4a4Format { .. } => Some(
-                "use `--format compressed-tensors` (vLLM and SGLang load it), or `--scheme nvfp4a16` for ModelOpt"
-                    .into(),
-            ),
             QuantizeError::NoModel { .. } => {
                 Some("give a directory with config.json and *.safetensors (Hub layout)".into())
             }

@@ -144,11 +144,12 @@ impl Layout {
             ]);
             if w4a4 && let Some(unit) = units.last_mut() {
                 // compressed-tensors: `input_global_scale`, F32 of shape [1], beside
-                // `weight_global_scale`.
+                // `weight_global_scale`; ModelOpt: `input_scale`, an F32 scalar (shape
+                // []), as `weight_scale_2`.
                 unit.push(out(
-                    names::tensor(module, "input_global_scale"),
+                    names::tensor(module, nvfp4.input),
                     Dtype::F32,
-                    vec![1],
+                    nvfp4.global_shape.to_vec(),
                     4,
                     Content::InputGlobal(i),
                 ));

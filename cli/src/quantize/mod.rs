@@ -178,11 +178,6 @@ pub struct KeptTensor {
 /// Runs a quantization, or finds it already done, reporting progress to `reporter`.
 pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, QuantizeError> {
     let w4a4 = request.scheme == QuantScheme::Nvfp4;
-    if w4a4 && request.format != QuantFormat::CompressedTensors {
-        return Err(QuantizeError::W4a4Format {
-            format: checkpoint::format_name(request.format).into(),
-        });
-    }
     let calibration_set = match (w4a4, &request.calibration) {
         (true, None) => return Err(QuantizeError::NeedsCalibration),
         (true, Some(c)) => Some(c),
@@ -264,7 +259,12 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         None => None,
     };
     let inputs = match &calibration {
-        Some(c) => input_scales(&source.tensors, &decisions, c)?,
+        Some(c) => input_scales(
+            &source.tensors,
+            &decisions,
+            c,
+            checkpoint::flavor(request.format, request.modelopt_export),
+        )?,
         None => BTreeMap::new(),
     };
     let provenance = request
@@ -378,13 +378,20 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
 /// range: compressed-tensors' `generate_gparam` (`2688 / amax`) in the activations'
 /// dtype, which is the weights' (the observer's statistics keep it), so a bf16 model
 /// gets a bf16-valued scale, as llm-compressor writes.
+/// Each quantized tensor's activation scale, from the calibrated input amax as the
+/// tool `flavor` names computes it: compressed-tensors' `input_global_scale =
+/// 2688 / amax` in the activations' dtype (the weights'), ModelOpt's `input_scale =
+/// amax / 2688` in f32 (`NVFP4QTensor.get_activation_scaling_factor`, ModelOpt 0.47;
+/// on a GPU export the division is a multiplication by `f32(1/2688)`, as for
+/// `weight_scale_2`).
 fn input_scales(
     tensors: &[SourceTensor],
     decisions: &[Decision],
     calibration: &Calibration,
+    flavor: sous_kernels::Flavor,
 ) -> Result<BTreeMap<usize, f32>, QuantizeError> {
     use sous_kernels::formats::bf16::round_bf16;
-    use sous_kernels::{Dtype, Flavor, TensorScale};
+    use sous_kernels::{Dtype, TensorScale};
     let mut out = BTreeMap::new();
     for (i, (t, d)) in tensors.iter().zip(decisions).enumerate() {
         if *d != Decision::Quantize {
@@ -403,10 +410,7 @@ fn input_scales(
         } else {
             amax
         };
-        out.insert(
-            i,
-            TensorScale::from_amax(Flavor::CompressedTensors, dtype, amax).value(),
-        );
+        out.insert(i, TensorScale::from_amax(flavor, dtype, amax).value());
     }
     Ok(out)
 }
@@ -600,7 +604,7 @@ fn write_configs(
     if format == QuantFormat::Modelopt {
         write_json(
             &dir.join("hf_quant_config.json"),
-            &checkpoint::hf_quant_config(&ignore),
+            &checkpoint::hf_quant_config(&ignore, w4a4),
         )?;
     }
     if let Some(index) = &layout.index {

@@ -29,6 +29,8 @@ pub const NVFP4_PACK_QUANTIZED: &str = "nvfp4-pack-quantized";
 pub const MODELOPT: &str = "modelopt";
 /// ModelOpt's `quant_algo` for NVFP4 weights with 16-bit activations.
 pub const W4A16_NVFP4: &str = "W4A16_NVFP4";
+/// ModelOpt's `quant_algo` for NVFP4 weights and activations (W4A4).
+pub const NVFP4: &str = "NVFP4";
 
 /// The suffix of an unquantized Linear weight.
 pub const WEIGHT: &str = "weight";
@@ -44,6 +46,9 @@ pub struct Nvfp4Names {
     pub global: &'static str,
     /// The per-tensor scale's shape.
     pub global_shape: &'static [usize],
+    /// W4A4: the per-tensor activation scale (a multiplier in compressed-tensors,
+    /// `2688 / amax`; a divisor in ModelOpt, `amax / 2688`).
+    pub input: &'static str,
 }
 
 impl Nvfp4Names {
@@ -55,12 +60,14 @@ impl Nvfp4Names {
                 scales: "weight_scale",
                 global: "weight_global_scale",
                 global_shape: &[1],
+                input: "input_global_scale",
             },
             QuantFormat::Modelopt => Nvfp4Names {
                 packed: WEIGHT,
                 scales: "weight_scale",
                 global: "weight_scale_2",
                 global_shape: &[],
+                input: "input_scale",
             },
         }
     }

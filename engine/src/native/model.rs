@@ -290,14 +290,22 @@ impl Model {
             let input_scales = if checkpoint.quantization().activations() {
                 // Fused inputs take the largest of their members' scales, as vLLM does
                 // (`process_weights_after_loading` of its compressed-tensors W4A4
-                // scheme); q/k/v and gate/up read one input, so they agree anyway.
+                // scheme; its ModelOpt one takes the largest `input_scale` and inverts
+                // it); q/k/v and gate/up read one input, so they agree anyway.
+                let modelopt =
+                    checkpoint.quantization() == crate::native::weights::Quantization::Nvfp4W4a4ModelOpt;
                 let scale = |modules: &[&str]| -> Result<f32, NativeError> {
                     let mut best = f32::NEG_INFINITY;
                     for m in modules {
-                        let values = checkpoint.vector(&format!("{p}.{m}.input_global_scale"))?;
+                        let name = if modelopt {
+                            "input_scale"
+                        } else {
+                            "input_global_scale"
+                        };
+                        let values = checkpoint.vector(&format!("{p}.{m}.{name}"))?;
                         best = values.iter().copied().fold(best, f32::max);
                     }
-                    Ok(best)
+                    Ok(if modelopt { 1.0 / best } else { best })
                 };
                 Some([
                     scale(&["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])?,

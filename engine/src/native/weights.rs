@@ -40,6 +40,10 @@ pub enum Quantization {
     /// quantized Linear has an `input_global_scale`, and its input is quantized to
     /// NVFP4 before the product (`sous_kernels::activation`).
     Nvfp4W4a4CompressedTensors,
+    /// NVFP4 weights and activations (W4A4), ModelOpt layout (`quant_algo` `NVFP4`):
+    /// every quantized Linear has an `input_scale`, a divisor; its inverse is the
+    /// activations' global scale, as vLLM takes it (`input_scale_inv`).
+    Nvfp4W4a4ModelOpt,
 }
 
 /// Whether compressed-tensors `input_activations` are NVFP4's: FP4 floats in groups of
@@ -55,7 +59,10 @@ fn is_nvfp4_activations(a: &Value) -> bool {
 impl Quantization {
     /// Whether the checkpoint quantizes activations (W4A4).
     pub fn activations(self) -> bool {
-        self == Quantization::Nvfp4W4a4CompressedTensors
+        matches!(
+            self,
+            Quantization::Nvfp4W4a4CompressedTensors | Quantization::Nvfp4W4a4ModelOpt
+        )
     }
 
     /// Reads `quantization_config` and refuses what the engine cannot run.
@@ -64,13 +71,12 @@ impl Quantization {
             return Ok(Quantization::None);
         };
         let method = q.get("quant_method").and_then(Value::as_str).unwrap_or_default();
-        let unsupported = |what: String| {
-            NativeError::Unsupported {
+        let unsupported = |what: String| NativeError::Unsupported {
             what: format!("{what} in {}", dir.join("config.json").display()),
-            hint: "the native engine runs unquantized checkpoints, NVFP4A16 checkpoints and \
-                   compressed-tensors NVFP4 W4A4 checkpoints as `sous quantize` writes them; serve others with vLLM"
-                .into(),
-        }
+            hint:
+                "the native engine runs unquantized checkpoints and NVFP4 checkpoints (weight-only or W4A4, \
+                   compressed-tensors or ModelOpt) as `sous quantize` writes them; serve others with vLLM"
+                    .into(),
         };
         match method {
             names::COMPRESSED_TENSORS => {
@@ -106,10 +112,11 @@ impl Quantization {
             }
             names::MODELOPT => {
                 let algo = q.get("quant_algo").and_then(Value::as_str).unwrap_or_default();
-                if algo != names::W4A16_NVFP4 {
-                    return Err(unsupported(format!("ModelOpt quant_algo `{algo}`")));
+                match algo {
+                    names::W4A16_NVFP4 => Ok(Quantization::Nvfp4ModelOpt),
+                    names::NVFP4 => Ok(Quantization::Nvfp4W4a4ModelOpt),
+                    _ => Err(unsupported(format!("ModelOpt quant_algo `{algo}`"))),
                 }
-                Ok(Quantization::Nvfp4ModelOpt)
             }
             other => Err(unsupported(format!("quant_method `{other}`"))),
         }
@@ -122,7 +129,7 @@ impl Quantization {
             Quantization::Nvfp4CompressedTensors | Quantization::Nvfp4W4a4CompressedTensors => {
                 Some(QuantFormat::CompressedTensors)
             }
-            Quantization::Nvfp4ModelOpt => Some(QuantFormat::Modelopt),
+            Quantization::Nvfp4ModelOpt | Quantization::Nvfp4W4a4ModelOpt => Some(QuantFormat::Modelopt),
         }
     }
 }
