@@ -87,6 +87,31 @@ fn without_a_driver_the_gpu_is_refused_by_name() {
         stderr.contains("quantize.device") && stderr.contains("`tpu` is not a device"),
         "{stderr}"
     );
+    // A deployment quantizes in an init container with no GPU: rendered as the CPU, and
+    // said so.
+    let deployed = work.path().join("deployed.toml");
+    std::fs::write(
+        &deployed,
+        "[model]\nrepo = \"Qwen/Qwen3-0.6B\"\n[quantize]\nscheme = \"nvfp4a16\"\ndevice = \"cuda\"\n[engine]\nkind = \"vllm\"\n[deploy.storage]\nsize = \"10Gi\"\n",
+    )
+    .expect("recipe");
+    let hub = work.path().join("hub");
+    let (code, stdout, stderr) = run(sous()
+        .args(["deploy", "render", "--recipe", path(&deployed), "--target", "k8s"])
+        .env("HF_HUB_CACHE", &hub)
+        .env("HF_HUB_OFFLINE", "1")
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_ENDPOINT"));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("`quantize.device` is cuda:0") && stderr.contains("on the CPU"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("sous quantize") || stdout.contains("- quantize"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("device = \"cuda"), "{stdout}");
     // `sous kernels` says the same.
     for cmd in ["check", "bench"] {
         let (code, _, stderr) = run(sous().args(["kernels", cmd]));

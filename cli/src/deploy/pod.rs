@@ -13,7 +13,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use sous_engine::launch::{self, Arg, Launch, RenderContext};
 use sous_engine::paths;
-use sous_engine::recipe::{CalibrationText, EngineKind, Recipe, Runtime};
+use sous_engine::recipe::{CalibrationText, EngineKind, QuantDevice, Recipe, Runtime};
 use sous_engine::serve::{HEALTH_PATH, health_timeout};
 
 use super::DeployError;
@@ -123,6 +123,16 @@ impl Plan {
             deployed.server.host = "0.0.0.0".into();
         }
 
+        if let Some(q) = deployed.quantize.as_mut()
+            && q.device != QuantDevice::Cpu
+        {
+            warnings.push(format!(
+                "`quantize.device` is {}: the quantize init container has no GPU and the sous image no NVRTC, \
+                 so it quantizes on the CPU (the same bytes)",
+                q.device
+            ));
+            q.device = QuantDevice::Cpu;
+        }
         if let Some(CalibrationText::File(path)) = recipe
             .quantize
             .as_ref()
