@@ -14,7 +14,8 @@
 //! the caller names (`<cache>/kernels/`), and later processes load it from there.
 //!
 //! Not here: choosing tensors, reading files or overlapping transfers with work across
-//! tensors (`sous quantize --device cuda` does that with [`Slot`]s).
+//! tensors (`sous quantize --device cuda` does that, with [`Pinned`] buffers on two
+//! streams).
 
 #![allow(unsafe_code)] // Kernel launches and pinned memory are unsafe in cudarc.
 
