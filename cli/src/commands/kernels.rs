@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use serde_json::json;
 use sous::quantize::Device;
-use sous_kernels::cuda::{Gpu, GpuInfo};
+use sous_kernels::cuda::Gpu;
 use sous_kernels::{BLOCK, Dtype, Flavor, Matrix, TensorScale, fast};
 
 use crate::failure::UserError;
@@ -76,23 +76,8 @@ fn open(device: Device, shell: &Shell) -> anyhow::Result<Gpu> {
             Some("this needs an NVIDIA driver (libcuda) and NVRTC (libnvrtc) on the library path"),
         )
     })?;
-    shell.status("gpu", &describe(gpu.info()));
+    shell.status("gpu", &gpu.info().to_string());
     Ok(gpu)
-}
-
-fn describe(info: &GpuInfo) -> String {
-    format!(
-        "{} (cuda:{}, compute capability {}.{}, {:.0} GiB, kernels {})",
-        info.name,
-        info.ordinal,
-        info.compute_capability.0,
-        info.compute_capability.1,
-        info.memory_bytes as f64 / (1u64 << 30) as f64,
-        match info.compile_ms {
-            Some(ms) => format!("compiled for {} in {ms:.0} ms", info.arch),
-            None => format!("for {} from the cache", info.arch),
-        }
-    )
 }
 
 /// One generated case.
@@ -296,7 +281,7 @@ fn check(args: CheckArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     }
     if args.json {
         shell.data(&serde_json::to_string_pretty(&json!({
-            "device": describe(gpu.info()),
+            "device": gpu.info().to_string(),
             "failures": failures,
             "cases": results,
         }))?)?;
@@ -333,7 +318,7 @@ fn bench(args: BenchArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let both_s = b.amax_s + b.quantize_s;
     let both_rw = (b.bytes as f64 + b.quantize_bytes()) / both_s;
     let report = json!({
-        "device": describe(gpu.info()),
+        "device": gpu.info().to_string(),
         "bytes": b.bytes,
         "repeats": args.repeats,
         "copy": {"seconds": b.copy_s, "read_write_tb_per_s": copy_rw / 1e12},

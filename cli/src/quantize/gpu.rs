@@ -192,7 +192,7 @@ impl Pipeline {
             .map_err(gpu_error)?;
         slot.stream
             .memset_zeros(&mut slot.amax)
-            .map_err(|e| gpu_error(driver_error("memset", e)))?;
+            .map_err(|e| gpu_error(GpuError::driver("memset", e)))?;
         for (k, tensor) in tensors.iter().enumerate() {
             let dtype = dtype_of(tensor)?;
             let len = tensor.len as usize;
@@ -339,13 +339,6 @@ fn dtype_of(tensor: &super::source::SourceTensor) -> Result<sous_kernels::Dtype,
         tensor: tensor.name.clone(),
         dtype: format!("{:?}", tensor.dtype),
     })
-}
-
-fn driver_error(what: &'static str, e: cudarc::driver::DriverError) -> GpuError {
-    GpuError::Driver {
-        what,
-        message: e.to_string(),
-    }
 }
 
 fn gpu_error(e: GpuError) -> QuantizeError {

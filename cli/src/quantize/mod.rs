@@ -220,21 +220,7 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
                     message: e.to_string(),
                 }
             })?;
-            let info = pipeline.info();
-            reporter.status(
-                "gpu",
-                &format!(
-                    "{} (cuda:{}, compute capability {}.{}, kernels {})",
-                    info.name,
-                    info.ordinal,
-                    info.compute_capability.0,
-                    info.compute_capability.1,
-                    match info.compile_ms {
-                        Some(ms) => format!("compiled for {} in {ms:.0} ms", info.arch),
-                        None => format!("for {} from the cache", info.arch),
-                    }
-                ),
-            );
+            reporter.status("gpu", &pipeline.info().to_string());
             Some(pipeline)
         }
     };

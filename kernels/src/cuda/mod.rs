@@ -79,11 +79,18 @@ pub enum GpuError {
     Input(String),
 }
 
-fn driver(what: &'static str) -> impl Fn(DriverError) -> GpuError {
-    move |e| GpuError::Driver {
-        what,
-        message: e.to_string(),
+impl GpuError {
+    /// A failed driver call: `what` was being done.
+    pub fn driver(what: &'static str, error: DriverError) -> GpuError {
+        GpuError::Driver {
+            what,
+            message: error.to_string(),
+        }
     }
+}
+
+fn driver(what: &'static str) -> impl Fn(DriverError) -> GpuError {
+    move |e| GpuError::driver(what, e)
 }
 
 /// What [`Gpu::open`] found.
@@ -101,6 +108,26 @@ pub struct GpuInfo {
     pub arch: String,
     /// Milliseconds NVRTC took, or `None` when the kernels came from the cache.
     pub compile_ms: Option<f64>,
+}
+
+impl std::fmt::Display for GpuInfo {
+    /// `NVIDIA H200 (cuda:0, compute capability 9.0, 140 GiB, kernels compiled for
+    /// compute_90 in 410 ms)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (cuda:{}, compute capability {}.{}, {:.0} GiB, kernels ",
+            self.name,
+            self.ordinal,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.memory_bytes as f64 / (1u64 << 30) as f64
+        )?;
+        match self.compile_ms {
+            Some(ms) => write!(f, "compiled for {} in {ms:.0} ms)", self.arch),
+            None => write!(f, "for {} from the cache)", self.arch),
+        }
+    }
 }
 
 /// The kernels of one device.
@@ -528,15 +555,6 @@ impl DeviceOutput {
                 None
             },
         })
-    }
-
-    /// Zeroes the statistics for the next tensor.
-    pub fn reset(&mut self, stream: &Arc<CudaStream>) -> Result<(), GpuError> {
-        if let Some((sums, counts)) = &mut self.stats {
-            stream.memset_zeros(sums).map_err(driver("memset"))?;
-            stream.memset_zeros(counts).map_err(driver("memset"))?;
-        }
-        Ok(())
     }
 
     /// Copies the first `elements`' results back (waits for `stream`).
