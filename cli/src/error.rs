@@ -47,6 +47,8 @@ pub fn diagnosis<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a dyn Diagnos
         crate::bench::BenchError,
         crate::bench::logs::LogsError,
         crate::bench::scrape::ScrapeError,
+        crate::instances::InstancesError,
+        crate::cache::CacheError,
     ];
     None
 }

@@ -51,6 +51,15 @@ pub struct Reported(pub String);
 
 /// Renders `err` on stderr and picks the exit code.
 pub fn report(shell: &Shell, err: &anyhow::Error) -> ExitCode {
+    // The reader of stdout went away (`sous list | head`): nothing is wrong and nobody
+    // is left to tell, as ripgrep and coreutils behave.
+    if err
+        .chain()
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .any(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    {
+        return ExitCode::SUCCESS;
+    }
     if let Some(reported) = err.downcast_ref::<Reported>() {
         if !reported.0.is_empty() {
             shell.error(&reported.0, None);

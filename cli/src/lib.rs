@@ -15,6 +15,12 @@
 //!   vLLM log analysis, with reports as tables, JSON, CSV and SVG.
 //! - [`deploy`]: a recipe rendered for Kubernetes, compose or systemd, and a rendered
 //!   directory written or compared.
+//! - [`doctor`]: what this machine can run: GPUs, engines, container runtimes, the
+//!   Hub, free space, and which recipes can be served here.
+//! - [`instances`]: the instances `sous serve` runs here (records, health, logs), for
+//!   `ps`, `logs`, `stop` and `run`.
+//! - [`cache`]: what the Hub cache and sous's cache hold (models, revisions, quantized
+//!   variants, sizes, provenance), for `list` and `rm`.
 //! - [`error`]: what class of failure each error is (the user's or sous's) and what
 //!   to do about it.
 //!
@@ -23,10 +29,13 @@
 //! report through [`sous_engine::reporter::Reporter`], which the binary draws.
 
 pub mod bench;
+pub mod cache;
 pub mod deploy;
+pub mod doctor;
 pub mod error;
 pub mod hub;
 pub mod import;
+pub mod instances;
 pub mod pipeline;
 pub mod plan;
 pub mod quantize;

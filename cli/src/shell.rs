@@ -67,6 +67,34 @@ impl Shell {
         out.flush()
     }
 
+    /// Bytes on stdout as they are (a log followed, a reply streamed), flushed.
+    pub fn raw(&self, bytes: &[u8]) -> std::io::Result<()> {
+        let mut out = std::io::stdout().lock();
+        out.write_all(bytes)?;
+        out.flush()
+    }
+
+    /// A prompt on stderr, without a newline, for the answer typed after it.
+    pub fn prompt(&self, text: &str) -> std::io::Result<()> {
+        eprint!("{}", self.paint(GREEN, text));
+        std::io::stderr().flush()
+    }
+
+    /// Whether a person can answer a question: stdin and stderr are terminals.
+    pub fn interactive(&self) -> bool {
+        std::io::stdin().is_terminal() && std::io::stderr().is_terminal()
+    }
+
+    /// Asks `question [y/N]` on stderr and reads the answer from stdin: yes only for
+    /// `y` or `yes`.
+    pub fn confirm(&self, question: &str) -> std::io::Result<bool> {
+        eprint!("{} {question} [y/N] ", self.paint(CYAN, "?"));
+        std::io::stderr().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer)?;
+        Ok(matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes"))
+    }
+
     /// `error: ...` and an optional `hint: ...` on stderr.
     pub fn error(&self, message: &str, hint: Option<&str>) {
         eprintln!("{} {message}", self.paint(RED, "error:"));

@@ -153,6 +153,160 @@ fn measured_ttft_itl_and_tpot_equal_the_injected_delays() {
 }
 
 #[test]
+fn open_loop_levels_send_at_the_rate_asked() {
+    let Some(tok) = tokenizer() else { return };
+    let _cpu = cpu_exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out");
+    let fast = fake(&[("FAKE_TTFT_MS", "2"), ("FAKE_ITL_MS", "1")]);
+    let url = format!("http://127.0.0.1:{}", fast.port);
+    let tok = tok.to_str().expect("utf-8");
+    let report = bench(&[
+        "sweep",
+        "--url",
+        &url,
+        "--tokenizer",
+        tok,
+        "--request-rate",
+        "20,inf",
+        "--requests",
+        "60",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--seed",
+        "5",
+        "--out",
+        out.to_str().expect("utf-8"),
+    ]);
+    let levels = report["levels"].as_array().expect("levels");
+    assert_eq!(levels.len(), 2);
+    let (paced, burst) = (&levels[0], &levels[1]);
+    // vllm bench serve's traffic keys: the rate a number or "inf", no cap null.
+    assert_eq!(paced["request_rate"], 20.0);
+    assert_eq!(burst["request_rate"], "inf");
+    for level in levels {
+        assert_eq!(level["burstiness"], 1.0);
+        assert!(level["max_concurrency"].is_null(), "{level}");
+        assert_eq!(level["num_prompts"], 60);
+        assert_eq!(level["completed"], 60, "{level}");
+    }
+    // The 60th arrival is at exactly 60 / 20 = 3 s, and each request takes ~5 ms: the
+    // level lasts a little over 3 s and completes close to 20 requests a second.
+    let duration = paced["duration"].as_f64().expect("duration");
+    assert!((3.0..3.4).contains(&duration), "{duration}");
+    let rate = paced["request_throughput"].as_f64().expect("throughput");
+    assert!(
+        (18.5..20.1).contains(&rate),
+        "measured {rate} req/s at 20 offered"
+    );
+    // All at once: far faster than the paced level.
+    let all_at_once = burst["request_throughput"].as_f64().expect("throughput");
+    assert!(all_at_once > 60.0, "{all_at_once} req/s at rate inf");
+    assert!(
+        burst["max_concurrent_requests"].as_u64().expect("peak") > 1,
+        "{burst}"
+    );
+
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).expect("sweep.csv");
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(
+        lines[0].starts_with("request_rate,burstiness,max_concurrency,num_prompts,"),
+        "{csv}"
+    );
+    assert!(
+        lines[1].starts_with("20,1,,60,") && lines[2].starts_with("inf,1,,60,"),
+        "{csv}"
+    );
+    // One finite rate: no chart against the rate; the TTFT CDF names the levels.
+    assert!(!out.join("sweep-throughput.svg").exists());
+    let cdf = std::fs::read_to_string(out.join("sweep-ttft-cdf.svg")).expect("TTFT CDF chart");
+    assert!(cdf.contains("rate 20/s") && cdf.contains("rate inf"), "{cdf}");
+    let (code, table, stderr) = run(sous()
+        .args(["bench", "compare"])
+        .arg(out.join("sweep.json"))
+        .arg(out.join("sweep.json")));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        table.trim_start().starts_with("level") && table.contains("20/s") && table.contains("1.00x"),
+        "{table}"
+    );
+    drop(fast);
+
+    // A cap of one request in flight on a server that takes 60 ms per request: 40
+    // requests a second are offered, at most ~16 can be served, and never two at once.
+    let slow = fake(&[("FAKE_TTFT_MS", "60")]);
+    let url = format!("http://127.0.0.1:{}", slow.port);
+    let report = bench(&[
+        "sweep",
+        "--url",
+        &url,
+        "--tokenizer",
+        tok,
+        "--request-rate",
+        "40",
+        "--burstiness",
+        "4",
+        "--max-concurrency",
+        "1",
+        "--requests",
+        "16",
+        "--input-len",
+        "16",
+        "--output-len",
+        "2",
+    ]);
+    let level = &report["levels"][0];
+    assert_eq!(
+        (
+            &level["request_rate"],
+            &level["burstiness"],
+            &level["max_concurrency"]
+        ),
+        (&Value::from(40.0), &Value::from(4.0), &Value::from(1))
+    );
+    assert_eq!(level["completed"], 16, "{level}");
+    assert_eq!(level["max_concurrent_requests"], 1, "{level}");
+    let capped = level["request_throughput"].as_f64().expect("throughput");
+    assert!(capped < 17.0, "{capped} req/s through one slot of 60 ms");
+    // TTFT is timed from sending, not from arrival: the queue is not in it.
+    let ttft = level["median_ttft_ms"].as_f64().expect("ttft");
+    assert!((59.0..75.0).contains(&ttft), "{ttft}");
+}
+
+#[test]
+fn open_loop_flags_are_checked() {
+    for (args, expected) in [
+        (&["--request-rate", "0"][..], "`0` is not a request rate"),
+        (&["--request-rate", "5,-1"], "`-1` is not a request rate"),
+        (
+            &["--request-rate", "5", "--burstiness", "0"],
+            "`0` is not a burstiness",
+        ),
+        (
+            &["--request-rate", "5", "--max-concurrency", "0"],
+            "`0` is not a number of requests in flight",
+        ),
+        (
+            &["--request-rate", "5", "--concurrency", "4"],
+            "'--request-rate <R>' cannot be used with '--concurrency",
+        ),
+        (
+            &["--max-concurrency", "4"],
+            "required arguments were not provided",
+        ),
+        (&["--burstiness", "2"], "--request-rate <R>"),
+    ] {
+        let (code, _, stderr) = run(sous()
+            .args(["bench", "sweep", "--url", "http://127.0.0.1:9"])
+            .args(args));
+        assert_ne!(code, 0, "{args:?}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
 fn errors_and_bad_arguments_are_reported() {
     let f = fake(&[]);
     let url = format!("http://127.0.0.1:{}", f.port);

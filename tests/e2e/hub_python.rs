@@ -15,7 +15,7 @@ fn python() -> Option<PathBuf> {
     crate::util::python("huggingface_hub compatibility")
 }
 
-fn py(python: &PathBuf, script: &str, envs: &[(&str, &str)]) -> Value {
+pub(crate) fn py(python: &PathBuf, script: &str, envs: &[(&str, &str)]) -> Value {
     let out = Process::new(python)
         .arg("-c")
         .arg(script)

@@ -7,6 +7,8 @@
 mod bench;
 mod broken;
 mod deploy;
+mod doctor;
+mod everyday;
 mod hub_python;
 mod native;
 mod pipeline;

@@ -1,6 +1,7 @@
 //! SVG charts of a report, drawn with `plotters`' SVG backend (text as SVG `<text>`,
 //! no font files): output throughput against concurrency, latency percentiles against
-//! concurrency (for sweeps), and the TTFT distribution (every workload).
+//! concurrency (for sweeps; for open-loop sweeps against the offered request rate, the
+//! levels at rate `inf` left out), and the TTFT distribution (every workload).
 
 use std::path::{Path, PathBuf};
 
@@ -11,12 +12,13 @@ use super::report::Level;
 /// Draws the charts of `levels` into `dir` as `<name>-*.svg`; returns the files.
 pub fn draw(dir: &Path, name: &str, levels: &[Level]) -> Result<Vec<PathBuf>, String> {
     let mut files = Vec::new();
-    if levels.len() > 1 {
+    let x = Axis::of(levels);
+    if levels.iter().filter(|l| x.value(l).is_some()).count() > 1 {
         let path = dir.join(format!("{name}-throughput.svg"));
-        throughput(&path, levels).map_err(|e| format!("{}: {e}", path.display()))?;
+        throughput(&path, levels, x).map_err(|e| format!("{}: {e}", path.display()))?;
         files.push(path);
         let path = dir.join(format!("{name}-latency.svg"));
-        latency(&path, levels).map_err(|e| format!("{}: {e}", path.display()))?;
+        latency(&path, levels, x).map_err(|e| format!("{}: {e}", path.display()))?;
         files.push(path);
     }
     let path = dir.join(format!("{name}-ttft-cdf.svg"));
@@ -86,52 +88,104 @@ fn line_chart(path: &Path, frame: &Frame<'_>, lines: Vec<Line>) -> Result2 {
     Ok(())
 }
 
-/// A line over the levels' concurrency.
-fn per_level(levels: &[Level], name: &str, color: RGBColor, marker: u32, value: fn(&Level) -> f64) -> Line {
+/// What the per-level charts plot the levels against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Axis {
+    /// The cap on requests in flight (closed-loop sweeps).
+    Concurrency,
+    /// The offered request rate (open-loop sweeps; levels at rate `inf` have none).
+    RequestRate,
+}
+
+impl Axis {
+    fn of(levels: &[Level]) -> Axis {
+        if levels.iter().all(|l| l.traffic.is_closed()) {
+            Axis::Concurrency
+        } else {
+            Axis::RequestRate
+        }
+    }
+
+    fn value(self, level: &Level) -> Option<f64> {
+        match self {
+            Axis::Concurrency => Some(level.metrics.max_concurrency as f64),
+            Axis::RequestRate => Some(level.traffic.request_rate).filter(|r| r.is_finite()),
+        }
+    }
+
+    /// `concurrency` or `request rate`, for titles.
+    fn what(self) -> &'static str {
+        match self {
+            Axis::Concurrency => "concurrency",
+            Axis::RequestRate => "request rate",
+        }
+    }
+
+    fn desc(self) -> &'static str {
+        match self {
+            Axis::Concurrency => "concurrent requests",
+            Axis::RequestRate => "requests per second (offered)",
+        }
+    }
+}
+
+/// A line over the levels' concurrency or request rate.
+fn per_level(
+    levels: &[Level],
+    x: Axis,
+    name: &str,
+    color: RGBColor,
+    marker: u32,
+    value: fn(&Level) -> f64,
+) -> Line {
     Line {
         name: name.to_owned(),
         color: color.to_rgba(),
         points: levels
             .iter()
-            .map(|l| (l.metrics.max_concurrency as f64, value(l)))
+            .filter_map(|l| Some((x.value(l)?, value(l))))
             .collect(),
         marker: Some(marker),
     }
 }
 
-fn throughput(path: &Path, levels: &[Level]) -> Result2 {
+fn throughput(path: &Path, levels: &[Level], x: Axis) -> Result2 {
+    let title = format!("Output throughput vs {}", x.what());
     let frame = Frame {
-        title: "Output throughput vs concurrency",
-        x_desc: "concurrent requests",
+        title: &title,
+        x_desc: x.desc(),
         y_desc: "tokens/s",
         y_max: None,
     };
     let lines = vec![
-        per_level(levels, "all requests", BLUE, 4, |l| l.metrics.output_throughput),
-        per_level(levels, "per request", RED, 4, |l| {
+        per_level(levels, x, "all requests", BLUE, 4, |l| {
+            l.metrics.output_throughput
+        }),
+        per_level(levels, x, "per request", RED, 4, |l| {
             l.metrics.mean_request_output_tokens_per_s
         }),
     ];
     line_chart(path, &frame, lines)
 }
 
-fn latency(path: &Path, levels: &[Level]) -> Result2 {
+fn latency(path: &Path, levels: &[Level], x: Axis) -> Result2 {
+    let title = format!("Latency percentiles vs {}", x.what());
     let frame = Frame {
-        title: "Latency percentiles vs concurrency",
-        x_desc: "concurrent requests",
+        title: &title,
+        x_desc: x.desc(),
         y_desc: "milliseconds",
         y_max: None,
     };
     let lines = vec![
-        per_level(levels, "TTFT p50", BLUE, 3, |l| l.metrics.ttft.median),
-        per_level(levels, "TTFT p99", CYAN, 3, |l| {
+        per_level(levels, x, "TTFT p50", BLUE, 3, |l| l.metrics.ttft.median),
+        per_level(levels, x, "TTFT p99", CYAN, 3, |l| {
             l.metrics.ttft.at(99.0).unwrap_or(l.metrics.ttft.median)
         }),
-        per_level(levels, "ITL p50", RED, 3, |l| l.metrics.itl.median),
-        per_level(levels, "ITL p99", MAGENTA, 3, |l| {
+        per_level(levels, x, "ITL p50", RED, 3, |l| l.metrics.itl.median),
+        per_level(levels, x, "ITL p99", MAGENTA, 3, |l| {
             l.metrics.itl.at(99.0).unwrap_or(l.metrics.itl.median)
         }),
-        per_level(levels, "TPOT p50", GREEN, 3, |l| l.metrics.tpot.median),
+        per_level(levels, x, "TPOT p50", GREEN, 3, |l| l.metrics.tpot.median),
     ];
     line_chart(path, &frame, lines)
 }
@@ -151,7 +205,7 @@ fn ttft_cdf(path: &Path, levels: &[Level]) -> Result2 {
             sorted.sort_by(f64::total_cmp);
             let n = sorted.len().max(1) as f64;
             Line {
-                name: format!("concurrency {}", level.metrics.max_concurrency),
+                name: level.traffic.name(),
                 color: Palette99::pick(i).to_rgba(),
                 points: sorted
                     .iter()

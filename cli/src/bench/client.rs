@@ -2,7 +2,8 @@
 //! times them (`vllm/benchmarks/lib/endpoint_request_func.py`: a timestamp per `data:`
 //! line as it is read, the first line with a choice is the first token, every later
 //! one adds a gap), run as sessions of consecutive requests with at most N sessions in
-//! flight (a sweep's requests are sessions of one).
+//! flight (a sweep's requests are sessions of one), all at once or each at its arrival
+//! time (open loop, [`super::arrivals`]).
 //!
 //! The SSE stream is parsed here rather than with an SSE crate: one split on newlines
 //! and a `data:` prefix, with a chunk's JSON read into a struct that skips everything
@@ -241,18 +242,30 @@ async fn stream(
 
 /// Runs `sessions` (each a list of requests sent one after the other) with at most
 /// `concurrency` sessions in flight; every record with its session and step, and the
-/// wall time from the first request to the last response.
+/// wall time from the start to the last response.
+///
+/// With `arrivals` (open loop), session i arrives `arrivals[i]` seconds after the
+/// start and then waits for one of the `concurrency` permits, as vLLM's client waits
+/// on its semaphore (vllm-project/vllm vllm/benchmarks/serve.py get_request and
+/// `limited_request_func`): the semaphore is fair, so waiting sessions go in order of
+/// arrival, and a request is timed from when it is sent, not from its arrival. The
+/// wall time then starts before the first arrival, as vLLM's does.
 pub async fn run(
     client: &reqwest::Client,
     target: &Target,
     sessions: Vec<Vec<Job>>,
     concurrency: usize,
+    arrivals: Option<&[f64]>,
     on_done: Arc<dyn Fn(&RequestRecord) + Send + Sync>,
 ) -> (Vec<(usize, usize, RequestRecord)>, f64) {
     let gate = Arc::new(Semaphore::new(concurrency.max(1)));
     let run_start = Instant::now();
     let mut tasks = Vec::with_capacity(sessions.len());
     for (session, jobs) in sessions.into_iter().enumerate() {
+        if let Some(at) = arrivals.and_then(|a| a.get(session)) {
+            let after = Duration::try_from_secs_f64(*at).unwrap_or_default();
+            tokio::time::sleep_until((run_start + after).into()).await;
+        }
         let (gate, client, target, on_done) = (gate.clone(), client.clone(), target.clone(), on_done.clone());
         tasks.push(tokio::spawn(async move {
             let Ok(_permit) = gate.acquire_owned().await else {

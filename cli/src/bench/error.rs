@@ -53,6 +53,18 @@ pub enum BenchError {
     /// A sweep without levels, or with a level of 0.
     #[error("--concurrency needs levels of at least 1")]
     NoConcurrency,
+    /// An open-loop sweep capped at 0 requests in flight.
+    #[error("--max-concurrency needs at least 1")]
+    NoMaxConcurrency,
+    /// An open-loop level's rate or burstiness is not a positive number (the flags'
+    /// parsers let none through; a caller of the library may).
+    #[error("no arrival times at request rate {rate} with burstiness {burstiness}: both must be positive")]
+    Traffic {
+        /// Requests per second.
+        rate: f64,
+        /// The gamma shape of the gaps.
+        burstiness: f64,
+    },
     /// A request would not fit the server's context.
     #[error(
         "a request of {longest} tokens (prompt + output) does not fit the server's max_model_len {limit}"

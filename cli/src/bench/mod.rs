@@ -4,10 +4,12 @@
 //!
 //! Definitions follow `vllm bench serve` (`vllm/benchmarks/serve.py`) so that figures
 //! are comparable with it; see [`stats`]. The active runner is [`run`] (what to run in
-//! [`plan`], the report in [`report`]); the passive ones are [`logs`] and [`scrape`];
-//! engines' metric names and log lines come from `sous_engine::dialect`. Nothing here
-//! prints: progress and warnings go to a `Reporter`, and the command prints the rest.
+//! [`plan`], when open-loop requests arrive in [`arrivals`], the report in
+//! [`report`]); the passive ones are [`logs`] and [`scrape`]; engines' metric names
+//! and log lines come from `sous_engine::dialect`. Nothing here prints: progress and
+//! warnings go to a `Reporter`, and the command prints the rest.
 
+pub mod arrivals;
 pub mod charts;
 pub mod client;
 pub mod discover;

@@ -13,6 +13,7 @@ use std::time::Duration;
 use sous_engine::reporter::{Progress, Reporter, Task};
 
 use super::BenchError;
+use super::arrivals;
 use super::client::{self, Endpoint};
 use super::discover;
 use super::plan::{Planned, Workload};
@@ -132,11 +133,18 @@ impl LevelRun<'_> {
         let Planned {
             concurrency,
             sessions,
+            arrivals,
+            traffic,
         } = planned;
         let total: usize = sessions.iter().map(Vec::len).sum();
         let client = client::http_client(concurrency);
+        let label = match traffic.max_concurrency {
+            Some(c) if traffic.is_closed() => format!("conc {c}"),
+            Some(c) => format!("rate {} max {c}", arrivals::rate_text(traffic.request_rate)),
+            None => format!("rate {}", arrivals::rate_text(traffic.request_rate)),
+        };
         let bar: Arc<dyn Progress> = Arc::from(self.reporter.progress(Task::count(
-            format!("conc {concurrency}"),
+            label,
             "requests",
             total as u64,
         )));
@@ -165,7 +173,15 @@ impl LevelRun<'_> {
                 }
             }
         });
-        let (records, duration) = client::run(&client, self.target, sessions, concurrency, on_done).await;
+        let (records, duration) = client::run(
+            &client,
+            self.target,
+            sessions,
+            concurrency,
+            arrivals.as_deref(),
+            on_done,
+        )
+        .await;
         sampling.abort();
         bar.finish(None);
         let after = scrape(self.probe_client, self.url).await;
@@ -179,13 +195,15 @@ impl LevelRun<'_> {
         let metrics = RunMetrics::compute(&flat, duration, concurrency, &options.percentiles, &options.slo);
         if let Some(first) = flat.iter().find(|r| !r.success) {
             self.reporter.warn(&format!(
-                "{} of {} requests failed at concurrency {concurrency}; the first: {}",
+                "{} of {} requests failed at {}; the first: {}",
                 metrics.failed,
                 metrics.num_prompts,
+                traffic.name(),
                 first.error.as_deref().unwrap_or("?")
             ));
         }
         Level {
+            traffic,
             metrics,
             server,
             probe: matches!(self.workload, Workload::Probe(_)).then(|| ProbeSummary::of(&flat)),

@@ -21,6 +21,12 @@ pub enum First {
 
 /// Lays out `rows` (the header first, if any), each line starting with `indent`.
 pub fn layout(rows: &[Vec<String>], indent: &str, first: First) -> String {
+    layout_left(rows, indent, usize::from(first == First::Left))
+}
+
+/// [`layout`] with the first `left` columns left-aligned (names, URLs, states) and the
+/// rest right-aligned (numbers), as `sous ps` and `sous list` show them.
+pub fn layout_left(rows: &[Vec<String>], indent: &str, left: usize) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -38,7 +44,7 @@ pub fn layout(rows: &[Vec<String>], indent: &str, first: First) -> String {
             if c > 0 {
                 line.push_str("  ");
             }
-            if c == 0 && first == First::Left {
+            if c < left {
                 line.push_str(&format!("{cell:<width$}"));
             } else {
                 line.push_str(&format!("{cell:>width$}"));

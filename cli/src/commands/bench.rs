@@ -5,17 +5,15 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
-use sous::pipeline;
-use sous_engine::reporter::{Progress, Reporter, Task};
 use sous_engine::serve::Instance;
 
 use crate::failure::UserError;
 use crate::shell::Shell;
+use sous::bench::arrivals;
 use sous::bench::client::Endpoint;
 use sous::bench::plan::{self, Workload};
 use sous::bench::report;
@@ -28,8 +26,9 @@ pub enum BenchCommand {
     /// One stream, a cold ~500-token prompt, 256 tokens at temperature 0 with ignore_eos,
     /// repeated: TTFT and decode tok/s, median and spread (the Titan report's probe).
     Probe(ProbeArgs),
-    /// Concurrency levels, a number of requests at each: throughput, per-request speed,
-    /// TTFT/TPOT/ITL/E2E percentiles, errors, goodput.
+    /// Concurrency levels (or, with --request-rate, open-loop request rates), a number
+    /// of requests at each: throughput, per-request speed, TTFT/TPOT/ITL/E2E
+    /// percentiles, errors, goodput.
     Sweep(SweepArgs),
     /// Requests sharing long prefixes: the engine's prefix-cache hit rate.
     Prefix(PrefixArgs),
@@ -110,7 +109,7 @@ pub struct Common {
     /// with (default: the served model's, from its directory or the Hugging Face cache).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Seed of the prompt text and lengths.
+    /// Seed of the prompt text and lengths (and of a sweep's --request-rate arrivals).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Salt of the first words of cold prompts (default: from the clock; recorded in
@@ -156,6 +155,9 @@ impl From<EndpointArg> for Endpoint {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous bench probe --recipe recipes/local/smollm2-135m.toml\n  sous bench probe --url http://127.0.0.1:8000 --prompt-file src/main.rs --json"
+)]
 pub struct ProbeArgs {
     #[command(flatten)]
     common: Common,
@@ -176,13 +178,50 @@ pub struct ProbeArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous bench sweep --url http://127.0.0.1:8000 --concurrency 1,4,16 --out runs/a\n  sous bench sweep --recipe recipes/local/smollm2-135m.toml --request-rate 1,2,4,inf --burstiness 0.5\n  sous bench compare runs/a/sweep.json runs/b/sweep.json"
+)]
 pub struct SweepArgs {
     #[command(flatten)]
     common: Common,
-    /// Concurrency levels.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    /// Concurrency levels (closed loop: this many requests in flight, the next sent as
+    /// one ends).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4,8,16",
+        conflicts_with = "request_rate"
+    )]
     concurrency: Vec<usize>,
-    /// Requests per level (default: 4 x the level, at least 8).
+    /// Open-loop levels instead of --concurrency: requests per second, sent at
+    /// gamma-distributed times seeded by --seed (as `vllm bench serve --request-rate`),
+    /// `inf` for all at once; e.g. 1,2,4,8,inf.
+    #[arg(long, value_name = "R", value_delimiter = ',', value_parser = arrivals::parse_rate, allow_negative_numbers = true)]
+    request_rate: Vec<f64>,
+    /// With --request-rate: the gamma shape of the gaps between requests; 1 is a
+    /// Poisson process, below 1 burstier, above 1 more even, `inf` evenly spaced.
+    #[arg(
+        long,
+        value_name = "B",
+        default_value = "1",
+        value_parser = arrivals::parse_burstiness,
+        requires = "request_rate",
+        allow_negative_numbers = true
+    )]
+    burstiness: f64,
+    /// With --request-rate: the most requests in flight; more wait for a slot, so the
+    /// rate achieved may fall below the rate offered (default: no cap).
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = arrivals::parse_max_concurrency,
+        requires = "request_rate",
+        allow_negative_numbers = true
+    )]
+    max_concurrency: Option<usize>,
+    /// Requests per level (default: 4 x the level, at least 8; with --request-rate R,
+    /// 10 x R, at least 8, and at rate inf 4 x --max-concurrency, or without it the
+    /// largest count of the other levels).
     #[arg(long)]
     requests: Option<usize>,
     /// Prompt tokens.
@@ -278,6 +317,9 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
         BenchCommand::Sweep(a) => {
             let workload = Workload::Sweep(plan::Sweep {
                 concurrency: a.concurrency,
+                request_rates: a.request_rate,
+                burstiness: a.burstiness,
+                max_concurrency: a.max_concurrency,
                 requests: a.requests,
                 input_len: a.input_len,
                 output_len: a.output_len,
@@ -381,8 +423,8 @@ fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Serves `recipe` through the pipeline (build, start, readiness) for the length of a
-/// benchmark; returns the instance, its base URL and the API key its recipe names.
+/// Serves `recipe` for the length of a benchmark; returns the instance, its base URL and
+/// the API key its recipe names.
 async fn serve(
     file: &Path,
     overrides: &super::OverrideArgs,
@@ -394,21 +436,7 @@ async fn serve(
         .api_key_env
         .as_deref()
         .and_then(|v| std::env::var(v).ok());
-    let setup = super::serve::setup();
-    let running = pipeline::running(&recipe, &setup, false, shell)?;
-    shell.status(
-        "serving",
-        &format!(
-            "{} (log: {})",
-            recipe.name,
-            setup.instance_dir(&recipe).join("engine.log").display()
-        ),
-    );
-    // The engine's output goes to its log only: the benchmark's figures are the talk here.
-    let reporter: Arc<dyn Reporter> = Arc::new(WithoutOutput(shell.clone()));
-    let built = pipeline::build(&recipe, &setup, false, &reporter).await?;
-    let mut instance = pipeline::launch(&built, &setup, running, reporter)?;
-    let url = instance.ready().await?.url.clone();
+    let (instance, url) = super::serve::for_session(&recipe, shell).await?;
     Ok((instance, url, key))
 }
 
@@ -497,24 +525,4 @@ async fn measure(
     } else {
         ExitCode::SUCCESS
     })
-}
-
-/// A reporter that passes everything on but an engine's output, which goes to the
-/// engine's log file only.
-struct WithoutOutput(Shell);
-
-impl Reporter for WithoutOutput {
-    fn status(&self, word: &str, message: &str) {
-        self.0.status(word, message);
-    }
-
-    fn warn(&self, message: &str) {
-        self.0.warn(message);
-    }
-
-    fn output(&self, _: Option<&str>, _: &str) {}
-
-    fn progress(&self, task: Task) -> Box<dyn Progress> {
-        Reporter::progress(&self.0, task)
-    }
 }

@@ -48,6 +48,9 @@ impl From<TargetArg> for Target {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous deploy render --recipe recipes/dgx-spark/qwen3.8-27b-nvfp4.toml | kubectl apply -f -\n  sous deploy render --recipe my.toml --out deploy/ --target compose"
+)]
 pub struct RenderArgs {
     #[command(flatten)]
     recipe: RecipeArg,
@@ -71,6 +74,9 @@ pub struct RenderArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Example:\n  sous deploy diff --recipe my.toml deploy/   # exit 1 when the rendering changed"
+)]
 pub struct DiffArgs {
     #[command(flatten)]
     recipe: RecipeArg,

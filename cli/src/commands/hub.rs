@@ -20,6 +20,9 @@ pub enum HubCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous hub serve --root target/models --port 8900\n  HF_ENDPOINT=http://127.0.0.1:8900 sous pull HuggingFaceTB/SmolLM2-135M-Instruct"
+)]
 pub struct ServeArgs {
     /// Directory holding one folder per repository: ROOT/org/name/.
     #[arg(long, value_name = "DIR")]

@@ -23,6 +23,9 @@ pub enum ImportCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Example:\n  sous import gguf SmolLM2-135M-Instruct.Q8_0.gguf --out models/smollm2 --dtype bf16"
+)]
 pub struct GgufArgs {
     /// The .gguf file.
     #[arg(value_name = "FILE")]

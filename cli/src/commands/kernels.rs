@@ -26,6 +26,7 @@ pub enum KernelsCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Example:\n  sous kernels check --device cuda:0")]
 pub struct CheckArgs {
     /// The GPU: `cuda` or `cuda:N`.
     #[arg(long, value_name = "cuda[:N]", default_value = "cuda")]

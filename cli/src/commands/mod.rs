@@ -4,14 +4,22 @@
 mod bench;
 mod completions;
 mod deploy;
+mod doctor;
 mod hub;
 mod import;
 mod kernels;
+mod list;
+mod logs;
+mod man;
 mod plan;
+mod ps;
 mod pull;
 mod quantize;
 mod recipe;
+mod rm;
+mod run;
 mod serve;
+mod stop;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -57,14 +65,32 @@ enum Command {
     /// Serve a recipe's model: pull and quantize it if needed, then run its engine until
     /// Ctrl-C (--dry-run prints the exact command line instead).
     Serve(serve::ServeArgs),
+    /// The instances `sous serve` runs on this machine: health, load, URL, uptime.
+    Ps(ps::PsArgs),
+    /// An instance's engine log; `-f` follows it.
+    Logs(logs::LogsArgs),
+    /// Stop a running instance from any shell (grace period, then kill).
+    Stop(stop::StopArgs),
+    /// The models in the Hub cache and the quantized variants in sous's cache.
+    List(list::ListArgs),
+    /// Remove a model, one of its revisions, or a quantized variant from the caches.
+    Rm(rm::RmArgs),
+    /// Chat with a recipe's model (or any OpenAI-compatible server) in the terminal,
+    /// streamed; one-shot with a prompt.
+    Run(run::RunArgs),
     /// Measure a server: probe, sweep, prefix, agent workloads; compare reports.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Render the recipe for Kubernetes, compose or systemd, or diff a rendered directory.
     #[command(subcommand)]
     Deploy(deploy::DeployCommand),
+    /// What this machine can run: GPUs, drivers, engines, container runtimes, the Hub,
+    /// disk, and which shipped recipes can be served here.
+    Doctor(doctor::DoctorArgs),
     /// Print a shell completion script.
     Completions(completions::CompletionsArgs),
+    /// Write the man pages (one per command) into a directory.
+    Man(man::ManArgs),
 }
 
 /// Runs the parsed command.
@@ -80,7 +106,15 @@ pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
         Command::Plan(args) => plan::exec(args, shell),
         Command::Kernels(cmd) => kernels::exec(cmd, shell),
         Command::Deploy(cmd) => deploy::exec(cmd, shell),
+        Command::Ps(args) => ps::exec(args, shell),
+        Command::Logs(args) => logs::exec(args, shell),
+        Command::Stop(args) => stop::exec(args, shell),
+        Command::List(args) => list::exec(args, shell),
+        Command::Rm(args) => rm::exec(args, shell),
+        Command::Run(args) => run::exec(args, shell),
+        Command::Doctor(args) => doctor::exec(args, shell),
         Command::Completions(args) => completions::exec(args, shell),
+        Command::Man(args) => man::exec(args, shell),
     }
 }
 

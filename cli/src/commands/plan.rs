@@ -19,6 +19,9 @@ use crate::failure::UserError;
 use crate::shell::Shell;
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous plan --recipe recipes/local/smollm2-135m.toml\n  sous plan --recipe recipes/dgx-spark/qwen3.8-27b-nvfp4.toml --gpu dgx-spark\n  sous plan --recipe recipes/titan/qwen3.8-flash-next.toml --gpu-memory 96GiB --json"
+)]
 pub struct PlanArgs {
     #[command(flatten)]
     recipe: RecipeArg,

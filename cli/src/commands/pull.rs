@@ -16,6 +16,9 @@ use sous::hub::config::HubConfig;
 use sous::hub::pull::{DEFAULT_CONNECTIONS, PullRequest, pull};
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous pull HuggingFaceTB/SmolLM2-135M-Instruct\n  sous pull Qwen/Qwen3.8-27B@main --include '*.safetensors' --json\n  sous pull --recipe recipes/local/smollm2-135m.toml"
+)]
 pub struct PullArgs {
     /// Repository id, optionally with a revision: `org/name` or `org/name@v1.0`.
     #[arg(

@@ -20,6 +20,9 @@ use sous::quantize::{
 };
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous quantize --recipe recipes/local/smollm2-135m-nvfp4.toml\n  sous quantize MODEL_DIR --out OUT_DIR --format modelopt\n  sous quantize MODEL_DIR --out OUT_DIR --scheme nvfp4 --calibration builtin --device cuda"
+)]
 pub struct QuantizeArgs {
     /// The model to quantize: a directory with config.json and *.safetensors.
     #[arg(

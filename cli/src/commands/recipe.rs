@@ -23,6 +23,9 @@ pub enum RecipeCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous recipe check recipes/local/*.toml\n  sous recipe check my.toml --set serving.max_model_len=16384 --json"
+)]
 pub struct CheckArgs {
     /// Recipe files.
     #[arg(required = true, value_name = "FILE")]

@@ -26,6 +26,9 @@ use crate::shell::Shell;
 const ENGINE_PROCESS: &str = "engine-process";
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous serve --recipe recipes/local/smollm2-135m.toml\n  sous serve --recipe recipes/dgx-spark/qwen3.8-27b-nvfp4.toml --dry-run\n  sous serve --recipe my.toml --replace --set memory.gpu_utilization=0.85"
+)]
 pub struct ServeArgs {
     #[command(flatten)]
     recipe: RecipeArg,
@@ -143,4 +146,47 @@ fn serve_native(
     runtime.block_on(http::serve(engine, reporter, shutdown_signal()))?;
     shell.status("stopped", &recipe.name);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serves `recipe` through the pipeline (build, start, readiness) for the length of one
+/// command (`sous bench --recipe`, `sous run`): the engine's output goes to its log only.
+/// Returns the instance (stop it when done) and its base URL.
+pub async fn for_session(
+    recipe: &Recipe,
+    shell: &Shell,
+) -> anyhow::Result<(sous_engine::serve::Instance, String)> {
+    let setup = setup();
+    let running = pipeline::running(recipe, &setup, false, shell)?;
+    shell.status(
+        "serving",
+        &format!(
+            "{} (log: {})",
+            recipe.name,
+            setup.instance_dir(recipe).join("engine.log").display()
+        ),
+    );
+    let reporter: Arc<dyn Reporter> = Arc::new(WithoutOutput(shell.clone()));
+    let built = pipeline::build(recipe, &setup, false, &reporter).await?;
+    let mut instance = pipeline::launch(&built, &setup, running, reporter)?;
+    let url = instance.ready().await?.url.clone();
+    Ok((instance, url))
+}
+
+/// The shell without the engine's output lines (they stay in the engine log).
+struct WithoutOutput(Shell);
+
+impl Reporter for WithoutOutput {
+    fn status(&self, word: &str, message: &str) {
+        self.0.status(word, message);
+    }
+
+    fn warn(&self, message: &str) {
+        self.0.warn(message);
+    }
+
+    fn output(&self, _: Option<&str>, _: &str) {}
+
+    fn progress(&self, task: sous_engine::reporter::Task) -> Box<dyn sous_engine::reporter::Progress> {
+        Reporter::progress(&self.0, task)
+    }
 }

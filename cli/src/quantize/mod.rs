@@ -23,7 +23,7 @@ mod error;
 mod fused;
 mod gpu;
 mod layout;
-mod marker;
+pub mod marker;
 mod progress;
 mod select;
 mod source;

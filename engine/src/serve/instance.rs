@@ -57,6 +57,17 @@ pub struct InstanceState {
     /// Its recipe's `server.stop_grace`, in milliseconds.
     #[serde(default)]
     pub stop_grace_ms: Option<u64>,
+    /// The recipe's model as its file names it: `org/name`, `org/name@revision`, or a
+    /// local directory.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The directory the engine serves (a Hub snapshot, a quantized checkpoint); `None`
+    /// when the engine was given a repository id and reads the Hub cache itself.
+    #[serde(default)]
+    pub weights: Option<PathBuf>,
+    /// When it became ready, in seconds since the Unix epoch.
+    #[serde(default)]
+    pub ready_unix: Option<u64>,
 }
 
 /// Why the record could not be read or written.
@@ -333,6 +344,9 @@ mod tests {
             recipe_hash: "h".into(),
             utilization: Some(0.4),
             stop_grace_ms: None,
+            model: Some("org/name".into()),
+            weights: None,
+            ready_unix: Some(1),
         }
     }
 

@@ -21,7 +21,7 @@ use super::process;
 use super::ready::wait_ready;
 use super::{Launched, Ready};
 use crate::launch::{self, Arg, Launch};
-use crate::recipe::{EngineKind, RESTART_WINDOW};
+use crate::recipe::{EngineKind, RESTART_WINDOW, Recipe};
 use crate::reporter::Reporter;
 
 /// Runs the instance until `stop` fires (or its sender is dropped) or the engine
@@ -175,6 +175,12 @@ pub(super) async fn supervise(
                     recipe_hash: recipe_hash.clone(),
                     utilization,
                     stop_grace_ms: Some(recipe.server.stop_grace.as_millis() as u64),
+                    model: Some(model_label(&recipe)),
+                    weights: ctx.weights.clone(),
+                    ready_unix: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .ok()
+                        .map(|d| d.as_secs()),
                 };
                 instance::write(&ctx.instance_dir, &state)?;
                 if let Some(old) = replacing.take() {
@@ -241,6 +247,18 @@ pub(super) async fn supervise(
                 return Ok(());
             }
         }
+    }
+}
+
+/// The recipe's model as its file names it, for the instance record: `org/name`,
+/// `org/name@revision` or the local directory.
+fn model_label(recipe: &Recipe) -> String {
+    let model = &recipe.model;
+    match (&model.path, &model.repo, &model.revision) {
+        (Some(path), _, _) => path.clone(),
+        (None, Some(repo), Some(rev)) => format!("{}@{rev}", repo.as_str()),
+        (None, Some(repo), None) => repo.as_str().to_owned(),
+        (None, None, _) => model.served_name.clone(),
     }
 }
 

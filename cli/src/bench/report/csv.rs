@@ -1,12 +1,20 @@
 //! A run's CSV: a header and one row per level, numbers only (so no quoting is needed).
-//! Not here: the JSON ([`super::Level`]).
+//! An open-loop sweep's rows begin with `request_rate` and `burstiness` (`inf` where
+//! infinite) and leave `max_concurrency` empty where there was no cap; a closed loop's
+//! CSV has neither column. Not here: the JSON ([`super::Level`]).
 
 use super::level::key_percentile;
 use crate::bench::report::Level;
 
 /// The CSV header and one row per level (numbers only, so no quoting is needed).
 pub fn csv(levels: &[Level], percentiles: &[f64]) -> String {
-    let mut header = vec![
+    let open = levels.iter().any(|l| !l.traffic.is_closed());
+    let mut header = if open {
+        vec!["request_rate", "burstiness"]
+    } else {
+        Vec::new()
+    };
+    header.extend([
         "max_concurrency",
         "num_prompts",
         "completed",
@@ -17,10 +25,8 @@ pub fn csv(levels: &[Level], percentiles: &[f64]) -> String {
         "request_throughput",
         "request_goodput",
         "mean_request_output_tokens_per_s",
-    ]
-    .into_iter()
-    .map(str::to_owned)
-    .collect::<Vec<_>>();
+    ]);
+    let mut header = header.into_iter().map(str::to_owned).collect::<Vec<_>>();
     for metric in ["ttft", "tpot", "itl", "e2el"] {
         header.push(format!("mean_{metric}_ms"));
         for p in percentiles {
@@ -41,8 +47,21 @@ pub fn csv(levels: &[Level], percentiles: &[f64]) -> String {
     out.push('\n');
     for level in levels {
         let m = &level.metrics;
-        let mut row = vec![
-            m.max_concurrency.to_string(),
+        let t = &level.traffic;
+        let number_or_inf = |v: f64| {
+            if v.is_finite() {
+                format!("{v}")
+            } else {
+                "inf".to_owned()
+            }
+        };
+        let mut row = if open {
+            vec![number_or_inf(t.request_rate), number_or_inf(t.burstiness)]
+        } else {
+            Vec::new()
+        };
+        row.extend([
+            t.max_concurrency.map_or(String::new(), |c| c.to_string()),
             m.num_prompts.to_string(),
             m.completed.to_string(),
             m.failed.to_string(),
@@ -52,7 +71,7 @@ pub fn csv(levels: &[Level], percentiles: &[f64]) -> String {
             format!("{:.6}", m.request_throughput),
             opt(m.request_goodput),
             format!("{:.6}", m.mean_request_output_tokens_per_s),
-        ];
+        ]);
         for s in [&m.ttft, &m.tpot, &m.itl, &m.e2el] {
             row.push(format!("{:.6}", s.mean));
             for p in percentiles {

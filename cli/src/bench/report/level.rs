@@ -1,7 +1,8 @@
-//! One level of a run (a concurrency level of a sweep, or a whole probe, prefix or agent
-//! run) and its JSON object: `vllm bench serve`'s flat result keys (`mean_ttft_ms`,
-//! `p99_itl_ms` for each percentile asked, ...) plus sous's (`server`, `errors`,
-//! `probe`, `agent`). Not here: measuring it ([`crate::bench::run`]).
+//! One level of a run (a concurrency level or a request rate of a sweep, or a whole
+//! probe, prefix or agent run) and its JSON object: `vllm bench serve`'s flat result
+//! keys (`request_rate`, `burstiness`, `max_concurrency`, `mean_ttft_ms`, `p99_itl_ms`
+//! for each percentile asked, ...) plus sous's (`server`, `errors`, `probe`, `agent`).
+//! Not here: measuring it ([`crate::bench::run`]).
 
 use std::collections::BTreeMap;
 
@@ -9,12 +10,16 @@ use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 
 use super::extras::{AgentSummary, ErrorCount, ProbeSummary};
+use crate::bench::arrivals::Traffic;
 use crate::bench::server::ServerFigures;
 use crate::bench::stats::{RunMetrics, Summary};
 
 /// One level of a run.
 #[derive(Debug, Clone)]
 pub struct Level {
+    /// How its requests arrived (for a closed loop of N streams: all at once, N at a
+    /// time).
+    pub traffic: Traffic,
     /// Client-side figures.
     pub metrics: RunMetrics,
     /// What the engine counted.
@@ -53,11 +58,14 @@ impl Level {
     fn fields(&self) -> BTreeMap<String, Value> {
         let m = &self.metrics;
         let mut map = BTreeMap::new();
-        map.insert("request_rate".into(), json!("inf"));
-        map.insert("burstiness".into(), json!(1.0));
+        // As `vllm bench serve` writes them: the rate a number or "inf", no cap null.
+        let t = &self.traffic;
+        let number_or_inf = |v: f64| if v.is_finite() { json!(v) } else { json!("inf") };
+        map.insert("request_rate".into(), number_or_inf(t.request_rate));
+        map.insert("burstiness".into(), number_or_inf(t.burstiness));
         for (k, v) in [
             ("num_prompts", json!(m.num_prompts)),
-            ("max_concurrency", json!(m.max_concurrency)),
+            ("max_concurrency", json!(t.max_concurrency)),
             ("duration", json!(m.duration)),
             ("completed", json!(m.completed)),
             ("failed", json!(m.failed)),

@@ -5,11 +5,15 @@
 use serde_json::Value;
 
 use super::{Level, Report};
+use crate::bench::arrivals;
 use crate::bench::table::{self, First};
 
-/// The terminal table of a run's levels.
+/// The terminal table of a run's levels; an open-loop sweep's begins with the offered
+/// rate and ends with the completed requests per second.
 pub fn table(levels: &[Level]) -> String {
-    let mut rows = vec![vec![
+    let open = levels.iter().any(|l| !l.traffic.is_closed());
+    let mut header = if open { vec!["rate".to_owned()] } else { Vec::new() };
+    header.extend([
         "conc".to_owned(),
         "reqs".into(),
         "err".into(),
@@ -23,12 +27,22 @@ pub fn table(levels: &[Level]) -> String {
         "E2E p50".into(),
         "goodput".into(),
         "prefix hit".into(),
-    ]];
+    ]);
+    if open {
+        header.push("req/s".into());
+    }
+    let mut rows = vec![header];
     for level in levels {
         let m = &level.metrics;
+        let t = &level.traffic;
         let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
-        rows.push(vec![
-            m.max_concurrency.to_string(),
+        let mut row = if open {
+            vec![arrivals::rate_text(t.request_rate)]
+        } else {
+            Vec::new()
+        };
+        row.extend([
+            t.max_concurrency.map_or("-".to_owned(), |c| c.to_string()),
             m.num_prompts.to_string(),
             m.failed.to_string(),
             format!("{:.1}", m.output_throughput),
@@ -45,8 +59,20 @@ pub fn table(levels: &[Level]) -> String {
                 .prefix_cache_hit_rate
                 .map_or("-".into(), |h| format!("{:.1}%", h * 100.0)),
         ]);
+        if open {
+            row.push(format!("{:.2}", m.request_throughput));
+        }
+        rows.push(row);
     }
-    table::layout(&rows, "", First::Right) + "(times in ms; tok/s/req = mean of each request's 1/TPOT)\n"
+    let mut out =
+        table::layout(&rows, "", First::Right) + "(times in ms; tok/s/req = mean of each request's 1/TPOT)\n";
+    if open {
+        out.push_str(
+            "(rate: requests offered per second, gamma-distributed gaps; conc: the cap on requests \
+             in flight, - for none; req/s: completed per second)\n",
+        );
+    }
+    out
 }
 
 /// The text `sous bench probe|sweep|prefix|agent` prints: the level table, then the
@@ -105,8 +131,29 @@ pub fn summary(report: &Report) -> String {
     out
 }
 
+/// A level's request rate and cap as its JSON has them (`"inf"`/number, number/null):
+/// what `compare` matches levels by.
+fn level_key(level: &Value) -> (Value, Value) {
+    (level["request_rate"].clone(), level["max_concurrency"].clone())
+}
+
+/// How `compare` names a level: its concurrency for a closed loop (every request at
+/// once, a cap), else `20/s`, `20/s max 4`, `inf`.
+fn level_name(level: &Value) -> String {
+    let rate = match &level["request_rate"] {
+        Value::String(s) => s.clone(),
+        Value::Null => "inf".to_owned(),
+        v => v.as_f64().map_or_else(|| v.to_string(), arrivals::rate_text),
+    };
+    match (&level["max_concurrency"], rate.as_str()) {
+        (Value::Null, _) => rate,
+        (c, "inf") => c.to_string(),
+        (c, _) => format!("{rate} max {c}"),
+    }
+}
+
 /// `sous bench compare A B`: the levels of two reports side by side, matched by
-/// concurrency, with B/A ratios.
+/// request rate and concurrency (a closed loop's: its concurrency), with B/A ratios.
 pub fn compare(a: &Value, b: &Value) -> Result<String, String> {
     let levels = |v: &Value, which: &str| -> Result<Vec<Value>, String> {
         v["levels"]
@@ -117,8 +164,13 @@ pub fn compare(a: &Value, b: &Value) -> Result<String, String> {
     let (la, lb) = (levels(a, "the first file")?, levels(b, "the second file")?);
     let label = |v: &Value| v["label"].as_str().map(str::to_owned).unwrap_or_default();
     let (name_a, name_b) = (label(a), label(b));
+    // Open loop: some level is not a closed loop (every request at once, a cap).
+    let open = la.iter().any(|l| {
+        let all_at_once = l["request_rate"] == "inf" || l["request_rate"].is_null();
+        !all_at_once || l["max_concurrency"].is_null()
+    });
     let mut rows = vec![vec![
-        "conc".to_owned(),
+        if open { "level" } else { "conc" }.to_owned(),
         "metric".into(),
         if name_a.is_empty() { "A".into() } else { name_a },
         if name_b.is_empty() { "B".into() } else { name_b },
@@ -134,7 +186,7 @@ pub fn compare(a: &Value, b: &Value) -> Result<String, String> {
     ];
     let mut matched = 0;
     for x in &la {
-        let Some(y) = lb.iter().find(|y| y["max_concurrency"] == x["max_concurrency"]) else {
+        let Some(y) = lb.iter().find(|y| level_key(y) == level_key(x)) else {
             continue;
         };
         matched += 1;
@@ -143,7 +195,7 @@ pub fn compare(a: &Value, b: &Value) -> Result<String, String> {
                 continue;
             };
             rows.push(vec![
-                x["max_concurrency"].to_string(),
+                level_name(x),
                 name.into(),
                 format!("{va:.1}"),
                 format!("{vb:.1}"),

@@ -1,0 +1,301 @@
+//! The serving engines: vLLM, SGLang and TensorRT-LLM as installed on `PATH`, each
+//! asked for its version (all at once: importing torch alone can take ten seconds),
+//! and the native engine, which is part of sous and runs on this CPU.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use sous_engine::version::Version;
+
+use super::exec::{self, Output, RunError, SearchPath};
+
+/// How long an engine may take to say its version.
+const VERSION_LIMIT: Duration = Duration::from_secs(30);
+
+/// What `python3 -c` runs to find SGLang: the import `python3 -m sglang.launch_server`
+/// (how sous starts it) depends on.
+const SGLANG_VERSION: &str = "import sglang; print(sglang.__version__)";
+
+/// TensorRT-LLM's version without importing it (which loads torch and the TensorRT
+/// libraries): `trtllm-serve` has no `--version`, its `main` being a group that hands
+/// unknown arguments to `serve` (`tensorrt_llm/commands/serve.py`, `DefaultGroup`).
+const TRTLLM_VERSION: &str = "import importlib.metadata as m; print(m.version('tensorrt_llm'))";
+
+/// The engines.
+#[derive(Debug, Clone, Serialize)]
+pub struct Engines {
+    /// vLLM (`vllm`).
+    pub vllm: Installed,
+    /// SGLang (`python3 -m sglang.launch_server`).
+    pub sglang: Installed,
+    /// TensorRT-LLM (`trtllm-serve`).
+    pub trtllm: Installed,
+    /// The engine built into sous.
+    pub native: Native,
+}
+
+/// An engine installed on this machine, or not.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Installed {
+    /// Whether sous can start it here.
+    pub available: bool,
+    /// The program found: the engine's executable, or the Python that imports it.
+    pub path: Option<String>,
+    /// Its version, when it said.
+    pub version: Option<String>,
+    /// Why it is not available, or why its version is unknown.
+    pub problem: Option<String>,
+}
+
+impl Installed {
+    fn missing(problem: impl Into<String>) -> Installed {
+        Installed {
+            problem: Some(problem.into()),
+            ..Installed::default()
+        }
+    }
+}
+
+/// The native engine and the CPU it runs on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Native {
+    /// Always: it is part of sous.
+    pub available: bool,
+    /// sous's version, which is the engine's.
+    pub version: &'static str,
+    /// The CPU.
+    pub cpu: Cpu,
+}
+
+/// The CPU, as the native engine sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cpu {
+    /// e.g. `Intel(R) Xeon(R) Platinum 8480+`, from `/proc/cpuinfo`.
+    pub model: String,
+    /// `x86_64` or `aarch64`.
+    pub arch: &'static str,
+    /// Threads sous may use.
+    pub threads: usize,
+    /// RAM (`MemTotal`).
+    pub memory_bytes: Option<u64>,
+    /// The matrix kernels the native engine runs (`avx512`, `avx2` or `portable`;
+    /// `SOUS_KERNELS_ISA` narrows it).
+    pub kernels: &'static str,
+    /// Every kernel set this CPU can run, widest first.
+    pub instruction_sets: Vec<&'static str>,
+    /// The kernel `sous quantize` uses on the CPU.
+    pub quantize_kernel: &'static str,
+}
+
+/// The engines, probed concurrently.
+pub async fn probe(search: &SearchPath) -> Engines {
+    let (vllm, sglang, trtllm) = tokio::join!(vllm(search), sglang(search), trtllm(search));
+    Engines {
+        vllm,
+        sglang,
+        trtllm,
+        native: native(),
+    }
+}
+
+async fn vllm(search: &SearchPath) -> Installed {
+    let Some(program) = search.which("vllm") else {
+        return Installed::missing("`vllm` not on PATH");
+    };
+    let out = exec::run(&program, &["--version"], VERSION_LIMIT).await;
+    answer(&program, "vllm --version", out, true)
+}
+
+async fn sglang(search: &SearchPath) -> Installed {
+    let Some(python) = search.which("python3") else {
+        return Installed::missing("python3 not on PATH (SGLang runs as `python3 -m sglang.launch_server`)");
+    };
+    let out = exec::run(&python, &["-c", SGLANG_VERSION], VERSION_LIMIT).await;
+    if let Ok(out) = &out
+        && !out.success()
+        && out.stderr.contains("No module named 'sglang'")
+    {
+        return Installed {
+            path: Some(python.display().to_string()),
+            ..Installed::missing(format!("{} cannot import sglang", python.display()))
+        };
+    }
+    answer(&python, "import sglang", out, true)
+}
+
+async fn trtllm(search: &SearchPath) -> Installed {
+    let Some(program) = search.which("trtllm-serve") else {
+        return Installed::missing("`trtllm-serve` not on PATH");
+    };
+    // The Python the entry point runs with, which is the one that has the package.
+    let python = std::fs::read(&program)
+        .ok()
+        .and_then(|bytes| shebang_python(&String::from_utf8_lossy(&bytes[..bytes.len().min(512)])))
+        .and_then(|p| search.which(&p))
+        .or_else(|| search.which("python3"));
+    let Some(python) = python else {
+        return Installed {
+            available: true,
+            path: Some(program.display().to_string()),
+            version: None,
+            problem: Some("version unknown: no Python found to ask".into()),
+        };
+    };
+    let out = exec::run(&python, &["-c", TRTLLM_VERSION], VERSION_LIMIT).await;
+    let mut installed = answer(&program, "tensorrt_llm's version", out, false);
+    // The entry point is there: sous can start it, whatever its Python said.
+    installed.available = true;
+    installed
+}
+
+/// An engine from its version command's outcome; `must_answer`: whether a failing
+/// version command means the engine cannot run.
+fn answer(program: &Path, what: &str, out: Result<Output, RunError>, must_answer: bool) -> Installed {
+    let path = Some(program.display().to_string());
+    match out {
+        Ok(out) if out.success() => match version_in(&out.stdout) {
+            Some(version) => Installed {
+                available: true,
+                path,
+                version: Some(version),
+                problem: None,
+            },
+            None => Installed {
+                available: true,
+                path,
+                version: None,
+                problem: Some(format!("`{what}` printed no version")),
+            },
+        },
+        Ok(out) => Installed {
+            available: !must_answer,
+            path,
+            version: None,
+            problem: Some(format!("`{what}` failed ({})", out.failure())),
+        },
+        // Slow, not broken: the engine is there.
+        Err(e @ RunError::TimedOut { .. }) => Installed {
+            available: true,
+            path,
+            version: None,
+            problem: Some(format!("version unknown: {e}")),
+        },
+        Err(e) => Installed {
+            available: false,
+            path,
+            version: None,
+            problem: Some(e.to_string()),
+        },
+    }
+}
+
+/// The release number in a version command's output: the last line that is one, or
+/// whose last word is one (`[TensorRT-LLM] TensorRT-LLM version: 1.0.0`). vLLM logs to
+/// stdout, so `vllm --version` may print log lines before the number.
+pub fn version_in(stdout: &str) -> Option<String> {
+    stdout.lines().rev().map(str::trim).find_map(|line| {
+        [Some(line), line.split_whitespace().last()]
+            .into_iter()
+            .flatten()
+            .find(|word| word.parse::<Version>().is_ok())
+            .map(str::to_owned)
+    })
+}
+
+/// The Python of a script's `#!` line: `#!/opt/venv/bin/python3` or
+/// `#!/usr/bin/env python3`; `None` for a script of another interpreter.
+pub fn shebang_python(head: &str) -> Option<String> {
+    let line = head.lines().next()?.strip_prefix("#!")?;
+    let mut words = line.split_whitespace();
+    let mut interpreter = words.next()?;
+    if Path::new(interpreter).file_name().is_some_and(|n| n == "env") {
+        interpreter = words.find(|w| !w.starts_with('-'))?;
+    }
+    let name = Path::new(interpreter).file_name()?.to_string_lossy();
+    name.starts_with("python").then(|| interpreter.to_owned())
+}
+
+/// The native engine: always there, on this CPU.
+pub fn native() -> Native {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let arch = std::env::consts::ARCH;
+    Native {
+        available: true,
+        version: env!("CARGO_PKG_VERSION"),
+        cpu: Cpu {
+            model: cpu_model(&cpuinfo).unwrap_or_else(|| format!("{arch} CPU")),
+            arch,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_bytes: sous_engine::native::host_memory(),
+            kernels: sous_kernels::gemm::Isa::current().name(),
+            instruction_sets: sous_kernels::gemm::Isa::available()
+                .into_iter()
+                .map(|isa| isa.name())
+                .collect(),
+            quantize_kernel: sous_kernels::fast::Kernel::detect().name(),
+        },
+    }
+}
+
+/// The CPU's name in `/proc/cpuinfo`: `model name` on x86, `Model` or `Hardware` on
+/// some Arm kernels.
+pub fn cpu_model(cpuinfo: &str) -> Option<String> {
+    ["model name", "Model", "Hardware"].iter().find_map(|key| {
+        cpuinfo.lines().find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            (k.trim() == *key && !v.trim().is_empty()).then(|| v.trim().to_owned())
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_version_after_log_lines() {
+        assert_eq!(version_in("0.11.0\n").as_deref(), Some("0.11.0"));
+        let logged =
+            "INFO 10-02 09:12:01 [__init__.py:216] Automatically detected platform cuda.\n0.10.1.1\n";
+        assert_eq!(version_in(logged).as_deref(), Some("0.10.1.1"));
+        assert_eq!(
+            version_in("[TensorRT-LLM] TensorRT-LLM version: 1.2.0rc1\n").as_deref(),
+            Some("1.2.0rc1")
+        );
+        assert_eq!(version_in("0.5.3.post1\n").as_deref(), Some("0.5.3.post1"));
+        assert_eq!(version_in("usage: vllm [-h]\n"), None);
+    }
+
+    #[test]
+    fn reads_the_python_of_an_entry_point() {
+        assert_eq!(
+            shebang_python("#!/opt/venv/bin/python3.12\n# -*- coding: utf-8 -*-\n").as_deref(),
+            Some("/opt/venv/bin/python3.12")
+        );
+        assert_eq!(
+            shebang_python("#!/usr/bin/env python3\n").as_deref(),
+            Some("python3")
+        );
+        assert_eq!(shebang_python("#!/bin/sh\nexec python3 \"$@\"\n"), None);
+        assert_eq!(shebang_python("import sys\n"), None);
+    }
+
+    #[test]
+    fn names_the_cpu() {
+        let x86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n";
+        assert_eq!(cpu_model(x86).as_deref(), Some("Intel(R) Xeon(R) Platinum 8480+"));
+        // Arm kernels list implementer and part numbers, and no name.
+        let arm = "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd85\n";
+        assert_eq!(cpu_model(arm), None);
+        assert_eq!(cpu_model("Hardware\t: BCM2835\n").as_deref(), Some("BCM2835"));
+    }
+
+    #[test]
+    fn the_native_engine_is_always_there() {
+        let native = native();
+        assert!(native.available);
+        assert!(native.cpu.instruction_sets.contains(&"portable"));
+        assert!(native.cpu.instruction_sets.contains(&native.cpu.kernels));
+    }
+}
