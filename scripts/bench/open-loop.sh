@@ -12,8 +12,12 @@
 #
 #   scripts/bench/open-loop.sh
 #
+#   4. with VLLM set (a `vllm` executable), `vllm bench serve --request-rate` against the
+#      same servers, level by level, and a table of both clients' figures side by side.
+#
 # Environment: SOUS (default target/debug/sous), FAKE (default target/debug/fake-engine),
-# TOKENIZER (default the SmolLM2 test model), REQUESTS per level (default 100).
+# TOKENIZER (default the SmolLM2 test model), REQUESTS per level (default 100), VLLM
+# (default: `vllm` on PATH; without one only sous runs).
 # Results: target/bench/open-loop/<UTC time>/ (each sweep's JSON, summary.md).
 set -euo pipefail
 
@@ -23,6 +27,7 @@ SOUS="${SOUS:-$ROOT/target/debug/sous}"
 FAKE="${FAKE:-$ROOT/target/debug/fake-engine}"
 TOKENIZER="${TOKENIZER:-$ROOT/target/models/HuggingFaceTB/SmolLM2-135M-Instruct}"
 REQUESTS="${REQUESTS:-100}"
+VLLM="${VLLM:-$(command -v vllm || true)}"
 PORT="${PORT:-18510}"
 
 say() { printf 'open-loop.sh: %s\n' "$*" >&2; }
@@ -62,17 +67,63 @@ sweep even --request-rate 20 --burstiness 4
 start_fake 60 1
 say "slow server (TTFT 60 ms), at most 1 in flight: rates 10,20,40"
 sweep capped --request-rate 10,20,40 --max-concurrency 1
+
+vllm_level() { # NAME RATE BURSTINESS [CAP]
+    [[ -n "$VLLM" ]] || return 0
+    local cap=()
+    [[ -n "${4:-}" ]] && cap=(--max-concurrency "$4")
+    (cd "$OUT" && "$VLLM" bench serve --backend openai --base-url "http://127.0.0.1:$PORT" \
+        --endpoint /v1/completions --model fake --tokenizer "$TOKENIZER" --dataset-name random \
+        --random-input-len 16 --random-output-len 4 --num-prompts "$REQUESTS" --ignore-eos \
+        --request-rate "$2" --burstiness "$3" "${cap[@]}" --percentile-metrics ttft,e2el \
+        --metric-percentiles 50,99 --seed 0 --save-result --result-dir "$OUT" \
+        --result-filename "vllm-$1.json") >"$OUT/vllm-$1.log" 2>&1 || die "vllm bench serve failed: $OUT/vllm-$1.log"
+}
+if [[ -n "$VLLM" ]]; then
+    say "vllm bench serve, the same levels"
+    for r in 10 20 40; do vllm_level "capped-$r" "$r" 1 1; done
+    start_fake 2 1
+    for r in 5 10 20 40; do vllm_level "poisson-$r" "$r" 1; done
+    vllm_level "bursty-20" 20 0.5
+    vllm_level "even-20" 20 4
+else
+    say "no vllm executable (set VLLM=...): sous only"
+fi
 stop_fake
 
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
 import json, os, sys
 out = sys.argv[1]
-print("| run | request_rate | burstiness | max_concurrency | requests | duration s | request_throughput | max_concurrent_requests | median / p99 TTFT ms |")
+print("| run | request_rate | burstiness | max_concurrency | requests | duration s | request_throughput | peak in flight | median / p99 TTFT ms |")
 print("|---|---|---|---|---|---|---|---|---|")
 for name in ("poisson", "bursty", "even", "capped"):
     for l in json.load(open(os.path.join(out, f"{name}.json")))["levels"]:
         cap = "null" if l["max_concurrency"] is None else l["max_concurrency"]
         print(f"| {name} | {l['request_rate']} | {l['burstiness']} | {cap} | {l['completed']}/{l['num_prompts']} "
-              f"| {l['duration']:.3f} | {l['request_throughput']:.2f} | {l['max_concurrent_requests']} "
+              f"| {l['duration']:.3f} | {l['request_throughput']:.2f} | {l['peak_in_flight']} "
               f"| {l['median_ttft_ms']:.1f} / {l['p99_ttft_ms']:.1f} |")
+PY
+
+[[ -n "$VLLM" ]] && python3 - "$OUT" <<'PY' | tee -a "$OUT/summary.md"
+import json, os, sys
+out = sys.argv[1]
+levels = {}
+for name in ("poisson", "bursty", "even", "capped"):
+    for l in json.load(open(os.path.join(out, f"{name}.json")))["levels"]:
+        tag = {"poisson": "poisson", "bursty": "bursty", "even": "even", "capped": "capped"}[name]
+        if l["request_rate"] != "inf":
+            levels[f"{tag}-{l['request_rate']:g}"] = l
+print()
+print("| level | client | duration s | request_throughput | max_concurrent_requests | median / p99 TTFT ms | median E2EL ms |")
+print("|---|---|---|---|---|---|---|")
+for key, s in levels.items():
+    path = os.path.join(out, f"vllm-{key}.json")
+    if not os.path.exists(path):
+        continue
+    v = json.load(open(path))
+    for client, l in (("sous", s), ("vllm", v)):
+        print(f"| {key} | {client} | {l['duration']:.3f} | {l['request_throughput']:.2f} | {l.get('max_concurrent_requests', '-')} "
+              f"| {l['median_ttft_ms']:.1f} / {l['p99_ttft_ms']:.1f} | {l['median_e2el_ms']:.1f} |")
+    print(f"| {key} | sous / vllm | {s['duration'] / v['duration']:.3f} | {s['request_throughput'] / v['request_throughput']:.3f} | | "
+          f"{s['median_ttft_ms'] / v['median_ttft_ms']:.3f} | {s['median_e2el_ms'] / v['median_e2el_ms']:.3f} |")
 PY

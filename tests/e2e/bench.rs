@@ -204,10 +204,7 @@ fn open_loop_levels_send_at_the_rate_asked() {
     // All at once: far faster than the paced level.
     let all_at_once = burst["request_throughput"].as_f64().expect("throughput");
     assert!(all_at_once > 60.0, "{all_at_once} req/s at rate inf");
-    assert!(
-        burst["max_concurrent_requests"].as_u64().expect("peak") > 1,
-        "{burst}"
-    );
+    assert!(burst["peak_in_flight"].as_u64().expect("peak") > 1, "{burst}");
 
     let csv = std::fs::read_to_string(out.join("sweep.csv")).expect("sweep.csv");
     let lines: Vec<&str> = csv.lines().collect();
@@ -267,7 +264,7 @@ fn open_loop_levels_send_at_the_rate_asked() {
         (&Value::from(40.0), &Value::from(4.0), &Value::from(1))
     );
     assert_eq!(level["completed"], 16, "{level}");
-    assert_eq!(level["max_concurrent_requests"], 1, "{level}");
+    assert_eq!(level["peak_in_flight"], 1, "{level}");
     let capped = level["request_throughput"].as_f64().expect("throughput");
     assert!(capped < 17.0, "{capped} req/s through one slot of 60 ms");
     // TTFT is timed from sending, not from arrival: the queue is not in it.
@@ -450,7 +447,7 @@ fn every_workload_runs_against_the_native_engine() {
         assert_eq!(level["total_input_tokens"], 256);
         assert!(level["output_throughput"].as_f64().expect("throughput") > 0.0);
         assert!(level["median_ttft_ms"].as_f64().expect("ttft") > 0.0);
-        assert!(level["max_concurrent_requests"].as_u64().expect("peak") <= c);
+        assert!(level["peak_in_flight"].as_u64().expect("peak") <= c);
     }
     let csv = std::fs::read_to_string(out.join("sweep.csv")).expect("sweep.csv");
     assert_eq!(csv.lines().count(), 5, "{csv}");

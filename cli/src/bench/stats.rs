@@ -194,8 +194,13 @@ pub struct RunMetrics {
     pub total_token_throughput: f64,
     /// The most output tokens in one second of the run.
     pub max_output_tokens_per_s: f64,
-    /// The most requests in flight at once, observed.
+    /// vLLM's figure of the same name: the most requests active during one whole second
+    /// of the run (seconds counted from the first request's start; a request counts in
+    /// every second it overlaps), so requests that follow each other within a second all
+    /// count.
     pub max_concurrent_requests: usize,
+    /// The most requests in flight at the same instant (sous's own figure).
+    pub peak_in_flight: usize,
     /// Mean of each request's own decode speed, `1 / TPOT` (tokens/s per request).
     pub mean_request_output_tokens_per_s: f64,
     /// Time to first token.
@@ -249,7 +254,8 @@ impl RunMetrics {
             output_throughput: per_s(total_output as f64),
             total_token_throughput: per_s((total_input + total_output) as f64),
             max_output_tokens_per_s: peak_tokens_per_second(&done),
-            max_concurrent_requests: peak_in_flight(&done),
+            max_concurrent_requests: busiest_second(&done),
+            peak_in_flight: peak_in_flight(&done),
             mean_request_output_tokens_per_s: if speeds.is_empty() {
                 0.0
             } else {
@@ -264,15 +270,22 @@ impl RunMetrics {
     }
 }
 
+/// Where vLLM's one-second bins start: the first successful request's start
+/// (`vllm/benchmarks/serve.py` `calculate_metrics`, `min_start_time`).
+fn first_start(done: &[&RequestRecord]) -> f64 {
+    done.iter().map(|r| r.start).fold(f64::INFINITY, f64::min)
+}
+
 /// The most chunks that arrived within one whole second of the run, counting each
 /// request's output tokens spread over its chunks (vLLM bins token arrival times by
-/// second the same way).
+/// second the same way, from the first request's start).
 fn peak_tokens_per_second(done: &[&RequestRecord]) -> f64 {
+    let origin = first_start(done);
     let mut bins: Vec<f64> = Vec::new();
     for r in done {
         let chunks = 1 + r.itl.len();
         let per_chunk = r.output_tokens as f64 / chunks as f64;
-        let mut t = r.start + r.ttft;
+        let mut t = r.start - origin + r.ttft;
         for i in 0..chunks {
             if i > 0 {
                 t += r.itl[i - 1];
@@ -285,6 +298,25 @@ fn peak_tokens_per_second(done: &[&RequestRecord]) -> f64 {
         }
     }
     bins.into_iter().fold(0.0, f64::max)
+}
+
+/// vLLM's `max_concurrent_requests`: each request counts once in every whole second
+/// (from the first request's start) from the one it starts in to the one it ends in;
+/// the fullest second (`vllm/benchmarks/serve.py` `calculate_metrics`, vLLM 0.33).
+fn busiest_second(done: &[&RequestRecord]) -> usize {
+    let origin = first_start(done);
+    let mut seconds: Vec<usize> = Vec::new();
+    for r in done {
+        let first = (r.start - origin).max(0.0) as usize;
+        let last = (r.start - origin + r.latency).max(0.0) as usize;
+        if seconds.len() <= last {
+            seconds.resize(last + 1, 0);
+        }
+        for second in &mut seconds[first..=last] {
+            *second += 1;
+        }
+    }
+    seconds.into_iter().max().unwrap_or(0)
 }
 
 /// The most requests that were in flight at the same instant.
@@ -377,11 +409,19 @@ mod tests {
         assert!((m.itl.median - 200.0).abs() < 1e-9);
         assert!((m.ttft.mean - 750.0).abs() < 1e-9);
         assert!((m.e2el.mean - 950.0).abs() < 1e-9);
-        assert_eq!(m.max_concurrent_requests, 2, "0..0.9 and 0.5..1.5 overlap");
+        assert_eq!(m.max_concurrent_requests, 2, "both are active in second 0");
+        assert_eq!(m.peak_in_flight, 2, "0..0.9 and 0.5..1.5 overlap");
         assert_eq!(m.usage_cached_fraction, Some(0.5));
         assert!((m.mean_request_output_tokens_per_s - 5.0).abs() < 1e-9);
         // chunks at 0.5, 0.6, 0.9 (1 token each) and 1.5 (1 token): 3 in second 0
         assert_eq!(m.max_output_tokens_per_s, 3.0);
+        // One after the other within a second: vLLM's figure counts both, in flight never.
+        let apart = [request(0.7, 0.1, &[0.1], 2), request(1.1, 0.1, &[0.1], 2)];
+        let m = RunMetrics::compute(&apart, 1.0, 1, &[50.0], &Slo::default());
+        assert_eq!((m.max_concurrent_requests, m.peak_in_flight), (2, 1));
+        // Bins start at the first request (0.7 s): all four chunks in its first second
+        // (counted from 0 s, they would straddle seconds 0 and 1).
+        assert_eq!(m.max_output_tokens_per_s, 4.0);
     }
 
     #[test]

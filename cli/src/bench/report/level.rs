@@ -77,6 +77,7 @@ impl Level {
             ("total_token_throughput", json!(m.total_token_throughput)),
             ("max_output_tokens_per_s", json!(m.max_output_tokens_per_s)),
             ("max_concurrent_requests", json!(m.max_concurrent_requests)),
+            ("peak_in_flight", json!(m.peak_in_flight)),
         ] {
             map.insert(k.into(), v);
         }
