@@ -21,6 +21,8 @@
 //!   `ps`, `logs`, `stop` and `run`.
 //! - [`cache`]: what the Hub cache and sous's cache hold (models, revisions, quantized
 //!   variants, sizes, provenance), for `list` and `rm`.
+//! - [`tune`]: `sous tune`'s levers, trials, intervals, verdicts, journal and the
+//!   tuned recipe's text.
 //! - [`error`]: what class of failure each error is (the user's or sous's) and what
 //!   to do about it.
 //!
@@ -39,5 +41,6 @@ pub mod instances;
 pub mod pipeline;
 pub mod plan;
 pub mod quantize;
+pub mod tune;
 
 pub use sous_engine as engine;

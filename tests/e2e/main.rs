@@ -22,4 +22,5 @@ mod quantize_util;
 mod recipe;
 mod serve;
 mod serve_run;
+mod tune;
 mod util;

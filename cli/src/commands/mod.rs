@@ -20,6 +20,7 @@ mod rm;
 mod run;
 mod serve;
 mod stop;
+mod tune;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -81,6 +82,10 @@ enum Command {
     /// Measure a server: probe, sweep, prefix, agent workloads; compare reports.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// From a baseline recipe to a measured, tuned one: each lever tried alone against
+    /// the same seeded workload, the ones that helped combined, a recipe that extends
+    /// the baseline written with each gain.
+    Tune(tune::TuneArgs),
     /// Render the recipe for Kubernetes, compose or systemd, or diff a rendered directory.
     #[command(subcommand)]
     Deploy(deploy::DeployCommand),
@@ -105,6 +110,7 @@ pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
         Command::Bench(cmd) => bench::exec(cmd, shell),
         Command::Plan(args) => plan::exec(args, shell),
         Command::Kernels(cmd) => kernels::exec(cmd, shell),
+        Command::Tune(args) => tune::exec(args, shell),
         Command::Deploy(cmd) => deploy::exec(cmd, shell),
         Command::Ps(args) => ps::exec(args, shell),
         Command::Logs(args) => logs::exec(args, shell),

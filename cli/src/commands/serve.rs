@@ -155,29 +155,44 @@ pub async fn for_session(
     recipe: &Recipe,
     shell: &Shell,
 ) -> anyhow::Result<(sous_engine::serve::Instance, String)> {
+    session(recipe, shell, true).await
+}
+
+/// [`for_session`], saying nothing but warnings when `statuses` is false (`sous tune`
+/// serves one trial after another and says what each is itself).
+pub async fn session(
+    recipe: &Recipe,
+    shell: &Shell,
+    statuses: bool,
+) -> anyhow::Result<(sous_engine::serve::Instance, String)> {
     let setup = setup();
     let running = pipeline::running(recipe, &setup, false, shell)?;
-    shell.status(
-        "serving",
-        &format!(
-            "{} (log: {})",
-            recipe.name,
-            setup.instance_dir(recipe).join("engine.log").display()
-        ),
-    );
-    let reporter: Arc<dyn Reporter> = Arc::new(WithoutOutput(shell.clone()));
+    if statuses {
+        shell.status(
+            "serving",
+            &format!(
+                "{} (log: {})",
+                recipe.name,
+                setup.instance_dir(recipe).join("engine.log").display()
+            ),
+        );
+    }
+    let reporter: Arc<dyn Reporter> = Arc::new(WithoutOutput(shell.clone(), statuses));
     let built = pipeline::build(recipe, &setup, false, &reporter).await?;
     let mut instance = pipeline::launch(&built, &setup, running, reporter)?;
     let url = instance.ready().await?.url.clone();
     Ok((instance, url))
 }
 
-/// The shell without the engine's output lines (they stay in the engine log).
-struct WithoutOutput(Shell);
+/// The shell without the engine's output lines (they stay in the engine log), and
+/// without statuses when the flag is false.
+struct WithoutOutput(Shell, bool);
 
 impl Reporter for WithoutOutput {
     fn status(&self, word: &str, message: &str) {
-        self.0.status(word, message);
+        if self.1 {
+            self.0.status(word, message);
+        }
     }
 
     fn warn(&self, message: &str) {

@@ -25,6 +25,8 @@
 //!
 //! Controlled by the environment:
 //! - `FAKE_RECORD=FILE`: write `{"argv": [...], "env": {...}, "pid": N}` there at start.
+//! - `FAKE_LAUNCH_LOG=FILE`: append one line `{"argv": [...]}` per start (how many
+//!   launches a command made, and with what).
 //! - `FAKE_LOAD_SECS` (default 0.3): time before listening; `FAKE_WARMUP_SECS`
 //!   (SGLang, default 0.3): time answering 503.
 //! - `FAKE_OOM_ABOVE=F`: die of out-of-memory at start-up when the memory fraction is
@@ -34,7 +36,9 @@
 //!   launches crash.
 //! - `FAKE_IGNORE_SIGTERM=1`: ignore SIGTERM.
 //! - `FAKE_TTFT_MS`, `FAKE_ITL_MS`, `FAKE_JITTER_MS`, `FAKE_SEED`, `FAKE_DELAYS_LOG`:
-//!   streamed completions with known delays (see `stream.rs`).
+//!   streamed completions with known delays (see `stream.rs`); `FAKE_TTFT_MS_PER_SEQ`
+//!   adds that much TTFT per `--max-num-seqs` (a larger batch, a longer step before the
+//!   first token: a lever that can break a latency SLO).
 //! - `FAKE_FORK=1`: start a worker child process (like vLLM's EngineCore), its pid
 //!   in the record as `worker_pid`.
 //!
@@ -81,6 +85,12 @@ async fn main() {
         });
         let _ = std::fs::write(path, record.to_string());
     }
+    if let Ok(path) = std::env::var("FAKE_LAUNCH_LOG")
+        && let Ok(mut log) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+    {
+        use std::io::Write as _;
+        let _ = writeln!(log, "{}", json!({"argv": std::env::args().collect::<Vec<_>>()}));
+    }
 
     let served = match kind {
         Kind::Vllm | Kind::Sglang => parsed.values.get("--served-model-name").cloned(),
@@ -120,6 +130,13 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(32768);
     let tokens = (fraction * 500_000.0) as u64;
+    if let Some(seqs) = parsed
+        .values
+        .get("--max-num-seqs")
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        let _ = stream::MAX_NUM_SEQS.set(seqs);
+    }
 
     // Start-up lines, as the real engines print them.
     match kind {

@@ -21,6 +21,9 @@ use serde_json::{Value, json};
 
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
 
+/// The engine's `--max-num-seqs`, when given (for `FAKE_TTFT_MS_PER_SEQ`).
+pub static MAX_NUM_SEQS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
 fn env_ms(name: &str) -> f64 {
     super::env_f64(name).unwrap_or(0.0)
 }
@@ -79,7 +82,8 @@ pub fn complete(model: &str, body: &Value, chat: bool) -> Response {
         .unwrap_or(1u64);
     let mut jitter = Jitter((seed ^ (number.wrapping_mul(0x9E37_79B9_7F4A_7C15))) | 1);
     let spread = env_ms("FAKE_JITTER_MS");
-    let ttft = jitter.around(env_ms("FAKE_TTFT_MS"), spread);
+    let per_seq = env_ms("FAKE_TTFT_MS_PER_SEQ") * MAX_NUM_SEQS.get().copied().unwrap_or(0.0);
+    let ttft = jitter.around(env_ms("FAKE_TTFT_MS") + per_seq, spread);
     let itl: Vec<f64> = (1..max_tokens)
         .map(|_| jitter.around(env_ms("FAKE_ITL_MS"), spread))
         .collect();
