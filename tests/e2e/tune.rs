@@ -1,7 +1,8 @@
 //! `sous tune` for real: against the fake engine (an out-of-memory start at a high
 //! memory fraction and an SLO broken by a large batch are recorded, never chosen; a
 //! tune killed with SIGKILL resumes without measuring a finished trial again), and on
-//! SmolLM2 with the native engine from a deliberately poor baseline, where the tuned
+//! SmolLM2 with the native engine from a deliberately poor baseline (a KV budget too
+//! small for one request is left unstarted on `sous plan`'s word), where the tuned
 //! recipe is checked by `sous recipe check` and by a fresh `sous bench` beside the
 //! baseline against the gain the tune predicted.
 
@@ -180,6 +181,13 @@ fn failed_trials_are_recorded_never_chosen_and_a_killed_tune_resumes() {
         report["trials"].as_array().is_some_and(|t| t.len() == 5),
         "{report}"
     );
+    // The chart beside the report shows them too.
+    let chart = std::fs::read_to_string(dir.path().join("tuned.tune/report.svg")).expect("chart");
+    assert!(
+        chart.contains("memory.gpu_utilization=0.95 (out of memory)")
+            && chart.contains("serving.max_num_seqs=256 (SLO breach)"),
+        "{chart}"
+    );
 }
 
 #[test]
@@ -229,6 +237,8 @@ fn a_poor_native_baseline_is_tuned_and_a_fresh_run_confirms_the_gain() {
         "serving.prefix_caching=true",
         "--lever",
         "serving.max_num_seqs=4",
+        "--lever",
+        "memory.kv_cache_bytes=\"4MiB\"",
         "--runs",
         "3",
         "--max-runs",
@@ -253,6 +263,15 @@ fn a_poor_native_baseline_is_tuned_and_a_fresh_run_confirms_the_gain() {
         .as_f64()
         .unwrap_or(0.0);
     assert!(hits > 0.3, "the evidence shows prefix-cache hits: {hits}");
+    // A KV budget `sous plan` says cannot hold one request is recorded, never started.
+    let small = trial(&report, "memory.kv_cache_bytes=\"4MiB\"");
+    assert_eq!(small["outcome"], "unfit", "{small}");
+    assert!(
+        small["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("sous plan") && m.contains("max_model_len 1024")),
+        "{small}"
+    );
 
     // The tuned recipe extends the baseline, sets only what helped, and checks.
     let text = std::fs::read_to_string(&out).expect("tuned recipe");

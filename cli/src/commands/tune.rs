@@ -5,7 +5,7 @@
 //! the baseline's are combined, and the tuned recipe `extends` the baseline with only
 //! those values, each with its measured gain. Every run is journaled as it ends
 //! (`TUNED.tune/journal.jsonl`), so a killed tune resumes; the report (terminal table,
-//! `TUNED.tune/report.json`) lists every trial, failed ones included, with the
+//! `TUNED.tune/report.json`, the chart `TUNED.tune/report.svg`) lists every trial, failed ones included, with the
 //! server's metrics that explain it.
 //!
 //! The reasoning (levers, intervals, verdicts, the recipe's text) is `sous::tune`'s;
@@ -25,10 +25,13 @@ use sous::bench::plan::{self, Workload};
 use sous::bench::run::{self, Options, Target};
 use sous::bench::stats::Slo;
 use sous::bench::table;
+use sous::hub::config::HubConfig;
 use sous::tune::journal::{Header, Journal};
 use sous::tune::{self, Lever, Objective, Outcome, Phase, Sample, Trial, TrialResult};
-use sous_engine::recipe::Recipe;
+use sous_engine::plan::Hardware;
+use sous_engine::recipe::{EngineKind, Recipe};
 use sous_engine::serve::ServeError;
+use sous_engine::size::ByteSize;
 
 use super::{OverrideArgs, RecipeArg, load_recipe};
 use crate::failure::UserError;
@@ -100,6 +103,15 @@ pub struct TuneArgs {
     /// default: the served model's).
     #[arg(long, value_name = "PATH")]
     tokenizer: Option<PathBuf>,
+    /// The machine memory levers are planned for (`sous plan --gpu`): a trial whose
+    /// memory settings `sous plan` says cannot hold the model is recorded, not started.
+    /// Default for the native engine: this machine's RAM; for the others, none (every
+    /// trial is started).
+    #[arg(long, value_name = "NAME", conflicts_with = "gpu_memory")]
+    gpu: Option<String>,
+    /// The same, for a GPU sous has no entry for, by its memory: `48GiB`.
+    #[arg(long, value_name = "SIZE")]
+    gpu_memory: Option<ByteSize>,
     /// Forget an earlier tune's journal for this --out and start over.
     #[arg(long)]
     fresh: bool,
@@ -256,13 +268,15 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         );
     }
     let started = Instant::now();
+    let runtime = super::runtime()?;
+    let planner = runtime.block_on(Planner::new(&args, &base, shell))?;
     let ctx = Ctx {
         args: &args,
         slo,
         shell,
         started,
+        planner,
     };
-    let runtime = super::runtime()?;
     let min_runs = args.runs as usize;
     let mut exhausted = false;
     // First pass: the baseline and each lever alone.
@@ -347,6 +361,12 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         )?),
         None => None,
     };
+    let helped: Vec<String> = verdict.helped.iter().map(|r| r.trial.id.clone()).collect();
+    let chart_path = dir.join("report.svg");
+    let svg = tune::chart::draw(&all, &helped, args.objective)
+        .map_err(|e| anyhow::anyhow!("drawing {}: {e}", chart_path.display()))?;
+    sous_engine::atomic::write_file(&chart_path, svg.as_bytes())
+        .with_context(|| format!("writing {}", chart_path.display()))?;
     let report = json!({
         "baseline_recipe": args.recipe.recipe,
         "workload": args.describe(),
@@ -357,11 +377,12 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         "seconds": started.elapsed().as_secs_f64(),
         "levers": levers,
         "trials": all,
-        "helped": verdict.helped.iter().map(|r| r.trial.id.clone()).collect::<Vec<_>>(),
+        "helped": helped,
         "not_helped": verdict.not_helped,
         "chosen": chosen.as_ref().map(|c| c.trial.id.clone()),
         "prediction": chosen.as_ref().and_then(|c| prediction(&baseline, c)),
         "tuned_recipe": written,
+        "chart": chart_path,
     });
     let report_path = dir.join("report.json");
     sous_engine::atomic::write_file(&report_path, serde_json::to_string_pretty(&report)?.as_bytes())
@@ -383,13 +404,14 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
                 shell.status(
                     "tuned",
                     &format!(
-                        "{}: {} (predicted {:.2}x, 95 % interval {:.2}x–{:.2}x); report {}",
+                        "{}: {} (predicted {:.2}x, 95 % interval {:.2}x–{:.2}x); report {}, chart {}",
                         path.display(),
                         c.trial.id,
                         p["ratio"].as_f64().unwrap_or(0.0),
                         p["low"].as_f64().unwrap_or(0.0),
                         p["high"].as_f64().unwrap_or(0.0),
-                        report_path.display()
+                        report_path.display(),
+                        chart_path.display()
                     ),
                 );
             }
@@ -397,8 +419,9 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         _ => shell.status(
             "unchanged",
             &format!(
-                "no lever beat the baseline beyond the runs' noise; no recipe written; report {}",
-                report_path.display()
+                "no lever beat the baseline beyond the runs' noise; no recipe written; report {}, chart {}",
+                report_path.display(),
+                chart_path.display()
             ),
         ),
     }
@@ -459,6 +482,73 @@ struct Ctx<'a> {
     slo: Slo,
     shell: &'a Shell,
     started: Instant,
+    planner: Option<Planner>,
+}
+
+/// `sous plan`'s verdict on a trial's memory settings: the model (read once: levers do
+/// not change it) and the machine.
+struct Planner {
+    model: sous_engine::plan::Model,
+    hardware: Hardware,
+}
+
+impl Planner {
+    /// The planner for `base`'s model on the machine `args` names (this machine's RAM
+    /// for the native engine), or none, said once, when either is unknown.
+    async fn new(args: &TuneArgs, base: &Recipe, shell: &Shell) -> anyhow::Result<Option<Planner>> {
+        let hardware = match (&args.gpu, args.gpu_memory) {
+            (Some(name), _) => Hardware::named(name)?,
+            (None, Some(size)) => Hardware::with_memory(size.0),
+            (None, None) if base.engine.kind == EngineKind::Native => Hardware::this_cpu()?,
+            (None, None) => {
+                if tune_touches_memory(args) {
+                    shell.status("unplanned", "memory levers are not bounded by a plan: pass --gpu NAME or --gpu-memory SIZE to skip the settings that cannot fit");
+                }
+                return Ok(None);
+            }
+        };
+        let model = match sous::plan::model_files(base, &HubConfig::from_env()).await {
+            Ok(files) => sous::plan::model(&files, base).map_err(anyhow::Error::from),
+            Err(e) => Err(anyhow::Error::from(e)),
+        };
+        match model {
+            Ok(model) => Ok(Some(Planner { model, hardware })),
+            Err(e) => {
+                shell.status(
+                    "unplanned",
+                    &format!(
+                        "no plan bounds the memory levers ({}): every trial is started",
+                        crate::failure::message(&e)
+                    ),
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// Why `recipe` cannot hold the model and one full-length request, if it cannot.
+    fn unfit(&self, recipe: &Recipe) -> Option<String> {
+        match sous_engine::plan::plan(recipe, &self.model, &self.hardware) {
+            Ok(p) if p.fits => None,
+            Ok(p) => Some(format!(
+                "`sous plan` on {}: {} tokens of KV cache, less than one request of max_model_len {}{}",
+                p.hardware,
+                p.kv_tokens,
+                p.max_model_len,
+                p.advice.first().map(|a| format!(" ({a})")).unwrap_or_default()
+            )),
+            Err(sous_engine::plan::PlanError::Native(why)) => {
+                Some(format!("`sous plan` on {}: {why}", self.hardware.name))
+            }
+            // What the planner does not model is left to the engine.
+            Err(_) => None,
+        }
+    }
+}
+
+/// Whether any lever of the tune is a memory setting.
+fn tune_touches_memory(args: &TuneArgs) -> bool {
+    args.levers.is_empty() || args.levers.iter().any(|l| l.trim_start().starts_with("memory."))
 }
 
 impl Ctx<'_> {
@@ -472,10 +562,9 @@ impl Ctx<'_> {
     ) -> anyhow::Result<bool> {
         let missing: Vec<usize> = runs.filter(|r| !journal.has(&trial.id, *r)).collect();
         // A trial that could not start is not started again.
-        let failed = journal
-            .samples
-            .iter()
-            .any(|s| s.trial == trial.id && matches!(s.outcome, Outcome::Oom | Outcome::Failed));
+        let failed = journal.samples.iter().any(|s| {
+            s.trial == trial.id && matches!(s.outcome, Outcome::Oom | Outcome::Failed | Outcome::Unfit)
+        });
         if missing.is_empty() || failed {
             return Ok(true);
         }
@@ -487,6 +576,18 @@ impl Ctx<'_> {
             .map(|a| a.port())
             .context("finding a free port for the trial")?;
         let recipe = trial_recipe(self.args, trial, port)?;
+        if let Some(why) = self.planner.as_ref().and_then(|p| p.unfit(&recipe)) {
+            self.shell.warn(&format!("{}: not started: {why}", trial.id));
+            journal.record(Sample {
+                trial: trial.id.clone(),
+                run: missing[0],
+                outcome: Outcome::Unfit,
+                value: None,
+                message: Some(why),
+                figures: BTreeMap::new(),
+            })?;
+            return Ok(true);
+        }
         self.shell.status(
             "measuring",
             &format!(
@@ -772,6 +873,7 @@ fn render(results: &[TrialResult], baseline: &TrialResult, objective: Objective)
             Outcome::Oom => format!("out of memory: {why}"),
             Outcome::SloBreach => format!("SLO: {why}"),
             Outcome::Failed => format!("failed: {why}"),
+            Outcome::Unfit => format!("does not fit: {why}"),
         };
         let outcome: String = if outcome.chars().count() > 60 {
             outcome.chars().take(59).chain(['…']).collect()

@@ -14,6 +14,7 @@
 //! interval lies wholly on the better side of the baseline's: a difference the runs
 //! cannot tell from noise is not kept.
 
+pub mod chart;
 pub mod journal;
 
 use std::collections::BTreeMap;
@@ -296,6 +297,9 @@ pub enum Outcome {
     SloBreach,
     /// The engine did not start or the run failed for another reason.
     Failed,
+    /// Not started: `sous plan` says the trial's memory settings cannot hold the
+    /// weights and one request of `max_model_len`.
+    Unfit,
 }
 
 /// What one measured run of a trial recorded (a journal line).
