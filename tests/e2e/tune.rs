@@ -1,6 +1,7 @@
 //! `sous tune` for real: against the fake engine (an out-of-memory start at a high
 //! memory fraction and an SLO broken by a large batch are recorded, never chosen; a
-//! tune killed with SIGKILL resumes without measuring a finished trial again), and on
+//! tune killed with SIGKILL resumes without measuring a finished trial again; a baseline
+//! that cannot start ends the tune before any lever is tried), and on
 //! SmolLM2 with the native engine from a deliberately poor baseline (a KV budget too
 //! small for one request is left unstarted on `sous plan`'s word), where the tuned
 //! recipe is checked by `sous recipe check` and by a fresh `sous bench` beside the
@@ -332,4 +333,69 @@ fn a_poor_native_baseline_is_tuned_and_a_fresh_run_confirms_the_gain() {
     ]));
     assert_eq!(code, 0, "{stderr}");
     assert!(table.contains("out tok/s"), "{table}");
+}
+
+#[test]
+fn a_baseline_that_cannot_start_stops_the_tune_before_any_lever() {
+    let Some(model) = smollm2() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("model")).expect("model dir");
+    let recipe = dir.path().join("fake.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"fake-broken\"\n[model]\npath = \"{}\"\nserved_name = \"fake-model\"\n[engine]\nkind = \"vllm\"\nexecutable = \"{}\"\n\
+             [memory]\ngpu_utilization = 0.9\n[server]\nport = {}\nstop_grace = \"5s\"\n",
+            dir.path().join("model").display(),
+            fake_engine().display(),
+            free_port()
+        ),
+    )
+    .expect("recipe");
+    let launches = dir.path().join("launches.jsonl");
+    let (state, cache, launches_s) = (
+        dir.path().join("state").display().to_string(),
+        dir.path().join("cache").display().to_string(),
+        launches.display().to_string(),
+    );
+    let out = dir.path().join("tuned.toml").display().to_string();
+    let recipe_s = recipe.display().to_string();
+    let tok = model.display().to_string();
+    let mut cmd = sous();
+    cmd.envs([
+        ("SOUS_STATE_DIR", state.as_str()),
+        ("SOUS_CACHE_DIR", cache.as_str()),
+        ("FAKE_OOM_ABOVE", "0.5"),
+        ("FAKE_LOAD_SECS", "0.05"),
+        ("FAKE_LAUNCH_LOG", launches_s.as_str()),
+    ])
+    .args([
+        "tune",
+        "--recipe",
+        &recipe_s,
+        "--out",
+        &out,
+        "--lever",
+        "memory.gpu_utilization=0.4",
+        "--lever",
+        "serving.max_num_seqs=8",
+        "--workload",
+        "probe",
+        "--steps",
+        "1",
+        "--runs",
+        "2",
+        "--tokenizer",
+        &tok,
+    ]);
+    let (code, _, stderr) = run(&mut cmd);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("the baseline itself did not measure"), "{stderr}");
+    // One start, the baseline's: the levers were not tried.
+    let started = std::fs::read_to_string(&launches)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    assert_eq!(started, 1, "{stderr}");
+    assert!(!dir.path().join("tuned.toml").exists());
 }

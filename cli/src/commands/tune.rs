@@ -279,22 +279,26 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     };
     let min_runs = args.runs as usize;
     let mut exhausted = false;
-    // First pass: the baseline and each lever alone.
-    for trial in &trials {
+    // First pass: the baseline, then each lever alone (none if the baseline failed: every
+    // trial would start the same way and fail again).
+    for (i, trial) in trials.iter().enumerate() {
         exhausted |= !runtime.block_on(ctx.measure(trial, 0..min_runs, &mut journal))?;
+        if i == 0 {
+            let baseline = tune::result(trial, &journal.samples);
+            if baseline.outcome != Outcome::Ok || baseline.estimate.is_none() {
+                return Err(UserError::new(
+                    format!(
+                        "the baseline itself did not measure ({:?}): {}",
+                        baseline.outcome,
+                        baseline.message.as_deref().unwrap_or("no run finished")
+                    ),
+                    Some("fix the baseline recipe (`sous serve --recipe` it once), then run the tune again with --fresh"),
+                )
+                .into());
+            }
+        }
     }
     let mut results: Vec<TrialResult> = trials.iter().map(|t| tune::result(t, &journal.samples)).collect();
-    if results[0].outcome != Outcome::Ok || results[0].estimate.is_none() {
-        return Err(UserError::new(
-            format!(
-                "the baseline itself did not measure ({:?}): {}",
-                results[0].outcome,
-                results[0].message.as_deref().unwrap_or("no run finished")
-            ),
-            Some("fix the baseline recipe (`sous serve --recipe` it once), then run the tune again with --fresh"),
-        )
-        .into());
-    }
     let mut verdict = tune::judge(&results[0], &levers, &results, args.objective);
     // More runs where a lever's best alternative and the baseline overlap.
     let mut runs = min_runs;

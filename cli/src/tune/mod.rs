@@ -636,8 +636,14 @@ pub fn evidence(base: &BTreeMap<String, f64>, trial: &BTreeMap<String, f64>) -> 
             Some(v) => format!("{v:.0}"),
             None => "-".into(),
         };
-        if (a.is_some() || b.is_some()) && (a.unwrap_or(0.0) - b.unwrap_or(0.0)).abs() > 1e-9 {
-            parts.push(format!("{label} {} -> {}", show(a), show(b)));
+        match (a, b) {
+            // Only the trial has it (draft acceptance with speculation switched on).
+            (None, Some(_)) => parts.push(format!("{label} {}", show(b))),
+            (Some(x), None) => parts.push(format!("{label} {} -> none", show(Some(x)))),
+            (Some(x), Some(y)) if (x - y).abs() > 1e-9 => {
+                parts.push(format!("{label} {} -> {}", show(a), show(b)))
+            }
+            _ => {}
         }
     }
     (!parts.is_empty()).then(|| parts.join(", "))
@@ -692,6 +698,24 @@ pub fn relative_extends(base: &Path, out_dir: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn evidence_names_what_moved_and_what_only_the_trial_has() {
+        let figures = |pairs: &[(&str, f64)]| -> BTreeMap<String, f64> {
+            pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+        };
+        let base = figures(&[("prefix_cache_hit_rate", 0.0), ("kv_cache_usage_max", 0.16)]);
+        let trial = figures(&[
+            ("prefix_cache_hit_rate", 0.5),
+            ("kv_cache_usage_max", 0.16),
+            ("spec_decode_acceptance_rate", 0.44),
+        ]);
+        assert_eq!(
+            evidence(&base, &trial).as_deref(),
+            Some("prefix-cache hit rate 0 % -> 50 %, draft acceptance 44 %")
+        );
+        assert_eq!(evidence(&base, &base), None);
+    }
 
     fn sample(trial: &str, run: usize, value: f64) -> Sample {
         Sample {
