@@ -45,16 +45,16 @@ fn journal(path: &Path) -> (Vec<(String, u64)>, bool) {
     (runs, repeated)
 }
 
-#[test]
-fn failed_trials_are_recorded_never_chosen_and_a_killed_tune_resumes() {
-    let Some(model) = smollm2() else { return };
+/// A recipe for the fake engine (as vLLM, at 0.9 of the GPU) named `name`, in a new
+/// temporary directory with an empty model directory.
+fn fake_recipe(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir_all(dir.path().join("model")).expect("model dir");
     let recipe = dir.path().join("fake.toml");
     std::fs::write(
         &recipe,
         format!(
-            "name = \"fake-tune\"\n[model]\npath = \"{}\"\nserved_name = \"fake-model\"\n[engine]\nkind = \"vllm\"\nexecutable = \"{}\"\n\
+            "name = \"{name}\"\n[model]\npath = \"{}\"\nserved_name = \"fake-model\"\n[engine]\nkind = \"vllm\"\nexecutable = \"{}\"\n\
              [memory]\ngpu_utilization = 0.9\n[server]\nport = {}\nstop_grace = \"5s\"\n",
             dir.path().join("model").display(),
             fake_engine().display(),
@@ -62,6 +62,13 @@ fn failed_trials_are_recorded_never_chosen_and_a_killed_tune_resumes() {
         ),
     )
     .expect("recipe");
+    (dir, recipe)
+}
+
+#[test]
+fn failed_trials_are_recorded_never_chosen_and_a_killed_tune_resumes() {
+    let Some(model) = smollm2() else { return };
+    let (dir, recipe) = fake_recipe("fake-tune");
     let launches = dir.path().join("launches.jsonl");
     let state = dir.path().join("state").display().to_string();
     let cache = dir.path().join("cache").display().to_string();
@@ -338,20 +345,7 @@ fn a_poor_native_baseline_is_tuned_and_a_fresh_run_confirms_the_gain() {
 #[test]
 fn a_baseline_that_cannot_start_stops_the_tune_before_any_lever() {
     let Some(model) = smollm2() else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("model")).expect("model dir");
-    let recipe = dir.path().join("fake.toml");
-    std::fs::write(
-        &recipe,
-        format!(
-            "name = \"fake-broken\"\n[model]\npath = \"{}\"\nserved_name = \"fake-model\"\n[engine]\nkind = \"vllm\"\nexecutable = \"{}\"\n\
-             [memory]\ngpu_utilization = 0.9\n[server]\nport = {}\nstop_grace = \"5s\"\n",
-            dir.path().join("model").display(),
-            fake_engine().display(),
-            free_port()
-        ),
-    )
-    .expect("recipe");
+    let (dir, recipe) = fake_recipe("fake-broken");
     let launches = dir.path().join("launches.jsonl");
     let (state, cache, launches_s) = (
         dir.path().join("state").display().to_string(),
