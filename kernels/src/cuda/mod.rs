@@ -41,6 +41,9 @@ pub const SOURCE: &str = include_str!("nvfp4.cu");
 /// Threads per CUDA block.
 const THREADS: u32 = 256;
 
+/// Words of the bf16 kernel's threshold table: 8 for each of the 256 scale bytes.
+const THRESHOLD_WORDS: usize = 256 * 8;
+
 /// Why the GPU path cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
@@ -136,6 +139,7 @@ struct Kernels {
     quantize_stats: [CudaFunction; 3],
     amax: [CudaFunction; 3],
     dequantize: CudaFunction,
+    thresholds_bf16: CudaFunction,
 }
 
 /// One CUDA device with the NVFP4 kernels loaded.
@@ -244,6 +248,7 @@ impl Gpu {
                 load("nvfp4_amax_f32")?,
             ],
             dequantize: load("nvfp4_dequantize")?,
+            thresholds_bf16: load("nvfp4_thresholds_bf16")?,
         };
         let stream = ctx.default_stream();
         Ok(Gpu {
@@ -343,6 +348,24 @@ impl Gpu {
             return Ok(());
         }
         let (flavor, arith_bf16, value) = scale_args(scale);
+        if dtype == Dtype::Bf16 {
+            // The bf16 kernel compares against thresholds that depend on the tensor's
+            // scale: 256 scale bytes x 8, one thread each, on the same stream first.
+            let mut launch = stream.launch_builder(&self.kernels.thresholds_bf16);
+            launch
+                .arg(&flavor)
+                .arg(&arith_bf16)
+                .arg(&value)
+                .arg(&mut out.thresholds);
+            let config = LaunchConfig {
+                grid_dim: (THRESHOLD_WORDS as u32 / THREADS, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the arguments match `nvfp4_thresholds_bf16`; `out.thresholds`
+            // holds THRESHOLD_WORDS words, one per thread launched.
+            unsafe { launch.launch(config) }.map_err(driver("threshold kernel"))?;
+        }
         let f = match out.stats {
             Some(_) => &self.kernels.quantize_stats[dtype_index(dtype)],
             None => &self.kernels.quantize[dtype_index(dtype)],
@@ -355,7 +378,8 @@ impl Gpu {
             .arg(&mut out.scales)
             .arg(&flavor)
             .arg(&arith_bf16)
-            .arg(&value);
+            .arg(&value)
+            .arg(&out.thresholds);
         match &mut out.stats {
             Some((sums, counts)) => launch.arg(sums).arg(counts),
             None => launch.arg(&0u64).arg(&0u64),
@@ -535,6 +559,9 @@ pub struct DeviceOutput {
     pub scales: CudaSlice<u8>,
     /// Error sums and counts, when asked for.
     pub stats: Option<(CudaSlice<f64>, CudaSlice<u64>)>,
+    /// The bf16 kernel's thresholds for the tensor in hand (8 words per scale byte),
+    /// written before each bf16 launch; per output so that streams do not share them.
+    thresholds: CudaSlice<u32>,
 }
 
 impl DeviceOutput {
@@ -554,6 +581,7 @@ impl DeviceOutput {
             } else {
                 None
             },
+            thresholds: stream.alloc_zeros::<u32>(THRESHOLD_WORDS).map_err(&alloc)?,
         })
     }
 

@@ -5,6 +5,9 @@
 // multiplication with round-to-nearest written out (__fdiv_rn, __fmul_rn), no fused
 // multiply-add (NVRTC runs with --fmad=false), no flushing of subnormals, clamps that let
 // NaN through as Rust's f32::clamp does, and maxima that let NaN win as torch.amax does.
+// On sm_90 and later, bf16 elements are not divided at all: they are compared with
+// thresholds that this arithmetic itself computed (below, "bf16 by thresholds"), which
+// gives the same codes with half the instructions.
 //
 // Layout: the input is read in 16-byte loads ("lanes"; a bf16 or f16 lane is half an
 // NVFP4 block, an f32 lane a quarter). The quantize kernels give each thread a whole
@@ -288,14 +291,54 @@ __device__ __forceinline__ u64 warp_max_u64(u64 v) {
     return v;
 }
 
+// The error statistics a quantize kernel gathers (one per thread, then one atomic
+// each per warp): sums [0] of squared errors, [1] of squared weights (doubles);
+// counts [0] largest |error| as the bits of a non-negative double (NaN wins),
+// [1] zero blocks, [2] saturated blocks, [3] underflow blocks.
+struct Stats {
+    double sse = 0.0;
+    double ssw = 0.0;
+    u64 max_err = 0, zero = 0, saturated = 0, underflow = 0;
+
+    // One block: x its elements, lo/hi its packed codes, divisor its scale's.
+    __device__ __forceinline__ void add(const float* x, u32 lo, u32 hi, float divisor, u32 kind) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const u32 q = ((i < 8 ? lo : hi) >> (4 * (i & 7))) & 0xFu;
+            double e = (double)__fmul_rn(e2m1_decode(q), divisor) - (double)x[i];
+            sse += e * e;
+            ssw += (double)x[i] * (double)x[i];
+            u64 eb = __double_as_longlong(fabs(e));
+            if (isnan(e)) eb = 0x7FF8000000000000ull;
+            max_err = eb > max_err ? eb : max_err;
+        }
+        zero += kind == KIND_ZERO;
+        saturated += kind == KIND_SATURATED;
+        underflow += kind == KIND_UNDERFLOW;
+    }
+
+    __device__ __forceinline__ void flush(double* __restrict__ sums, u64* __restrict__ counts) {
+        sse = warp_sum(sse);
+        ssw = warp_sum(ssw);
+        max_err = warp_max_u64(max_err);
+        zero = warp_sum_u64(zero);
+        saturated = warp_sum_u64(saturated);
+        underflow = warp_sum_u64(underflow);
+        if ((threadIdx.x & 31u) == 0) {
+            atomicAdd(&sums[0], sse);
+            atomicAdd(&sums[1], ssw);
+            atomicMax(&counts[0], max_err);
+            atomicAdd(&counts[1], zero);
+            atomicAdd(&counts[2], saturated);
+            atomicAdd(&counts[3], underflow);
+        }
+    }
+};
+
 // One thread per NVFP4 block of 16 elements: two (f32: four) 16-byte loads, eight bytes
 // of packed codes and one scale byte written. The 256 possible divisors (and their
 // reciprocals) are computed once per CUDA block into shared memory, as the CPU's fast
-// path tabulates them.
-//
-// stats: [0] sum of squared errors, [1] sum of squared weights (doubles);
-// counts: [0] largest |error| as the bits of a non-negative double (NaN wins),
-// [1] zero blocks, [2] saturated blocks, [3] underflow blocks.
+// path tabulates them. With STATS, `stats` and `counts` receive `Stats`'s sums.
 template <int DT, bool STATS>
 __device__ __forceinline__ void quantize_body(const uint4* __restrict__ in, u64 lanes, void* __restrict__ packed,
                                               u8* __restrict__ scales, const Scale s, double* __restrict__ stats,
@@ -315,8 +358,7 @@ __device__ __forceinline__ void quantize_body(const uint4* __restrict__ in, u64 
     const u64 stride = (u64)gridDim.x * blockDim.x;
     const Reciprocal per_block_rcp = reciprocal(per_block_denominator(s));
     const u32 bias = packing_bias();
-    double sse = 0.0, ssw = 0.0;
-    u64 max_err = 0, zero = 0, saturated = 0, underflow = 0;
+    Stats block_stats;
     for (u64 block = (u64)blockIdx.x * blockDim.x + threadIdx.x; block < blocks; block += stride) {
         float x[16];
 #pragma unroll
@@ -368,52 +410,198 @@ __device__ __forceinline__ void quantize_body(const uint4* __restrict__ in, u64 
                 hi |= (clean ? e2m1_encode_fp(b) : e2m1_encode(b)) << (4 * i);
             }
         }
-        if (STATS) {
+        if (STATS) block_stats.add(x, lo, hi, divisor, kind);
+        ((uint2*)packed)[block] = make_uint2(lo, hi);
+        scales[block] = (u8)code;
+    }
+    if (STATS) block_stats.flush(stats, counts);
+}
+
+// bf16 by thresholds (sm_90 and later). For a fixed divisor d >= 0 (or NaN), the FP4
+// magnitude code of x / d, division rounded to nearest, is a non-decreasing step
+// function of |x|, and so is "x / d rounds away from zero": a bf16 input has each code
+// from the smallest magnitude that reaches it. `nvfp4_thresholds_bf16` finds those
+// magnitudes once per tensor, by bisection with the reference's own division and
+// rounding, for each of the 256 scale bytes; the quantize kernel then compares two
+// bf16 elements at a time against them (set.bf16x2, a binary search over the eight
+// codes) instead of dividing and rounding each element. A NaN input compares false
+// everywhere (code 0, as the reference's NaN quotient), an infinity reaches every
+// threshold there is.
+//
+// The table: per scale byte, eight words, each threshold in both halves: the smallest
+// magnitudes with code >= 1..7, then the negated smallest magnitude whose quotient is
+// not zero (x <= it iff x / d < 0, the reference's sign). A threshold that no bf16
+// value reaches is NaN (it compares false).
+#define THRESHOLD_NONE 0x7FC0u
+
+__device__ __forceinline__ bool threshold_reached(float d, u32 magnitude, u32 k) {
+    const float y = __fdiv_rn(bf16_to_f32(magnitude), d);
+    return k < 7u ? (e2m1_encode(y) & 7u) >= k + 1u : y > 0.0f;
+}
+
+// One thread per (scale byte, threshold): 256 x 8 threads.
+extern "C" __global__ void nvfp4_thresholds_bf16(int flavor, int arith_bf16, float value, u32* __restrict__ table) {
+    const u32 t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= 256u * 8u) return;
+    Scale s;
+    s.flavor = flavor;
+    s.arith_bf16 = arith_bf16;
+    s.value = value;
+    const u32 code = t >> 3, k = t & 7u;
+    const float d = divisor_of(s, code);
+    // Zero never reaches a threshold (its quotient is zero or NaN); 0x7F81 stands for
+    // "none" (past infinity, 0x7F80).
+    u32 lo = 0, hi = 0x7F81u;
+    while (hi - lo > 1u) {
+        const u32 mid = (lo + hi) >> 1;
+        if (threshold_reached(d, mid, k)) hi = mid; else lo = mid;
+    }
+    u32 threshold = hi == 0x7F81u ? THRESHOLD_NONE : hi;
+    if (k == 7u) threshold |= 0x8000u;
+    table[t] = threshold | (threshold << 16);
+}
+
+#if __CUDA_ARCH__ >= 900
+// Each half 1.0 where the comparison holds, else 0 (a NaN operand: never).
+__device__ __forceinline__ u32 ge_bf16x2(u32 a, u32 b) {
+    u32 d;
+    asm("set.ge.bf16x2.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ u32 le_bf16x2(u32 a, u32 b) {
+    u32 d;
+    asm("set.le.bf16x2.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
+    u32 d;
+    asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// The codes of the pair x (two bf16: elements j and j + 4 of a half block; a = |x|)
+// added into their nibbles of `acc` (bits 4j.. and 4j + 16..). ta, tb: the block's
+// eight threshold words. The thresholds reached are counted in bf16 arithmetic from
+// 128, where the last mantissa bits are the count (128 + 15 is exact), so the counting
+// runs on the floating-point pipes; a binary search over the thresholds with integer
+// masks measured 3 % slower on an H200 (its selections and bit assembly are logic
+// operations, which issue at half the rate).
+__device__ __forceinline__ u32 codes_of_pair(u32 acc, u32 x, u32 a, int j, const uint4 ta, const uint4 tb) {
+    const u32 one = 0x3F803F80u;
+    u32 c = 0x43004300u; // 128.0 in both halves
+    c = fma_bf16x2(ge_bf16x2(a, ta.x), one, c);
+    c = fma_bf16x2(ge_bf16x2(a, ta.y), one, c);
+    c = fma_bf16x2(ge_bf16x2(a, ta.z), one, c);
+    c = fma_bf16x2(ge_bf16x2(a, ta.w), one, c);
+    c = fma_bf16x2(ge_bf16x2(a, tb.x), one, c);
+    c = fma_bf16x2(ge_bf16x2(a, tb.y), one, c);
+    c = fma_bf16x2(ge_bf16x2(a, tb.z), one, c);
+    c = fma_bf16x2(le_bf16x2(x, tb.w), 0x41004100u, c); // the sign: + 8
+    return (c - 0x43004300u) * (1u << (4 * j)) + acc;
+}
+
+template <bool STATS>
+__device__ __forceinline__ void quantize_bf16_body(const uint4* __restrict__ in, u64 lanes, void* __restrict__ packed,
+                                                   u8* __restrict__ scales, const Scale s,
+                                                   const uint4* __restrict__ table, double* __restrict__ stats,
+                                                   u64* __restrict__ counts) {
+    const u64 blocks = lanes / 2;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const Reciprocal per_block_rcp = reciprocal(per_block_denominator(s));
+    const u32 value_sign = __float_as_uint(s.value) >> 31;
+    Stats block_stats;
+    for (u64 block = (u64)blockIdx.x * blockDim.x + threadIdx.x; block < blocks; block += stride) {
+        const uint4 v0 = __ldg(in + block * 2), v1 = __ldg(in + block * 2 + 1);
+        // Elements j and j + 4 of each half block side by side, as their nibbles lie.
+        const u32 x[8] = {__byte_perm(v0.x, v0.z, 0x5410), __byte_perm(v0.x, v0.z, 0x7632),
+                          __byte_perm(v0.y, v0.w, 0x5410), __byte_perm(v0.y, v0.w, 0x7632),
+                          __byte_perm(v1.x, v1.z, 0x5410), __byte_perm(v1.x, v1.z, 0x7632),
+                          __byte_perm(v1.y, v1.w, 0x5410), __byte_perm(v1.y, v1.w, 0x7632)};
+        u32 a[8], m = 0;
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const u32 q = ((i < 8 ? lo : hi) >> (4 * (i & 7))) & 0xFu;
-                double e = (double)__fmul_rn(e2m1_decode(q), divisor) - (double)x[i];
-                sse += e * e;
-                ssw += (double)x[i] * (double)x[i];
-                u64 eb = __double_as_longlong(fabs(e));
-                if (isnan(e)) eb = 0x7FF8000000000000ull;
-                max_err = eb > max_err ? eb : max_err;
+        for (int i = 0; i < 8; i++) {
+            a[i] = x[i] & 0x7FFF7FFFu;
+            m = max_u16x2(m, a[i]);
+        }
+        // The largest magnitude as f32 bits (NaN above infinity).
+        const u32 bits = max(m & 0xFFFFu, m >> 16) << 16;
+        const float bmax = bits > 0x7F800000u ? __uint_as_float(0x7FC00000u) : __uint_as_float(bits);
+        // The fast division is exact for an operand within [2^-60, 2^60].
+        const float per_block = (per_block_rcp.usable && bits >= 0x21800000u && bits <= 0x5D800000u)
+                                    ? divide(bmax, per_block_rcp)
+                                    : __fdiv_rn(bmax, per_block_denominator(s));
+        u32 code, kind;
+        block_code(s, bmax, per_block, &code, &kind);
+        u32 lo = 0, hi = 0;
+        if ((((code >> 7) ^ value_sign) & 1u) == 0) {
+            // The divisor is >= 0 or NaN (its sign is the scale byte's times the
+            // tensor scale's): the thresholds hold.
+            const uint4 ta = __ldg(table + 2 * code), tb = __ldg(table + 2 * code + 1);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                lo = codes_of_pair(lo, x[j], a[j], j, ta, tb);
+                hi = codes_of_pair(hi, x[j + 4], a[j + 4], j, ta, tb);
             }
-            zero += kind == KIND_ZERO;
-            saturated += kind == KIND_SATURATED;
-            underflow += kind == KIND_UNDERFLOW;
+        } else {
+            // A negative divisor (a negative tensor scale): the reference's arithmetic.
+            const float divisor = divisor_of(s, code);
+            float f[16];
+            Lane<DT_BF16>::load(v0, f);
+            Lane<DT_BF16>::load(v1, f + 8);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                lo |= e2m1_encode(__fdiv_rn(f[i], divisor)) << (4 * i);
+                hi |= e2m1_encode(__fdiv_rn(f[i + 8], divisor)) << (4 * i);
+            }
+        }
+        if (STATS) {
+            float f[16];
+            Lane<DT_BF16>::load(v0, f);
+            Lane<DT_BF16>::load(v1, f + 8);
+            block_stats.add(f, lo, hi, divisor_of(s, code), kind);
         }
         ((uint2*)packed)[block] = make_uint2(lo, hi);
         scales[block] = (u8)code;
     }
-    if (STATS) {
-        sse = warp_sum(sse);
-        ssw = warp_sum(ssw);
-        max_err = warp_max_u64(max_err);
-        zero = warp_sum_u64(zero);
-        saturated = warp_sum_u64(saturated);
-        underflow = warp_sum_u64(underflow);
-        if ((threadIdx.x & 31u) == 0) {
-            atomicAdd(&stats[0], sse);
-            atomicAdd(&stats[1], ssw);
-            atomicMax(&counts[0], max_err);
-            atomicAdd(&counts[1], zero);
-            atomicAdd(&counts[2], saturated);
-            atomicAdd(&counts[3], underflow);
-        }
-    }
+    if (STATS) block_stats.flush(stats, counts);
 }
+#endif
 
 #define QUANTIZE(NAME, DT, STATS)                                                                              \
     extern "C" __global__ void NAME(const uint4* __restrict__ in, u64 lanes, void* __restrict__ packed,        \
                                     u8* __restrict__ scales, int flavor, int arith_bf16, float value,          \
-                                    double* __restrict__ stats, u64* __restrict__ counts) {                    \
+                                    const uint4* __restrict__ table, double* __restrict__ stats,               \
+                                    u64* __restrict__ counts) {                                                \
         Scale s;                                                                                               \
         s.flavor = flavor;                                                                                     \
         s.arith_bf16 = arith_bf16;                                                                             \
         s.value = value;                                                                                       \
-        quantize_body<DT, STATS>(in, lanes, packed, scales, s, stats, counts);                                 \
+        if constexpr (DT == DT_BF16 && BF16_BY_THRESHOLDS) {                                                   \
+            quantize_bf16<STATS>(in, lanes, packed, scales, s, table, stats, counts);                          \
+        } else {                                                                                               \
+            quantize_body<DT, STATS>(in, lanes, packed, scales, s, stats, counts);                             \
+        }                                                                                                      \
     }
+
+// The bf16 kernels take the thresholds where set.bf16x2 and max.u16x2 exist (sm_90),
+// and divide and round as the other dtypes do before that.
+#if __CUDA_ARCH__ >= 900
+#define BF16_BY_THRESHOLDS 1
+template <bool STATS>
+__device__ __forceinline__ void quantize_bf16(const uint4* in, u64 lanes, void* packed, u8* scales, const Scale s,
+                                              const uint4* table, double* stats, u64* counts) {
+    quantize_bf16_body<STATS>(in, lanes, packed, scales, s, table, stats, counts);
+}
+#else
+#define BF16_BY_THRESHOLDS 0
+template <bool STATS>
+__device__ __forceinline__ void quantize_bf16(const uint4*, u64, void*, u8*, const Scale, const uint4*, double*, u64*) {}
+#endif
 
 QUANTIZE(nvfp4_quantize_bf16, DT_BF16, false)
 QUANTIZE(nvfp4_quantize_f16, DT_F16, false)
