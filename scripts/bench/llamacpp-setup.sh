@@ -27,9 +27,18 @@
 # scripts/reference/requirements.txt. It is only used for the conversion step, with the
 # sdist's own gguf-py first on PYTHONPATH.
 #
+# AMX: on a CPU with AMX, -DGGML_NATIVE=ON builds llama.cpp's AMX kernels, which take
+# over Q4_0/Q4_1/Q8_0 products. On one of this project's Sapphire-Rapids-class virtual
+# machines (2026-12-02) they stopped llama-server with SIGILL at `tilezero` on its first
+# Q4_0 product, though a plain AMX program ran there. So the 4-bit GGUF is tried once
+# with llama-bench after the build; if it dies of SIGILL the script says so and stops,
+# and GGML_AMX=off builds llama.cpp without AMX (its AVX512-VNNI kernels then do the
+# 4-bit products), which native.sh passes through.
+#
 # Environment: PYTHON (to make the venv, default python3), CONVERT_PYTHON (see above),
 # MODEL_DIR (default target/models/HuggingFaceTB/SmolLM2-135M-Instruct; made by
-# scripts/fetch-test-model.sh), JOBS (parallel compile jobs, default nproc).
+# scripts/fetch-test-model.sh), JOBS (parallel compile jobs, default nproc), GGML_AMX
+# (on, the default, or off; see above).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -68,6 +77,14 @@ CMAKE_FLAGS=(
     -DLLAMA_CURL=OFF
 )
 TARGETS=(llama-server llama-perplexity llama-bench llama-quantize)
+GGML_AMX="${GGML_AMX:-on}"
+case "$GGML_AMX" in
+    on) ;;
+    # Explicit -mno-* flags win over what -march=native turns on, wherever they stand.
+    off) CMAKE_FLAGS+=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+                       -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16") ;;
+    *) echo "llamacpp-setup: GGML_AMX is on or off, not $GGML_AMX" >&2; exit 2 ;;
+esac
 
 say() { printf 'llamacpp-setup: %s\n' "$*" >&2; }
 die() { printf 'llamacpp-setup: error: %s\n' "$*" >&2; exit 1; }
@@ -182,6 +199,22 @@ for qtype in Q4_0 Q4_1; do
     mv "$out.partial" "$out"
     echo "$want" > "$stamp"
 done
+
+# 7. With AMX built in on a CPU that has it: one 4-bit product, to find the SIGILL above
+#    here rather than in the middle of a benchmark.
+if [[ "$GGML_AMX" == on ]] && grep -qw amx_int8 /proc/cpuinfo; then
+    q4="$GGUF_DIR/SmolLM2-135M-Instruct-Q4_0.gguf"
+    if ! stamp_ok "$BUILD/.amx-checked" "$build_stamp"; then
+        say "trying llama.cpp's AMX kernels on $q4"
+        status=0
+        "$BUILD/bin/llama-bench" -m "$q4" -p 16 -n 0 -r 1 -t 1 > "$BUILD/amx-check.log" 2>&1 || status=$?
+        if [[ "$status" -eq 132 ]]; then
+            die "llama.cpp's AMX kernels died of SIGILL on this CPU (log: $BUILD/amx-check.log); run again with GGML_AMX=off"
+        fi
+        [[ "$status" -eq 0 ]] || die "llama-bench failed with status $status (log: $BUILD/amx-check.log)"
+        echo "$build_stamp" > "$BUILD/.amx-checked"
+    fi
+fi
 
 echo "LLAMACPP_PYTHON=$PY"
 echo "LLAMA_SERVER=$BUILD/bin/llama-server"

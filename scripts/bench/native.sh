@@ -15,6 +15,7 @@
 #
 #   scripts/bench/native.sh [--precision f32|bf16|q4_0|q4_1] [--peer llama-server|llama-cpp-python|both|none]
 #                           [--no-sous] [--quick] [--threads N] [--wait-quiet SECONDS]
+#                           [--sous-dtype float32|bfloat16]
 #
 # On 2 cores every other busy process (a cargo build) distorts the figures badly (llama.cpp's
 # threads spin at barriers: a 2-thread llama.cpp beside a 2-job build decodes ~20x slower),
@@ -24,7 +25,9 @@
 # Same precision: sous native computes in f32 from bf16 weights (and keeps an f32 KV
 # cache) by default. Its peer is then the F32 GGUF (the same bf16 weights, widened
 # exactly) with an f32 KV cache: --precision f32, the default. --precision bf16 serves the
-# BF16 GGUF with a bf16 KV cache, for comparison with a bf16-compute sous. --precision
+# BF16 GGUF with a bf16 KV cache, for comparison with a bf16-compute sous. --sous-dtype
+# overrides sous's side alone (e.g. --precision bf16 --sous-dtype float32: the bf16 recipe
+# as shipped, f32 arithmetic, beside llama.cpp's BF16 GGUF). --precision
 # q4_0 and q4_1 serve a 4-bit GGUF (quantized from the F32 one by llama-quantize) with an
 # f32 KV cache: llama.cpp's 4-bit weights beside sous's NVFP4 model (sous itself runs as
 # with f32).
@@ -47,13 +50,15 @@
 #
 # Environment: SOUS (the sous binary, default target/debug/sous: the one optimized build
 # profile of the workspace), MODELS (the mirror's root, default target/models), CONVERT_PYTHON (see
-# above), THREADS (default: nproc), PORT (first port to use, default 18400).
+# above), THREADS (default: nproc), PORT (first port to use, default 18400), GGML_AMX
+# (passed to llamacpp-setup.sh: off builds llama.cpp without its AMX kernels).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 
 PRECISION=f32
+SOUS_DTYPE=""
 PEER=llama-server
 RUN_SOUS=1
 QUICK=0
@@ -69,6 +74,7 @@ EOS_IDS="0,2" # <|endoftext|>, <|im_end|> in SmolLM2's vocabulary
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --precision) PRECISION="$2"; shift 2 ;;
+        --sous-dtype) SOUS_DTYPE="$2"; shift 2 ;;
         --peer) PEER="$2"; shift 2 ;;
         --no-sous) RUN_SOUS=0; shift ;;
         --quick) QUICK=1; shift ;;
@@ -99,7 +105,7 @@ say "results in $OUT"
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
-    echo "precision: $PRECISION, threads: $THREADS"
+    echo "precision: $PRECISION${SOUS_DTYPE:+ (sous: $SOUS_DTYPE)}, threads: $THREADS"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$OUT/machine.txt"
 
@@ -162,6 +168,7 @@ start_sous() {
     start_hub
     local dtype=float32
     [[ "$PRECISION" == bf16 ]] && dtype=bfloat16
+    [[ -n "$SOUS_DTYPE" ]] && dtype="$SOUS_DTYPE"
     "$SOUS" serve --recipe "$recipe" --set server.port="$PORT" --set serving.dtype="$dtype" \
         > "$OUT/sous-$(basename "$recipe" .toml).log" 2>&1 &
     SERVER_PID=$!
