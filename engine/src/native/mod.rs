@@ -350,6 +350,9 @@ impl Engine {
             settings.precision,
             sous_kernels::gemm::Isa::current().name(),
         ));
+        if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.head()) {
+            log(format!("Decode products: {calibration}"));
+        }
         let per_token = model::kv_bytes_per_token(model.config());
         let budget = kv_budget(
             settings.kv_cache_bytes,

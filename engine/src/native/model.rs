@@ -359,6 +359,12 @@ impl Model {
         self.precision
     }
 
+    /// The output projection (the embedding where they are tied): the largest matrix,
+    /// the one read last in every decode step.
+    pub fn head(&self) -> &Packed {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
     /// Bytes the weights take in memory.
     pub fn weight_bytes(&self) -> u64 {
         let mut total = self.embed.bytes() + self.lm_head.as_ref().map_or(0, Packed::bytes);
@@ -599,7 +605,7 @@ impl Model {
         for (dst, &r) in hidden.chunks_exact_mut(h).zip(&rows) {
             k::rms_norm_row(&x[r * h..(r + 1) * h], &self.norm, c.rms_norm_eps, dst);
         }
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let head = self.head();
         let mut logits = vec![0.0f32; rows.len() * head.n()];
         product(&hidden, rows.len(), head, &mut logits);
         Ok(logits)

@@ -33,6 +33,8 @@ mod portable;
 mod x86;
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use rayon::prelude::*;
 
@@ -94,18 +96,20 @@ impl Isa {
     }
 
     /// Rows and panels of one register tile for a product of `rows` rows. Up to four
-    /// rows (decode steps) are bound by reading the weights: one panel at a time reads
-    /// a task's panels as one sequential stream, which the prefetchers follow best
-    /// (measured on SmolLM2: one-row decode 117 tok/s against 90 with two panels; four
-    /// rows through the lm_head 1.35 ms against 2.1 ms). NVFP4 weights are the
-    /// exception: a panel's chain of fused multiply-adds waits on itself (four cycles a
-    /// step) long before the packed weights run out, so four panels run side by side
-    /// (one-row NVFP4 decode 155 → 182 tok/s with two, ~200 with four; bf16 with two
-    /// panels drops 159 → 117).
+    /// rows (decode steps) are bound by reading the weights, and how many panels to
+    /// read side by side depends on the CPU ([`decode_panels`], measured at load by
+    /// [`calibrate_decode_panels`]): on a Zen 4 one panel at a time, one sequential
+    /// stream per task, was fastest (SmolLM2 one-row decode 117 tok/s against 90 with
+    /// two panels; four rows through the lm_head 1.35 ms against 2.1 ms); on a
+    /// Sapphire-Rapids-class Xeon four panels were (45 → 67 tok/s). NVFP4 weights always
+    /// take four: a panel's chain of fused multiply-adds waits on itself (four cycles a
+    /// step) long before the packed weights run out (on the Zen 4, one-row NVFP4 decode
+    /// 155 → 182 tok/s with two panels, ~200 with four, where bf16 with two dropped
+    /// 159 → 117).
     fn tile(self, rows: usize, nvfp4: bool) -> (usize, usize) {
         match self {
             Isa::Avx512 if rows <= 4 && nvfp4 => (4, 4),
-            Isa::Avx512 if rows <= 4 => (12, 1),
+            Isa::Avx512 if rows <= 4 => (12, decode_panels()),
             // A batch of decodes: one block of rows, so every weight is widened once.
             Isa::Avx512 if rows <= 16 => (16, 1),
             Isa::Avx512 => (12, 2),
@@ -579,7 +583,13 @@ pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]
     if rows == 0 || n == 0 {
         return;
     }
-    let (mr, np) = isa.tile(rows, matches!(w.data, Data::Nvfp4(_)));
+    let tile = isa.tile(rows, matches!(w.data, Data::Nvfp4(_)));
+    matmul_tiled(isa, tile, x, rows, w, out);
+}
+
+/// [`matmul_with`] in register tiles of `mr` rows and `np` panels.
+fn matmul_tiled(isa: Isa, (mr, np): (usize, usize), x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
+    let (n, k) = (w.n, w.k);
     let total = panels(n);
     if rows > 2 * mr && n.is_multiple_of(NR) {
         // Many rows are bound by arithmetic: tasks own blocks of rows, pack only their
@@ -601,6 +611,85 @@ pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]
     by_columns(rows, w, np, out, |first, count, c| {
         columns(isa, (mr, np), &a, rows, w, first, count, c);
     });
+}
+
+/// Panels that products of up to four rows of f32 or bf16 weights read side by side
+/// with AVX-512 (NVFP4 always takes four; see [`Isa::tile`]); 1 until
+/// [`calibrate_decode_panels`] measures otherwise. The choice never changes a result:
+/// every output is the same chain of fused multiply-adds whichever panels share a tile.
+static DECODE_PANELS: AtomicUsize = AtomicUsize::new(1);
+
+/// See [`DECODE_PANELS`].
+pub fn decode_panels() -> usize {
+    DECODE_PANELS.load(Ordering::Relaxed)
+}
+
+/// What [`calibrate_decode_panels`] chose, and from what.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeCalibration {
+    /// Panels side by side from now on.
+    pub panels: usize,
+    /// The fastest of a few one-row products for each choice, in seconds (empty when
+    /// `SOUS_DECODE_PANELS` chose).
+    pub seconds: Vec<(usize, f64)>,
+}
+
+impl std::fmt::Display for DecodeCalibration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} panel(s) side by side in one-row products", self.panels)?;
+        if self.seconds.is_empty() {
+            return write!(f, " (SOUS_DECODE_PANELS)");
+        }
+        let times: Vec<String> = self
+            .seconds
+            .iter()
+            .map(|(np, s)| format!("{np}: {:.2} ms", s * 1e3))
+            .collect();
+        write!(f, " (measured: {})", times.join(", "))
+    }
+}
+
+/// Measures one-row products of `w` (the largest matrix of a model, so that it streams
+/// from memory as decode does) with 1, 2 and 4 panels side by side and keeps the
+/// fastest for every later product of up to four rows; `SOUS_DECODE_PANELS` (1 to 4)
+/// chooses without measuring. `None` where there is nothing to choose: not the AVX-512
+/// kernels, or NVFP4 weights. Takes about ten products of `w`.
+pub fn calibrate_decode_panels(w: &Packed) -> Option<DecodeCalibration> {
+    let isa = Isa::current();
+    if isa != Isa::Avx512 || matches!(w.data, Data::Nvfp4(_)) || w.n == 0 {
+        return None;
+    }
+    if let Some(np) = std::env::var("SOUS_DECODE_PANELS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|np| (1..=4).contains(np))
+    {
+        DECODE_PANELS.store(np, Ordering::Relaxed);
+        return Some(DecodeCalibration {
+            panels: np,
+            seconds: Vec::new(),
+        });
+    }
+    let x: Vec<f32> = (0..w.k).map(|i| ((i % 7) as f32 - 3.0) * 0.01).collect();
+    let mut out = vec![0.0f32; w.n];
+    let mut seconds = Vec::with_capacity(3);
+    for np in [1, 2, 4] {
+        matmul_tiled(isa, (12, np), &x, 1, w, &mut out); // the warm-up
+        let best = (0..3)
+            .map(|_| {
+                let started = Instant::now();
+                matmul_tiled(isa, (12, np), &x, 1, w, &mut out);
+                started.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        seconds.push((np, best));
+    }
+    let panels = seconds
+        .iter()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or(1, |(np, _)| *np);
+    DECODE_PANELS.store(panels, Ordering::Relaxed);
+    Some(DecodeCalibration { panels, seconds })
 }
 
 /// Few rows, bound by reading the weights: `product(first, count, c)` computes panels

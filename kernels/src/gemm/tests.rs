@@ -260,3 +260,52 @@ fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
     assert!(round_bf16(f32::NAN).is_nan());
     Ok(())
 }
+
+#[test]
+fn one_row_products_get_the_same_bits_whatever_panels_share_a_tile() -> Result {
+    // 23 panels: no multiple of two or four, so the last tile is a narrower one.
+    let (n, k) = (16 * 23, 576);
+    let w = values(n * k, 11);
+    let x = values(k, 12);
+    if Isa::current() != Isa::Avx512 {
+        // Nothing to choose on the narrower kernels: one panel at a time.
+        let packed = Packed::from_bf16(&bf16_bits(&w), n, k)?;
+        assert_eq!(calibrate_decode_panels(&packed), None);
+        return Ok(());
+    }
+    for packed in [
+        Packed::from_f32(&w, n, k)?,
+        Packed::from_bf16(&bf16_bits(&w), n, k)?,
+    ] {
+        let mut want = vec![0.0f32; n];
+        matmul_tiled(Isa::Avx512, (12, 1), &x, 1, &packed, &mut want);
+        for np in 2..=4 {
+            let mut got = vec![0.0f32; n];
+            matmul_tiled(Isa::Avx512, (12, np), &x, 1, &packed, &mut got);
+            assert!(bits_eq(&want, &got), "{np} panels side by side");
+        }
+    }
+    // The calibration picks one of the choices it measured, and the products after it
+    // give the same bits as before.
+    let packed = Packed::from_bf16(&bf16_bits(&w), n, k)?;
+    let calibration = calibrate_decode_panels(&packed).ok_or("AVX-512 bf16 weights are calibrated")?;
+    if calibration.seconds.is_empty() {
+        assert!((1..=4).contains(&calibration.panels), "SOUS_DECODE_PANELS chose");
+    } else {
+        let measured: Vec<usize> = calibration.seconds.iter().map(|s| s.0).collect();
+        assert_eq!(measured, [1, 2, 4]);
+        let fastest = calibration.seconds.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+        assert_eq!(
+            fastest.map(|s| s.0),
+            Some(calibration.panels),
+            "the fastest is kept"
+        );
+    }
+    assert_eq!(decode_panels(), calibration.panels);
+    let mut want = vec![0.0f32; n];
+    matmul_tiled(Isa::Avx512, (12, 1), &x, 1, &packed, &mut want);
+    let mut got = vec![0.0f32; n];
+    matmul_with(Isa::Avx512, &x, 1, &packed, &mut got);
+    assert!(bits_eq(&want, &got), "after calibration");
+    Ok(())
+}
