@@ -148,19 +148,8 @@ run_client() {
 # sous native engine: `sous serve --recipe` exactly as a user runs it. The model comes from
 # a local Hub mirror of target/models (MODELS) into a Hub cache under target/bench/, so the
 # NVFP4 recipe pulls and quantizes once and later runs reuse both.
-HUB_PID=""
-start_hub() {
-    [[ -n "$HUB_PID" ]] && return 0
-    local url_file="$OUT/hub.url"
-    "$SOUS" hub serve --root "$MODELS" --port 0 > "$url_file" 2> "$OUT/hub.log" &
-    HUB_PID=$!
-    for _ in $(seq 100); do [[ -s "$url_file" ]] && break; sleep 0.1; done
-    [[ -s "$url_file" ]] || die "sous hub serve did not start (log: $OUT/hub.log)"
-    export HF_ENDPOINT="$(head -n1 "$url_file")"
-    export HF_HUB_CACHE="$ROOT/target/bench/hub-cache" SOUS_CACHE_DIR="$ROOT/target/bench/sous-cache"
-    export SOUS_STATE_DIR="$ROOT/target/bench/state"
-}
-stop_hub() { if [[ -n "$HUB_PID" ]]; then kill "$HUB_PID" 2>/dev/null || true; fi; HUB_PID=""; }
+# shellcheck source=scripts/bench/hub.sh
+source "$ROOT/scripts/bench/hub.sh"
 
 start_sous() {
     local recipe="${1:-recipes/local/smollm2-135m.toml}"

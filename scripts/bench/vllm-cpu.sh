@@ -77,8 +77,9 @@ VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND="$CORE
     --dtype float32 --enforce-eager --host 127.0.0.1 --port "$PORT" --max-model-len 2048 \
     > "$OUT/vllm.log" 2>&1 &
 vllm_pid=$!
-hub_pid=""
-trap 'kill "$vllm_pid" $hub_pid 2>/dev/null || true' EXIT
+# shellcheck source=scripts/bench/hub.sh
+source "$ROOT/scripts/bench/hub.sh"
+trap 'kill "$vllm_pid" 2>/dev/null || true; stop_hub' EXIT
 for _ in $(seq 1 240); do
     curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
     kill -0 "$vllm_pid" 2>/dev/null || die "vLLM exited: see $OUT/vllm.log"
@@ -91,13 +92,7 @@ kill "$vllm_pid"
 wait "$vllm_pid" 2>/dev/null || true
 
 say "sous native (recipes/local/smollm2-135m.toml ${SETS[*]}), pulled from a local mirror of $MODELS"
-"$SOUS" hub serve --root "$MODELS" --port 0 > "$OUT/hub.url" 2> "$OUT/hub.log" &
-hub_pid=$!
-for _ in $(seq 100); do [[ -s "$OUT/hub.url" ]] && break; sleep 0.1; done
-[[ -s "$OUT/hub.url" ]] || die "sous hub serve did not start (log: $OUT/hub.log)"
-export HF_ENDPOINT="$(head -n1 "$OUT/hub.url")"
-export HF_HUB_CACHE="$ROOT/target/bench/hub-cache" SOUS_CACHE_DIR="$ROOT/target/bench/sous-cache"
-export SOUS_STATE_DIR="$ROOT/target/bench/state"
+start_hub
 "$SOUS" bench probe --recipe recipes/local/smollm2-135m.toml "${SETS[@]}" -n "$RUNS" --salt 1 \
     --label "sous" --out "$OUT/sous"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.txt"
