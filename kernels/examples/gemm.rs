@@ -1,7 +1,8 @@
 //! Times `sous_kernels::gemm` on the products of SmolLM2-135M (the four matrices of a
 //! layer and the 49152-row lm_head), for one row (a decode step) up to a 512-row prompt
 //! chunk, in every weight format and on every instruction set this CPU has:
-//! `cargo run -p sous-kernels --example gemm [rows,...]`.
+//! `cargo run -p sous-kernels --example gemm [rows,...]` (`SOUS_KERNELS_ISA=NAME`: that
+//! instruction set alone).
 //!
 //! Prints GFLOP/s (2·rows·n·k per product) and, for one row, GB/s of weights read.
 #![allow(clippy::print_stdout)]
@@ -59,6 +60,10 @@ fn main() {
         let layer: Vec<Packed> = shapes.iter().map(|&(n, k)| pack(format, n, k)).collect();
         let head = pack(format, lm_head.0, lm_head.1);
         for isa in Isa::available() {
+            // `SOUS_KERNELS_ISA=avx2` (or another) times that set alone.
+            if std::env::var("SOUS_KERNELS_ISA").is_ok_and(|only| only != isa.name()) {
+                continue;
+            }
             for &r in &rows {
                 let (s, flops) = time_layer(&shapes, &layer, r, values, |x, rows, w, out| {
                     matmul_with(isa, x, rows, w, out)
