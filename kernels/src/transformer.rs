@@ -14,6 +14,8 @@
 
 use rayon::prelude::*;
 
+mod scores;
+
 /// `out = x / sqrt(mean(x²) + eps) * weight`, row by row (`x` is `rows × weight.len()`).
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let dim = weight.len();
@@ -321,12 +323,7 @@ fn attend_tile(q: &[f32], tile: &Tile, heads: usize, shape: KvShape, k: &[f32], 
             }
             let seen = bs.min(position + 1 - b * bs);
             let qr = &q[((span.row + first + t) * heads + kv_head * group + h) * hd..][..hd];
-            let mut block_max = f32::NEG_INFINITY;
-            for (j, score) in scores.iter_mut().enumerate().take(seen) {
-                let key = &k[base + j * slot..][..hd];
-                *score = if fma { dot_fma(qr, key) } else { dot(qr, key) } * scale;
-                block_max = block_max.max(*score);
-            }
+            let block_max = scores::block(qr, &k[base..], slot, scale, &mut scores[..seen], fma);
             let new_max = max[r].max(block_max);
             let correction = exp(max[r] - new_max);
             let or = &mut o[r * hd..(r + 1) * hd];
@@ -335,16 +332,13 @@ fn attend_tile(q: &[f32], tile: &Tile, heads: usize, shape: KvShape, k: &[f32], 
                     *x *= correction;
                 }
             }
-            let mut total = sum[r] * correction;
             // Sixteen at a time (one vector); the lanes past `seen` are never read.
             for chunk in scores[..seen.next_multiple_of(16)].as_chunks_mut::<16>().0 {
                 for score in chunk {
                     *score = exp(*score - new_max);
                 }
             }
-            for &p in &scores[..seen] {
-                total += p;
-            }
+            let total = sum[r] * correction + scores::sum(&scores[..seen]);
             let (p, values) = (&scores[..seen], &v[base..]);
             match hd {
                 64 => weigh_values::<64>(or, p, values, slot, fma),
@@ -426,42 +420,6 @@ fn weigh_values_any(o: &mut [f32], p: &[f32], v: &[f32], slot: usize, fma: bool)
             *a = if fma { pj.mul_add(x, *a) } else { *a + pj * x };
         }
     }
-}
-
-/// [`dot`] with fused multiply-adds (only called where FMA is enabled).
-#[inline(always)]
-fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
-    const L: usize = 16;
-    let mut acc = [0.0f32; L];
-    let chunks = a.len() / L;
-    for c in 0..chunks {
-        let (ac, bc) = (&a[c * L..(c + 1) * L], &b[c * L..(c + 1) * L]);
-        for l in 0..L {
-            acc[l] = ac[l].mul_add(bc[l], acc[l]);
-        }
-    }
-    let mut sum: f32 = acc.iter().sum();
-    for i in chunks * L..a.len() {
-        sum += a[i] * b[i];
-    }
-    sum
-}
-
-/// Dot product with independent accumulators, so the loop vectorizes.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
-        }
-    }
-    let mut sum: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        sum += a[i] * b[i];
-    }
-    sum
 }
 
 #[cfg(test)]
