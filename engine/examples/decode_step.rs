@@ -1,7 +1,8 @@
 //! Times single-token decode steps and a 512-token prefill of the native engine's model on
 //! a model directory:
-//! `cargo run -p sous-engine --example decode_step -- DIR [STEPS] [decode]` (`decode`:
-//! the decode steps only, for profiling them).
+//! `cargo run -p sous-engine --example decode_step -- DIR [STEPS] [decode|prefill]`
+//! (`decode`: the decode steps only; `prefill`: ten prefills and nothing else; for
+//! profiling them).
 #![allow(clippy::print_stdout)]
 
 use std::time::Instant;
@@ -14,7 +15,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dir = std::path::PathBuf::from(args.next().ok_or("usage: decode_step DIR [STEPS]")?);
     let steps: usize = args.next().map_or(Ok(64), |s| s.parse())?;
-    let decode_only = args.next().as_deref() == Some("decode");
+    let only = args.next();
+    let (decode_only, prefill_only) = (
+        only.as_deref() == Some("decode"),
+        only.as_deref() == Some("prefill"),
+    );
     let config = ModelConfig::read(&dir)?;
     let checkpoint = Checkpoint::open(&dir, &config)?;
     // `PRECISION=bf16`: bf16 arithmetic, as `serving.dtype = "bfloat16"`.
@@ -37,6 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // holds), as a decode deep into a conversation does.
     let start: usize = std::env::var("START").map_or(Ok(0), |s| s.parse())?;
     let started = Instant::now();
+    let steps = if prefill_only { 0 } else { steps };
     for position in start..start + steps {
         let batch: Vec<BatchSeq> = tables
             .iter()
@@ -67,7 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // One prompt chunk of 512 tokens (a prefill), timed the same way.
     let prompt: Vec<u32> = (0..512u32).map(|i| 100 + i * 7 % 4000).collect();
     let mut cache = KvCache::new(&model, 64, 16);
-    for round in 0..3 {
+    for round in 0..if prefill_only { 10 } else { 3 } {
         let started = Instant::now();
         let batch = [BatchSeq {
             blocks: &blocks,
@@ -84,6 +90,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     drop(model);
+    if prefill_only {
+        return Ok(());
+    }
 
     // The same through the engine loop, on its own thread, as `sous serve` runs it.
     let settings = sous_engine::native::Settings {

@@ -325,7 +325,13 @@ fn attend_tile(q: &[f32], tile: &Tile, heads: usize, shape: KvShape, k: &[f32], 
             let qr = &q[((span.row + first + t) * heads + kv_head * group + h) * hd..][..hd];
             let block_max = scores::block(qr, &k[base..], slot, scale, &mut scores[..seen], fma);
             let new_max = max[r].max(block_max);
-            let correction = exp(max[r] - new_max);
+            // `exp(0)` is exactly 1: most blocks past the first leave the maximum where
+            // it was, and skip the call.
+            let correction = if new_max == max[r] {
+                1.0
+            } else {
+                exp(max[r] - new_max)
+            };
             let or = &mut o[r * hd..(r + 1) * hd];
             if correction != 1.0 {
                 for x in or.iter_mut() {
@@ -340,9 +346,11 @@ fn attend_tile(q: &[f32], tile: &Tile, heads: usize, shape: KvShape, k: &[f32], 
             }
             let total = sum[r] * correction + scores::sum(&scores[..seen]);
             let (p, values) = (&scores[..seen], &v[base..]);
-            match hd {
-                64 => weigh_values::<64>(or, p, values, slot, fma),
-                128 => weigh_values::<128>(or, p, values, slot, fma),
+            match (hd, fma) {
+                (64, true) => weigh_values::<64, true>(or, p, values, slot),
+                (64, false) => weigh_values::<64, false>(or, p, values, slot),
+                (128, true) => weigh_values::<128, true>(or, p, values, slot),
+                (128, false) => weigh_values::<128, false>(or, p, values, slot),
                 _ => weigh_values_any(or, p, values, slot, fma),
             }
             sum[r] = total;
@@ -398,13 +406,13 @@ pub fn exp(x: f32) -> f32 {
 /// key waited on the previous key's store). Each lane's arithmetic is the same as
 /// [`weigh_values_any`]'s.
 #[inline(always)]
-fn weigh_values<const HD: usize>(o: &mut [f32], p: &[f32], v: &[f32], slot: usize, fma: bool) {
+fn weigh_values<const HD: usize, const FMA: bool>(o: &mut [f32], p: &[f32], v: &[f32], slot: usize) {
     let mut acc = [0.0f32; HD];
     acc.copy_from_slice(&o[..HD]);
     for (j, &pj) in p.iter().enumerate() {
         let value = &v[j * slot..][..HD];
         for (a, &x) in acc.iter_mut().zip(value) {
-            *a = if fma { pj.mul_add(x, *a) } else { *a + pj * x };
+            *a = if FMA { pj.mul_add(x, *a) } else { *a + pj * x };
         }
     }
     o[..HD].copy_from_slice(&acc);

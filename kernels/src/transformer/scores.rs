@@ -123,17 +123,14 @@ mod x86 {
     pub(super) unsafe fn group512(q: &[f32], keys: &[f32], slot: usize, scale: f32, out: &mut [f32]) -> f32 {
         let (hd, n) = (q.len(), out.len());
         debug_assert!((1..=LANES).contains(&n) && hd.is_multiple_of(LANES));
-        let mut v = [_mm512_setzero_ps(); LANES];
+        let (q, keys) = (q.as_ptr(), keys.as_ptr());
+        // SAFETY (all three): `q` holds `hd` values and `keys` `n` keys of `hd`.
+        let v = match hd {
+            64 => unsafe { sums512::<4>(q, keys, slot, n, 4) },
+            128 => unsafe { sums512::<8>(q, keys, slot, n, 8) },
+            _ => unsafe { sums512::<0>(q, keys, slot, n, hd / LANES) },
+        };
         unsafe {
-            for c in 0..hd / LANES {
-                let qc = _mm512_loadu_ps(q.as_ptr().add(c * LANES));
-                // All sixteen, so that the accumulators stay in registers; past the
-                // `n` keys there are, key 0 again, whose sums are dropped.
-                for j in 0..LANES {
-                    let key = _mm512_loadu_ps(keys.as_ptr().add(j.min(n - 1) * slot + c * LANES));
-                    v[j] = _mm512_fmadd_ps(qc, key, v[j]);
-                }
-            }
             // Level 8: key j (lanes 0-7) and key j + 8 (lanes 8-15) per register.
             let mut r = [_mm512_setzero_ps(); 8];
             for i in 0..8 {
@@ -165,6 +162,40 @@ mod x86 {
             _mm512_mask_storeu_ps(out.as_mut_ptr(), valid, scores);
             _mm512_mask_reduce_max_ps(valid, scores)
         }
+    }
+
+    /// The sixteen lane sums of each of up to sixteen keys, one register per key: `C`
+    /// chunks of sixteen values per key (`chunks` when `C` is 0), key by key so that
+    /// the query's chunks stay in registers. Past the `n` keys there are, key 0 again,
+    /// whose sums are dropped: every register is written, so all stay in registers.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn sums512<const C: usize>(
+        q: *const f32,
+        keys: *const f32,
+        slot: usize,
+        n: usize,
+        chunks: usize,
+    ) -> [__m512; LANES] {
+        let chunks = if C > 0 { C } else { chunks };
+        let mut v = [_mm512_setzero_ps(); LANES];
+        for (j, acc) in v.iter_mut().enumerate() {
+            let key = if j < n {
+                unsafe { keys.add(j * slot) }
+            } else {
+                keys
+            };
+            for c in 0..chunks {
+                unsafe {
+                    let (qc, kc) = (
+                        _mm512_loadu_ps(q.add(c * LANES)),
+                        _mm512_loadu_ps(key.add(c * LANES)),
+                    );
+                    *acc = _mm512_fmadd_ps(qc, kc, *acc);
+                }
+            }
+        }
+        v
     }
 
     /// Where key `j`'s score lands in [`group512`]'s last register.
@@ -203,18 +234,14 @@ mod x86 {
     pub(super) unsafe fn group256(q: &[f32], keys: &[f32], slot: usize, scale: f32, out: &mut [f32]) -> f32 {
         let (hd, n) = (q.len(), out.len());
         debug_assert!((1..=8).contains(&n) && hd.is_multiple_of(LANES));
-        let mut lo = [_mm256_setzero_ps(); 8];
-        let mut hi = [_mm256_setzero_ps(); 8];
+        let (q, keys) = (q.as_ptr(), keys.as_ptr());
+        // SAFETY (all three): as in `group512`.
+        let (lo, hi) = match hd {
+            64 => unsafe { sums256::<4>(q, keys, slot, n, 4) },
+            128 => unsafe { sums256::<8>(q, keys, slot, n, 8) },
+            _ => unsafe { sums256::<0>(q, keys, slot, n, hd / LANES) },
+        };
         unsafe {
-            for c in 0..hd / LANES {
-                let q0 = _mm256_loadu_ps(q.as_ptr().add(c * LANES));
-                let q1 = _mm256_loadu_ps(q.as_ptr().add(c * LANES + 8));
-                for j in 0..8 {
-                    let key = keys.as_ptr().add(j.min(n - 1) * slot + c * LANES);
-                    lo[j] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(key), lo[j]);
-                    hi[j] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(key.add(8)), hi[j]);
-                }
-            }
             let mut r = [_mm256_setzero_ps(); 8];
             for j in 0..8 {
                 r[j] = _mm256_add_ps(lo[j], hi[j]);
@@ -242,6 +269,36 @@ mod x86 {
             out.copy_from_slice(&all[..n]);
             out.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s))
         }
+    }
+
+    /// [`sums512`] for [`group256`]: up to eight keys, lanes 0-7 and 8-15 of each.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn sums256<const C: usize>(
+        q: *const f32,
+        keys: *const f32,
+        slot: usize,
+        n: usize,
+        chunks: usize,
+    ) -> ([__m256; 8], [__m256; 8]) {
+        let chunks = if C > 0 { C } else { chunks };
+        let mut lo = [_mm256_setzero_ps(); 8];
+        let mut hi = [_mm256_setzero_ps(); 8];
+        for j in 0..8 {
+            let key = if j < n {
+                unsafe { keys.add(j * slot) }
+            } else {
+                keys
+            };
+            for c in 0..chunks {
+                unsafe {
+                    let (q, key) = (q.add(c * LANES), key.add(c * LANES));
+                    lo[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(key), lo[j]);
+                    hi[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(8)), _mm256_loadu_ps(key.add(8)), hi[j]);
+                }
+            }
+        }
+        (lo, hi)
     }
 
     /// [`ORDER512`] for [`group256`]: key `i < 4` in chunk 0, `i + 4` in chunk 1; within
