@@ -15,7 +15,12 @@
 #
 #   scripts/bench/native.sh [--precision f32|bf16|q4_0|q4_1] [--peer llama-server|llama-cpp-python|both|none]
 #                           [--no-sous] [--quick] [--threads N] [--wait-quiet SECONDS]
-#                           [--sous-dtype float32|bfloat16]
+#                           [--sous-dtype float32|bfloat16] [--sweep]
+#
+# --sweep also runs `sous bench sweep` against sous's bf16 server and llama-server (16
+# requests of 128-token prompts and 128 tokens at 1, 4, 8 and 16 concurrent streams: the
+# TTFT p50 of a 128-token prompt, TPOT, output tok/s) and `sous bench compare` of the two
+# reports (sweep-compare.md).
 #
 # On 2 cores every other busy process (a cargo build) distorts the figures badly (llama.cpp's
 # threads spin at barriers: a 2-thread llama.cpp beside a 2-job build decodes ~20x slower),
@@ -62,6 +67,7 @@ SOUS_DTYPE=""
 PEER=llama-server
 RUN_SOUS=1
 QUICK=0
+SWEEP=0
 WAIT_QUIET=0
 THREADS="${THREADS:-$(nproc)}"
 PORT="${PORT:-18400}"
@@ -78,6 +84,7 @@ while [[ $# -gt 0 ]]; do
         --peer) PEER="$2"; shift 2 ;;
         --no-sous) RUN_SOUS=0; shift ;;
         --quick) QUICK=1; shift ;;
+        --sweep) SWEEP=1; shift ;;
         --threads) THREADS="$2"; shift 2 ;;
         --wait-quiet) WAIT_QUIET="$2"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -144,6 +151,15 @@ run_client() {
         "${CLIENT_ARGS[@]}" "$@"
 }
 
+# With --sweep: `sous bench sweep` against the server on $PORT into $OUT/sweep-$1.
+run_sweep() {
+    [[ "$SWEEP" == 1 ]] || return 0
+    "$SOUS" bench sweep --url "http://127.0.0.1:$PORT" --model "$MODEL_NAME" \
+        --tokenizer "$MODELS/HuggingFaceTB/SmolLM2-135M-Instruct" --concurrency 1,4,8,16 \
+        --requests 16 --input-len 128 --output-len 128 --seed 1 --salt 1 --label "$1" \
+        --out "$OUT/sweep-$1" > "$OUT/sweep-$1.log" 2>&1 || say "sweep of $1 failed (log: $OUT/sweep-$1.log)"
+}
+
 # ---------------------------------------------------------------------------------------
 # sous native engine: `sous serve --recipe` exactly as a user runs it. The model comes from
 # a local Hub mirror of target/models (MODELS) into a Hub cache under target/bench/, so the
@@ -190,6 +206,7 @@ if [[ "$RUN_SOUS" == 1 ]]; then
     say "sous native, bf16 weights ($PRECISION compute)"
     if start_sous recipes/local/smollm2-135m.toml; then
         run_client "sous-bf16" --perplexity "$PPL_TEXT"
+        run_sweep "sous-bf16"
         stop_server
         results+=("$OUT/sous-bf16.json")
         # Beside a 4-bit GGUF the NVFP4 model is measured in full; otherwise its
@@ -222,6 +239,7 @@ if [[ "$PEER" != none ]]; then
         say "llama.cpp llama-server, $PREC_UPPER GGUF, $KV KV cache"
         start_llama_server "$GGUF" "$KV"
         run_client "llama-server-$PRECISION"
+        run_sweep "llama-server-$PRECISION"
         stop_server
         results+=("$OUT/llama-server-$PRECISION.json")
     fi
@@ -243,3 +261,7 @@ fi
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.txt"
 [[ ${#results[@]} -gt 0 ]] || die "nothing was measured"
 python3 scripts/bench/native_compare.py --machine "$OUT/machine.txt" "${results[@]}" | tee "$OUT/summary.md"
+if [[ "$SWEEP" == 1 && -f "$OUT/sweep-sous-bf16/sweep.json" && -f "$OUT/sweep-llama-server-$PRECISION/sweep.json" ]]; then
+    "$SOUS" bench compare "$OUT/sweep-llama-server-$PRECISION/sweep.json" "$OUT/sweep-sous-bf16/sweep.json" \
+        | tee "$OUT/sweep-compare.md"
+fi

@@ -531,16 +531,11 @@ pub fn matmul_bf16(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
         assert_eq!(out.len(), rows * n, "out is not rows × n");
         if rows > 2 * x86::DP_MR {
             // Many rows: tasks own blocks of rows, as in `matmul_with`.
-            let per = rows
-                .div_ceil(4 * rayon::current_num_threads())
-                .next_multiple_of(x86::DP_MR);
-            out.par_chunks_mut(per * n)
-                .zip(rounded.par_chunks(per * k))
-                .for_each(|(o, xs)| {
-                    let r = xs.len() / k;
-                    let a = x86::pack_bf16_pairs(xs, r, k, x86::DP_MR);
-                    x86::dot_bf16(&a, r, x86::DP_MR, w, 0, n / NR, o, n);
-                });
+            row_tasks(&rounded, rows, k, x86::DP_MR, out, n).for_each(|(xs, o)| {
+                let r = xs.len() / k;
+                let a = x86::pack_bf16_pairs(xs, r, k, x86::DP_MR);
+                x86::dot_bf16(&a, r, x86::DP_MR, w, 0, n / NR, o, n);
+            });
         } else {
             // A batch of decodes: one block of rows (two past 16), tasks own panels.
             let mr = if rows <= x86::DP_MR_MAX { rows } else { x86::DP_MR };
@@ -595,22 +590,45 @@ fn matmul_tiled(isa: Isa, (mr, np): (usize, usize), x: &[f32], rows: usize, w: &
         // Many rows are bound by arithmetic: tasks own blocks of rows, pack only their
         // own inputs and write straight into their rows of `out`; each reads every
         // weight once (from L2/L3: a layer's weights are a few MB).
-        let per = rows
-            .div_ceil(4 * rayon::current_num_threads())
-            .next_multiple_of(mr);
-        out.par_chunks_mut(per * n)
-            .zip(x.par_chunks(per * k))
-            .for_each(|(o, xs)| {
-                let r = xs.len() / k;
-                let a = pack_rows(xs, r, k, mr);
-                columns(isa, (mr, np), &a, r, w, 0, total, o);
-            });
+        row_tasks(x, rows, k, mr, out, n).for_each(|(xs, o)| {
+            let r = xs.len() / k;
+            let a = pack_rows(xs, r, k, mr);
+            columns(isa, (mr, np), &a, r, w, 0, total, o);
+        });
         return;
     }
     let a = pack_rows(x, rows, k, mr);
     by_columns(rows, w, np, out, |first, count, c| {
         columns(isa, (mr, np), &a, rows, w, first, count, c);
     });
+}
+
+/// The inputs `x` (`rows × k`) and outputs `out` (`rows × n`) of a product of many rows,
+/// split into about four tasks per thread of whole `mr`-row tiles, as even as whole
+/// tiles allow: equal chunks rounded up to whole tiles left the last task short, and on
+/// two threads one thread a tile or more behind the other (512 rows in tiles of 12:
+/// seven tasks of 72 rows and one of 8).
+fn row_tasks<'a>(
+    x: &'a [f32],
+    rows: usize,
+    k: usize,
+    mr: usize,
+    out: &'a mut [f32],
+    n: usize,
+) -> impl ParallelIterator<Item = (&'a [f32], &'a mut [f32])> {
+    let tiles = rows.div_ceil(mr);
+    let tasks = tiles.min(4 * rayon::current_num_threads()).max(1);
+    let mut parts = Vec::with_capacity(tasks);
+    let (mut x, mut out) = (x, out);
+    let mut done = 0;
+    for t in 0..tasks {
+        let end = (tiles * (t + 1) / tasks * mr).min(rows);
+        let (xs, x_rest) = x.split_at((end - done) * k);
+        let (o, out_rest) = out.split_at_mut((end - done) * n);
+        parts.push((xs, o));
+        (x, out, done) = (x_rest, out_rest, end);
+    }
+    parts.into_par_iter()
 }
 
 /// Panels that products of up to four rows of f32 or bf16 weights read side by side
