@@ -31,6 +31,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.head()) {
         println!("{calibration}");
     }
+    if let Some(calibration) = sous_kernels::gemm::calibrate_batch_tile(model.head()) {
+        println!("{calibration}");
+    }
     // `BATCH=N`: N sequences decoding side by side, one token each per step.
     let batch_size: usize = std::env::var("BATCH").map_or(Ok(1), |s| s.parse())?;
     let mut cache = KvCache::new(&model, 64 * batch_size, 16);

@@ -353,6 +353,9 @@ impl Engine {
         if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.head()) {
             log(format!("Decode products: {calibration}"));
         }
+        if let Some(calibration) = sous_kernels::gemm::calibrate_batch_tile(model.head()) {
+            log(format!("Batch products: {calibration}"));
+        }
         let per_token = model::kv_bytes_per_token(model.config());
         let budget = kv_budget(
             settings.kv_cache_bytes,

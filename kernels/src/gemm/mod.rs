@@ -110,8 +110,8 @@ impl Isa {
         match self {
             Isa::Avx512 if rows <= 4 && nvfp4 => (4, 4),
             Isa::Avx512 if rows <= 4 => (12, decode_panels()),
-            // A batch of decodes: one block of rows, so every weight is widened once.
-            Isa::Avx512 if rows <= 16 => (16, 1),
+            // A batch of decodes: as measured at load (`calibrate_batch_tile`).
+            Isa::Avx512 if rows <= 16 => batch_tile(),
             Isa::Avx512 => (12, 2),
             Isa::Avx2 => (6, 1),
             Isa::Portable => (4, 1),
@@ -708,6 +708,95 @@ pub fn calibrate_decode_panels(w: &Packed) -> Option<DecodeCalibration> {
         .map_or(1, |(np, _)| *np);
     DECODE_PANELS.store(panels, Ordering::Relaxed);
     Some(DecodeCalibration { panels, seconds })
+}
+
+/// The register tiles a product of 5 to 16 rows (a batch of decode steps) may take with
+/// AVX-512: one block of up to 16 rows, so that every weight is widened once (fastest on
+/// a Zen 4), or blocks of 8 rows with two panels side by side (on a Sapphire-Rapids-class
+/// Xeon, decode steps of 16 sequences of SmolLM2 took 54-60 ms against 56-67, and of 8
+/// sequences 32-34 against 40-42).
+const BATCH_TILES: [(usize, usize); 2] = [(16, 1), (8, 2)];
+
+/// Which of [`BATCH_TILES`] products of 5 to 16 rows take; the first until
+/// [`calibrate_batch_tile`] measures otherwise. Results do not depend on it.
+static BATCH_TILE: AtomicUsize = AtomicUsize::new(0);
+
+/// See [`BATCH_TILE`]: `(rows, panels)` of the tile.
+pub fn batch_tile() -> (usize, usize) {
+    BATCH_TILES[BATCH_TILE.load(Ordering::Relaxed)]
+}
+
+/// What [`calibrate_batch_tile`] chose, and from what.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchCalibration {
+    /// Rows and panels per tile from now on.
+    pub tile: (usize, usize),
+    /// The fastest of a few 16-row products for each tile, in seconds (empty when
+    /// `SOUS_BATCH_TILE` chose).
+    pub seconds: Vec<((usize, usize), f64)>,
+}
+
+impl std::fmt::Display for BatchCalibration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (mr, np) = self.tile;
+        write!(f, "tiles of {mr} rows × {np} panel(s) for 5 to 16 rows")?;
+        if self.seconds.is_empty() {
+            return write!(f, " (SOUS_BATCH_TILE)");
+        }
+        let times: Vec<String> = self
+            .seconds
+            .iter()
+            .map(|((mr, np), s)| format!("{mr}x{np}: {:.2} ms", s * 1e3))
+            .collect();
+        write!(f, " (measured: {})", times.join(", "))
+    }
+}
+
+/// Measures 16-row products of `w` (the model's largest matrix, read from memory as a
+/// batch of decode steps reads it) with each of [`BATCH_TILES`] and keeps the fastest
+/// for every later product of 5 to 16 rows; `SOUS_BATCH_TILE` (`16x1` or `8x2`) chooses
+/// without measuring. `None` where there is nothing to choose (not the AVX-512 kernels).
+/// Takes about eight products of `w`.
+pub fn calibrate_batch_tile(w: &Packed) -> Option<BatchCalibration> {
+    let isa = Isa::current();
+    if isa != Isa::Avx512 || w.n == 0 {
+        return None;
+    }
+    let named = std::env::var("SOUS_BATCH_TILE").ok().and_then(|v| {
+        BATCH_TILES
+            .iter()
+            .position(|(mr, np)| v.trim() == format!("{mr}x{np}"))
+    });
+    if let Some(choice) = named {
+        BATCH_TILE.store(choice, Ordering::Relaxed);
+        return Some(BatchCalibration {
+            tile: BATCH_TILES[choice],
+            seconds: Vec::new(),
+        });
+    }
+    let rows = 16;
+    let x: Vec<f32> = (0..rows * w.k).map(|i| ((i % 7) as f32 - 3.0) * 0.01).collect();
+    let mut out = vec![0.0f32; rows * w.n];
+    let mut seconds = Vec::with_capacity(BATCH_TILES.len());
+    for tile in BATCH_TILES {
+        matmul_tiled(isa, tile, &x, rows, w, &mut out); // the warm-up
+        let best = (0..3)
+            .map(|_| {
+                let started = Instant::now();
+                matmul_tiled(isa, tile, &x, rows, w, &mut out);
+                started.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        seconds.push((tile, best));
+    }
+    let choice = (0..BATCH_TILES.len())
+        .min_by(|&a, &b| seconds[a].1.total_cmp(&seconds[b].1))
+        .unwrap_or(0);
+    BATCH_TILE.store(choice, Ordering::Relaxed);
+    Some(BatchCalibration {
+        tile: BATCH_TILES[choice],
+        seconds,
+    })
 }
 
 /// Few rows, bound by reading the weights: `product(first, count, c)` computes panels

@@ -309,3 +309,39 @@ fn one_row_products_get_the_same_bits_whatever_panels_share_a_tile() -> Result {
     assert!(bits_eq(&want, &got), "after calibration");
     Ok(())
 }
+
+#[test]
+fn batch_products_get_the_same_bits_whatever_the_tile() -> Result {
+    let (n, k) = (16 * 23, 576);
+    let w = values(n * k, 13);
+    let packed = Packed::from_bf16(&bf16_bits(&w), n, k)?;
+    if Isa::current() != Isa::Avx512 {
+        assert_eq!(calibrate_batch_tile(&packed), None);
+        return Ok(());
+    }
+    for rows in [5, 8, 11, 16] {
+        let x = values(rows * k, 14 + rows as u64);
+        let mut want = vec![0.0f32; rows * n];
+        matmul_tiled(Isa::Avx512, (16, 1), &x, rows, &packed, &mut want);
+        let mut got = vec![0.0f32; rows * n];
+        matmul_tiled(Isa::Avx512, (8, 2), &x, rows, &packed, &mut got);
+        assert!(bits_eq(&want, &got), "{rows} rows in tiles of 8 x 2");
+    }
+    let calibration = calibrate_batch_tile(&packed).ok_or("AVX-512 is calibrated")?;
+    if !calibration.seconds.is_empty() {
+        let fastest = calibration.seconds.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+        assert_eq!(
+            fastest.map(|s| s.0),
+            Some(calibration.tile),
+            "the fastest is kept"
+        );
+    }
+    assert_eq!(batch_tile(), calibration.tile);
+    let x = values(16 * k, 30);
+    let mut want = vec![0.0f32; 16 * n];
+    matmul_tiled(Isa::Avx512, (16, 1), &x, 16, &packed, &mut want);
+    let mut got = vec![0.0f32; 16 * n];
+    matmul_with(Isa::Avx512, &x, 16, &packed, &mut got);
+    assert!(bits_eq(&want, &got), "after calibration");
+    Ok(())
+}
