@@ -219,11 +219,14 @@ const QUERY_TILE: usize = 16;
 /// `1/sqrt(head_dim)` and soft-maxed in f32.
 ///
 /// The work is tiled as flash attention is: up to 16 tokens of a span with all query
-/// heads of one KV head form a tile, which reads each cached block of keys and values
-/// once for all its rows, with the softmax computed online (running maximum and sum,
+/// heads of one KV head form a tile, whose rows share every cached block of keys and
+/// values it reads, with the softmax computed online (running maximum and sum,
 /// rescaled block by block). Each row's arithmetic is the same whatever tile it is in:
 /// blocks in position order, the same dot products and updates. So a token gets the
 /// same bits alone (decode), in a prompt chunk, or among draft tokens being verified.
+/// With AVX-512, blocks of 16 slots and heads of 64 or 128 values, the query heads of
+/// one token run side by side through all their blocks with their state in registers
+/// (`scores::rows`, the same bits); elsewhere a tile goes block by block, row by row.
 pub fn attention(
     q: &[f32],
     spans: &[Span],
@@ -232,6 +235,22 @@ pub fn attention(
     k_cache: &[f32],
     v_cache: &[f32],
     out: &mut [f32],
+) {
+    attention_with(q, spans, heads, shape, k_cache, v_cache, out, true);
+}
+
+/// [`attention`], with `by_rows` false forcing the tile loop where the row kernel
+/// (`scores::row`) would run, for tests that compare the two.
+#[allow(clippy::too_many_arguments)]
+fn attention_with(
+    q: &[f32],
+    spans: &[Span],
+    heads: usize,
+    shape: KvShape,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: &mut [f32],
+    by_rows: bool,
 ) {
     assert!(
         shape.block_size <= 64,
@@ -272,7 +291,7 @@ pub fn attention(
         .par_iter()
         .map(|tile| {
             let mut o = vec![0.0f32; tile.count * tile.heads.len() * hd];
-            attend_tile(q, tile, heads, shape, k_cache, v_cache, &mut o);
+            attend_tile(q, tile, heads, shape, k_cache, v_cache, &mut o, by_rows);
             o
         })
         .collect();
@@ -299,7 +318,17 @@ struct Tile<'a> {
 
 /// One tile into `o` (`[token][head of the tile][head_dim]`).
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn attend_tile(q: &[f32], tile: &Tile, heads: usize, shape: KvShape, k: &[f32], v: &[f32], o: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+fn attend_tile(
+    q: &[f32],
+    tile: &Tile,
+    heads: usize,
+    shape: KvShape,
+    k: &[f32],
+    v: &[f32],
+    o: &mut [f32],
+    by_rows: bool,
+) {
     let fma = multiversion::target::selected_target!().supports_feature_str("fma");
     let (hd, bs, slot) = (shape.head_dim, shape.block_size, shape.slot_len());
     let group = heads / shape.kv_heads;
@@ -307,6 +336,37 @@ fn attend_tile(q: &[f32], tile: &Tile, heads: usize, shape: KvShape, k: &[f32], 
     let tile_heads = tile.heads.len();
     let rows = count * tile_heads;
     let scale = 1.0 / (hd as f32).sqrt();
+    // Blocks of sixteen keys on AVX-512: row by row, each row's state in registers from
+    // its first block to its last (the block stays in L1 or L2 for the tile's next rows).
+    if by_rows && fma && bs == 16 {
+        // The query heads of one token share a position: they go side by side.
+        let (mut done, mut rest) = (true, &mut o[..]);
+        for t in 0..count {
+            let position = span.start + first + t;
+            let at = ((span.row + first + t) * heads + kv_head * group + tile.heads.start) * hd;
+            let qs: Vec<&[f32]> = q[at..at + tile_heads * hd].chunks_exact(hd).collect();
+            let (row_out, after) = rest.split_at_mut(tile_heads * hd);
+            let mut outs: Vec<&mut [f32]> = row_out.chunks_exact_mut(hd).collect();
+            done = scores::rows(
+                &qs,
+                k,
+                v,
+                span.blocks,
+                kv_head * hd,
+                slot,
+                position,
+                scale,
+                &mut outs,
+            );
+            if !done {
+                break;
+            }
+            rest = after;
+        }
+        if done {
+            return;
+        }
+    }
     let mut max = vec![f32::NEG_INFINITY; rows];
     let mut sum = vec![0.0f32; rows];
     let mut scores = [0.0f32; 64];
@@ -539,6 +599,54 @@ mod tests {
                     assert!((a - b).abs() < 1e-5, "token {t} head {head}: {a} vs {b}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_row_kernel_gives_the_tile_loop_s_bits() {
+        for hd in [64, 128] {
+            let shape = KvShape {
+                block_size: 16,
+                kv_heads: 3,
+                head_dim: hd,
+            };
+            let heads = 9;
+            let blocks_total = 12;
+            let value = |i: usize, salt: f32| ((i as f32 * salt).sin() * 3.0).tan().clamp(-8.0, 8.0);
+            let len = blocks_total * 16 * shape.slot_len();
+            let k_cache: Vec<f32> = (0..len).map(|i| value(i, 0.37)).collect();
+            let v_cache: Vec<f32> = (0..len).map(|i| value(i, 0.11)).collect();
+            // A 70-token prompt chunk after 23 cached tokens (part of its first block
+            // and of its last), and a decode step of another sequence.
+            let (table_a, table_b) = ([7u32, 2, 9, 0, 11, 4, 5], [3u32, 8, 1]);
+            let spans = [
+                Span {
+                    blocks: &table_a,
+                    start: 23,
+                    len: 70,
+                    row: 0,
+                },
+                Span {
+                    blocks: &table_b,
+                    start: 40,
+                    len: 1,
+                    row: 70,
+                },
+            ];
+            let q: Vec<f32> = (0..71 * heads * hd).map(|i| value(i, 0.29)).collect();
+            let run = |by_rows| {
+                let mut out = vec![f32::NAN; q.len()];
+                attention_with(&q, &spans, heads, shape, &k_cache, &v_cache, &mut out, by_rows);
+                out
+            };
+            let (rows, tiles) = (run(true), run(false));
+            assert!(rows.iter().all(|x| x.is_finite()));
+            let same = rows
+                .iter()
+                .zip(&tiles)
+                .filter(|(a, b)| a.to_bits() == b.to_bits())
+                .count();
+            assert_eq!(same, rows.len(), "head size {hd}");
         }
     }
 

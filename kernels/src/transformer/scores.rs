@@ -97,6 +97,74 @@ pub(super) fn block(q: &[f32], keys: &[f32], slot: usize, scale: f32, out: &mut 
     max
 }
 
+/// Attention of query rows `qs` at one position (query heads of one token that share a
+/// KV head) over every block of sixteen keys they see (positions `0..=position`,
+/// `blocks` the sequence's table; each block `16 · slot` values of keys and of values,
+/// this KV head's at `offset` in each slot), into `outs`, with each row's output,
+/// maximum and sum in registers throughout. The same bits as `attend_tile`'s loop over
+/// blocks. Returns false, doing nothing, where there is no such kernel: it needs AVX-512
+/// and a head size of 64 or 128.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rows(
+    qs: &[&[f32]],
+    keys: &[f32],
+    values: &[f32],
+    blocks: &[u32],
+    offset: usize,
+    slot: usize,
+    position: usize,
+    scale: f32,
+    outs: &mut [&mut [f32]],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if x86::avx512() && is_x86_feature_detected!("fma") {
+        let hd = qs.first().map_or(0, |q| q.len());
+        let used = (position / LANES + 1).min(blocks.len());
+        assert!(qs.len() == outs.len() && offset + hd <= slot && keys.len() == values.len());
+        assert!(qs.iter().all(|q| q.len() == hd) && outs.iter().all(|o| o.len() == hd));
+        assert!(
+            blocks[..used]
+                .iter()
+                .all(|&b| (b as usize + 1) * LANES * slot <= keys.len())
+        );
+        // Rows side by side: as many as leave registers for the scores (`R · C` ≤ 12).
+        let per = if hd == 64 { 3 } else { 1 };
+        if hd != 64 && hd != 128 {
+            return false;
+        }
+        for (q, out) in qs.chunks(per).zip(outs.chunks_mut(per)) {
+            macro_rules! go {
+                ($c:literal, $r:literal) => {
+                    // SAFETY: the features are present and every block's slots are in
+                    // the caches, the rows and outputs `hd` long (asserted above).
+                    unsafe {
+                        x86::rows512::<$c, $r>(
+                            std::array::from_fn(|i| q[i]),
+                            keys,
+                            values,
+                            blocks,
+                            offset,
+                            slot,
+                            position,
+                            scale,
+                            out,
+                        )
+                    }
+                };
+            }
+            match (hd, q.len()) {
+                (64, 3) => go!(4, 3),
+                (64, 2) => go!(4, 2),
+                (64, _) => go!(4, 1),
+                _ => go!(8, 1),
+            }
+        }
+        return true;
+    }
+    let _ = (qs, keys, values, blocks, offset, slot, position, scale, outs);
+    false
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The butterflies. Register `v[j]` holds key `j`'s sixteen lane sums (two halves
@@ -131,36 +199,186 @@ mod x86 {
             _ => unsafe { sums512::<0>(q, keys, slot, n, hd / LANES) },
         };
         unsafe {
-            // Level 8: key j (lanes 0-7) and key j + 8 (lanes 8-15) per register.
-            let mut r = [_mm512_setzero_ps(); 8];
-            for i in 0..8 {
-                let low = _mm512_shuffle_f32x4::<0b01_00_01_00>(v[i], v[i + 8]);
-                let high = _mm512_shuffle_f32x4::<0b11_10_11_10>(v[i], v[i + 8]);
-                r[i] = _mm512_add_ps(low, high);
-            }
-            // Level 4: four lanes each of keys i, i + 8, i + 4, i + 12 per register.
-            let mut s = [_mm512_setzero_ps(); 4];
-            for i in 0..4 {
-                let even = _mm512_shuffle_f32x4::<0b10_00_10_00>(r[i], r[i + 4]);
-                let odd = _mm512_shuffle_f32x4::<0b11_01_11_01>(r[i], r[i + 4]);
-                s[i] = _mm512_add_ps(even, odd);
-            }
-            // Level 2: per 128-bit chunk, two lanes each of two keys.
-            let mut t = [_mm512_setzero_ps(); 2];
-            for i in 0..2 {
-                let low = _mm512_shuffle_ps::<0b01_00_01_00>(s[i], s[i + 2]);
-                let high = _mm512_shuffle_ps::<0b11_10_11_10>(s[i], s[i + 2]);
-                t[i] = _mm512_add_ps(low, high);
-            }
-            // Level 1: per 128-bit chunk, one lane each of four keys.
-            let even = _mm512_shuffle_ps::<0b10_00_10_00>(t[0], t[1]);
-            let odd = _mm512_shuffle_ps::<0b11_01_11_01>(t[0], t[1]);
-            let u = _mm512_add_ps(even, odd);
-            let scores = _mm512_permutexvar_ps(_mm512_loadu_si512(ORDER512.as_ptr().cast()), u);
+            let scores = butterfly512(v);
             let scores = _mm512_mul_ps(scores, _mm512_set1_ps(scale));
             let valid: __mmask16 = ((1u32 << n) - 1) as u16;
             _mm512_mask_storeu_ps(out.as_mut_ptr(), valid, scores);
             _mm512_mask_reduce_max_ps(valid, scores)
+        }
+    }
+
+    /// One register of sixteen sums, one per key, from sixteen registers of lane sums
+    /// (`v[j]`: key `j`'s), folded in the module's tree.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::needless_range_loop)]
+    fn butterfly512(v: [__m512; LANES]) -> __m512 {
+        // Level 8: key j (lanes 0-7) and key j + 8 (lanes 8-15) per register.
+        let mut r = [_mm512_setzero_ps(); 8];
+        for i in 0..8 {
+            let low = _mm512_shuffle_f32x4::<0b01_00_01_00>(v[i], v[i + 8]);
+            let high = _mm512_shuffle_f32x4::<0b11_10_11_10>(v[i], v[i + 8]);
+            r[i] = _mm512_add_ps(low, high);
+        }
+        // Level 4: four lanes each of keys i, i + 8, i + 4, i + 12 per register.
+        let mut s = [_mm512_setzero_ps(); 4];
+        for i in 0..4 {
+            let even = _mm512_shuffle_f32x4::<0b10_00_10_00>(r[i], r[i + 4]);
+            let odd = _mm512_shuffle_f32x4::<0b11_01_11_01>(r[i], r[i + 4]);
+            s[i] = _mm512_add_ps(even, odd);
+        }
+        // Level 2: per 128-bit chunk, two lanes each of two keys.
+        let mut t = [_mm512_setzero_ps(); 2];
+        for i in 0..2 {
+            let low = _mm512_shuffle_ps::<0b01_00_01_00>(s[i], s[i + 2]);
+            let high = _mm512_shuffle_ps::<0b11_10_11_10>(s[i], s[i + 2]);
+            t[i] = _mm512_add_ps(low, high);
+        }
+        // Level 1: per 128-bit chunk, one lane each of four keys.
+        let even = _mm512_shuffle_ps::<0b10_00_10_00>(t[0], t[1]);
+        let odd = _mm512_shuffle_ps::<0b11_01_11_01>(t[0], t[1]);
+        let u = _mm512_add_ps(even, odd);
+        // SAFETY: ORDER512 holds sixteen indices.
+        let order = unsafe { _mm512_loadu_si512(ORDER512.as_ptr().cast()) };
+        _mm512_permutexvar_ps(order, u)
+    }
+
+    /// The sum of the sixteen lanes of `x` in the module's tree (`super::fold`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn fold512(x: __m512) -> f32 {
+        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+        let x = _mm256_add_ps(_mm512_castps512_ps256(x), high);
+        let x = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps::<0b01>(x, x)))
+    }
+
+    /// `super::super::exp` on sixteen lanes, the same operations in the same order (no
+    /// fused multiply-adds), so the same bits.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn exp512(x: __m512) -> __m512 {
+        let splat = _mm512_set1_ps;
+        let clamped = _mm512_min_ps(_mm512_max_ps(x, splat(-87.3)), splat(88.3));
+        let round = splat(12_582_912.0);
+        let t = _mm512_add_ps(_mm512_mul_ps(clamped, splat(std::f32::consts::LOG2_E)), round);
+        let n = _mm512_sub_ps(t, round);
+        let r = _mm512_sub_ps(
+            _mm512_sub_ps(clamped, _mm512_mul_ps(n, splat(0.693_359_4))),
+            _mm512_mul_ps(n, splat(-2.121_944_4e-4)),
+        );
+        let mut p = splat(1.987_569_1e-4);
+        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+            p = _mm512_add_ps(_mm512_mul_ps(p, r), splat(c));
+        }
+        let e = _mm512_add_ps(
+            _mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r),
+            splat(1.0),
+        );
+        let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_sub_epi32(
+                _mm512_castps_si512(t),
+                _mm512_set1_epi32(12_582_912.0f32.to_bits() as i32),
+            ),
+            _mm512_set1_epi32(127),
+        ));
+        let y = _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
+        let y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, splat(-87.3)), y, splat(0.0));
+        let y = _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, splat(88.3)),
+            y,
+            splat(f32::INFINITY),
+        );
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), y, x)
+    }
+
+    /// Attention of `R` query rows at one position (query heads of one token, sharing a
+    /// KV head) over their blocks of sixteen keys, with each row's output (`C`
+    /// registers: `head_dim / 16`), running maximum and sum kept in registers from the
+    /// first block to the last. The operations per row and block are the tile loop's in
+    /// `attend_tile`, in its order (scores, maximum, correction, probabilities, their
+    /// sum, then the values key by key), so the bits are the same. Rows side by side
+    /// give the processor independent chains to overlap: one row's block is a chain of
+    /// dependent steps, from the scores to the last value.
+    ///
+    /// # Safety
+    /// AVX-512F and FMA present; each `qs[i]` and `outs[i]` holds `16·C` values; for every
+    /// block `b` with `16·b ≤ position`, keys and values `blocks[b]·16·slot + offset ..`
+    /// hold the block's 16 slots of `slot` values (checked by the caller).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    pub(super) unsafe fn rows512<const C: usize, const R: usize>(
+        qs: [&[f32]; R],
+        keys: &[f32],
+        values: &[f32],
+        blocks: &[u32],
+        offset: usize,
+        slot: usize,
+        position: usize,
+        scale: f32,
+        outs: &mut [&mut [f32]],
+    ) {
+        let mut o = [[_mm512_setzero_ps(); C]; R];
+        let (mut max, mut sum) = ([f32::NEG_INFINITY; R], [0.0f32; R]);
+        let mut p = [[0.0f32; LANES]; R];
+        for (b, &block) in blocks
+            .iter()
+            .enumerate()
+            .take_while(|(b, _)| b * LANES <= position)
+        {
+            let base = block as usize * LANES * slot + offset;
+            let seen = LANES.min(position + 1 - b * LANES);
+            let valid: __mmask16 = ((1u32 << seen) - 1) as u16;
+            unsafe {
+                let (k, v) = (keys.as_ptr().add(base), values.as_ptr().add(base));
+                let mut scores = [_mm512_setzero_ps(); R];
+                let (mut old, mut new) = ([0.0f32; LANES], [0.0f32; LANES]);
+                for i in 0..R {
+                    scores[i] = _mm512_mul_ps(
+                        butterfly512(sums512::<C>(qs[i].as_ptr(), k, slot, seen, C)),
+                        _mm512_set1_ps(scale),
+                    );
+                    let new_max =
+                        max[i].max(f32::NEG_INFINITY.max(_mm512_mask_reduce_max_ps(valid, scores[i])));
+                    (old[i], new[i]) = (max[i], new_max);
+                    max[i] = new_max;
+                }
+                // The rows' corrections in one vector and without branches: `exp(0)`
+                // is 1 where the maximum stayed, and a product by 1 changes nothing,
+                // so this is the tile loop's "1 if unchanged, else exp", bit for bit.
+                let (old_v, new_v) = (_mm512_loadu_ps(old.as_ptr()), _mm512_loadu_ps(new.as_ptr()));
+                let stayed = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(old_v, new_v);
+                let corrections =
+                    _mm512_mask_blend_ps(stayed, exp512(_mm512_sub_ps(old_v, new_v)), _mm512_set1_ps(1.0));
+                let mut correction = [0.0f32; LANES];
+                _mm512_storeu_ps(correction.as_mut_ptr(), corrections);
+                for i in 0..R {
+                    let factor = _mm512_set1_ps(correction[i]);
+                    for acc in &mut o[i] {
+                        *acc = _mm512_mul_ps(*acc, factor);
+                    }
+                    let probs =
+                        _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(scores[i], _mm512_set1_ps(max[i]))));
+                    sum[i] = sum[i] * correction[i] + fold512(probs);
+                    _mm512_storeu_ps(p[i].as_mut_ptr(), probs);
+                }
+                for j in 0..seen {
+                    for c in 0..C {
+                        let value = _mm512_loadu_ps(v.add(j * slot + c * LANES));
+                        for i in 0..R {
+                            o[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[i][j]), value, o[i][c]);
+                        }
+                    }
+                }
+            }
+        }
+        for i in 0..R {
+            let inv = _mm512_set1_ps(1.0 / sum[i]);
+            for (c, acc) in o[i].iter().enumerate() {
+                // SAFETY: `outs[i]` holds `16·C` values (asserted by the caller).
+                unsafe { _mm512_storeu_ps(outs[i].as_mut_ptr().add(c * LANES), _mm512_mul_ps(*acc, inv)) };
+            }
         }
     }
 
