@@ -117,7 +117,7 @@ pub(super) fn rows(
     outs: &mut [&mut [f32]],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if x86::avx512() && is_x86_feature_detected!("fma") {
+    if x86::avx512() {
         let hd = qs.first().map_or(0, |q| q.len());
         let used = (position / LANES + 1).min(blocks.len());
         assert!(qs.len() == outs.len() && offset + hd <= slot && keys.len() == values.len());
@@ -176,12 +176,17 @@ mod x86 {
 
     use super::LANES;
 
+    use crate::gemm::Isa;
+
+    /// Whether the AVX-512 kernels may run: the CPU has them and `SOUS_KERNELS_ISA`
+    /// does not ask for a narrower set (as for the products).
     pub(super) fn avx512() -> bool {
-        is_x86_feature_detected!("avx512f")
+        Isa::current() == Isa::Avx512 && is_x86_feature_detected!("avx512f") && avx2()
     }
 
+    /// Whether the AVX2 kernels may run (with FMA), likewise.
     pub(super) fn avx2() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+        Isa::current() != Isa::Portable && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
     }
 
     /// Scores of up to sixteen keys (`out.len()`), `slot` values apart from `keys`,
