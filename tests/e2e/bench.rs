@@ -75,6 +75,31 @@ fn bench(args: &[&str]) -> Value {
 fn measured_ttft_itl_and_tpot_equal_the_injected_delays() {
     let Some(tok) = tokenizer() else { return };
     let _cpu = cpu_exclusive();
+    // On an idle machine the client's TTFT is the injected one plus about 0.5 ms of
+    // loopback transport, its ITL and TPOT within 0.05 ms. The tolerances are a
+    // millisecond or so, and a loaded 2-core CI machine can hold a thread back that long
+    // for a whole run now and then. Such a run is measured again, after a pause (at most
+    // three runs); an error of the client's clock or definitions is in every run, so it
+    // still fails the test.
+    let mut misses = Vec::new();
+    for attempt in 0..3 {
+        if attempt > 0 {
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        match measure_against_injected(&tok) {
+            Ok(()) => return,
+            Err(miss) => misses.push(miss),
+        }
+    }
+    panic!(
+        "three runs measured other delays than injected:\n{}",
+        misses.join("\n")
+    );
+}
+
+/// One `sous bench sweep` against the fake engine with jittered delays; `Err` names the
+/// first percentile that is off by more than the transport can explain.
+fn measure_against_injected(tok: &Path) -> Result<(), String> {
     let f = fake(&[
         ("FAKE_TTFT_MS", "40"),
         ("FAKE_ITL_MS", "8"),
@@ -141,15 +166,25 @@ fn measured_ttft_itl_and_tpot_equal_the_injected_delays() {
             let key = format!("p{}_{name}_ms", p as u32);
             let measured = level[&key].as_f64().unwrap_or_else(|| panic!("{key} in {level}"));
             let exact = numpy_percentile(values, p);
-            // The median within 1 ms; tails within 1.5 ms (a loaded 2-core CI machine
-            // delays a thread now and then).
+            // Whatever the load, the client cannot see a first token before the engine
+            // waited its TTFT after the request arrived: a TTFT below the injected one
+            // is the client's error, in any run.
+            if name == "ttft" {
+                assert!(
+                    measured >= exact - 0.05,
+                    "{key}: measured {measured:.3} ms, below the injected {exact:.3} ms"
+                );
+            }
+            // The median within 1 ms; tails within 1.5 ms.
             let tolerance = if p == 50.0 { 1.0 } else { 1.5 };
-            assert!(
-                (measured - exact).abs() <= tolerance,
-                "{key}: measured {measured:.3} ms, injected {exact:.3} ms"
-            );
+            if (measured - exact).abs() > tolerance {
+                return Err(format!(
+                    "{key}: measured {measured:.3} ms, injected {exact:.3} ms"
+                ));
+            }
         }
     }
+    Ok(())
 }
 
 #[test]
