@@ -243,7 +243,7 @@ pub fn attention(
 }
 
 /// [`attention`], with `by_rows` false forcing the tile loop where the row kernel
-/// (`scores::row`) would run, for tests that compare the two.
+/// (`scores::rows`) would run, for tests that compare the two.
 #[allow(clippy::too_many_arguments)]
 fn attention_with(
     q: &[f32],

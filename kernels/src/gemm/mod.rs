@@ -692,15 +692,7 @@ pub fn calibrate_decode_panels(w: &Packed) -> Option<DecodeCalibration> {
     let mut out = vec![0.0f32; w.n];
     let mut seconds = Vec::with_capacity(3);
     for np in [1, 2, 4] {
-        matmul_tiled(isa, (12, np), &x, 1, w, &mut out); // the warm-up
-        let best = (0..3)
-            .map(|_| {
-                let started = Instant::now();
-                matmul_tiled(isa, (12, np), &x, 1, w, &mut out);
-                started.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min);
-        seconds.push((np, best));
+        seconds.push((np, fastest_of_three(isa, (12, np), &x, 1, w, &mut out)));
     }
     let panels = seconds
         .iter()
@@ -779,15 +771,7 @@ pub fn calibrate_batch_tile(w: &Packed) -> Option<BatchCalibration> {
     let mut out = vec![0.0f32; rows * w.n];
     let mut seconds = Vec::with_capacity(BATCH_TILES.len());
     for tile in BATCH_TILES {
-        matmul_tiled(isa, tile, &x, rows, w, &mut out); // the warm-up
-        let best = (0..3)
-            .map(|_| {
-                let started = Instant::now();
-                matmul_tiled(isa, tile, &x, rows, w, &mut out);
-                started.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min);
-        seconds.push((tile, best));
+        seconds.push((tile, fastest_of_three(isa, tile, &x, rows, w, &mut out)));
     }
     let choice = (0..BATCH_TILES.len())
         .min_by(|&a, &b| seconds[a].1.total_cmp(&seconds[b].1))
@@ -797,6 +781,26 @@ pub fn calibrate_batch_tile(w: &Packed) -> Option<BatchCalibration> {
         tile: BATCH_TILES[choice],
         seconds,
     })
+}
+
+/// Seconds of the fastest of three products of `rows` rows of `x` by `w` in `tile`,
+/// after one to warm up (what the load-time calibrations compare).
+fn fastest_of_three(
+    isa: Isa,
+    tile: (usize, usize),
+    x: &[f32],
+    rows: usize,
+    w: &Packed,
+    out: &mut [f32],
+) -> f64 {
+    matmul_tiled(isa, tile, x, rows, w, out);
+    (0..3)
+        .map(|_| {
+            let started = Instant::now();
+            matmul_tiled(isa, tile, x, rows, w, out);
+            started.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Few rows, bound by reading the weights: `product(first, count, c)` computes panels
