@@ -134,12 +134,20 @@ pub fn generated_repo(name: &str, mib: usize) -> std::path::PathBuf {
 /// [`generated_repo`] in `shards` shards.
 pub fn generated_repo_in_shards(name: &str, mib: usize, shards: usize) -> std::path::PathBuf {
     use std::io::Write;
+    // Tests on other threads ask for the same repository at once on a fresh checkout:
+    // one generates it while the others wait, and it is written beside its final place
+    // and renamed there whole, so a mirror never serves a file being rewritten (a
+    // second writer once truncated the shards under a running pull).
+    static GENERATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = GENERATING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let root = root().join("target/test-hub");
-    let dir = root.join("acme").join(name);
     let done = root.join(format!(".{name}.done"));
     if done.exists() {
         return root;
     }
+    let dir = root.join("acme").join(format!(".{name}.partial"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("repo dir");
     let per_shard = mib * (1 << 20) / shards / 4; // f32 elements
@@ -184,6 +192,9 @@ pub fn generated_repo_in_shards(name: &str, mib: usize, shards: usize) -> std::p
     std::fs::create_dir_all(dir.join("original")).expect("original");
     std::fs::write(dir.join("original/consolidated.00.pth"), b"duplicate weights").expect("pth");
     std::fs::write(dir.join("pytorch_model.bin"), b"duplicate weights").expect("bin");
+    let repo = root.join("acme").join(name);
+    let _ = std::fs::remove_dir_all(&repo);
+    std::fs::rename(&dir, &repo).expect("generated repo into place");
     std::fs::write(&done, b"").expect("done");
     root
 }
