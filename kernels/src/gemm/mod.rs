@@ -110,7 +110,14 @@ impl Isa {
         match self {
             Isa::Avx512 if rows <= 4 && nvfp4 => (4, 4),
             Isa::Avx512 if rows <= 4 => (12, decode_panels()),
-            // A batch of decodes: as measured at load (`calibrate_batch_tile`).
+            // Up to eight rows (a speculative step verifying a few drafted tokens, a
+            // small batch of decodes) fit one block of 8 either way, so every weight is
+            // widened once; two panels give each row two chains of fused multiply-adds,
+            // where one block of 16 rows × one panel left five rows five chains, too few
+            // to hide the FMA's latency (verifying five tokens of SmolLM2 took 34-41 ms
+            // against 31-32 on a Sapphire-Rapids-class Xeon).
+            Isa::Avx512 if rows <= 8 => (8, 2),
+            // A larger batch: as measured at load (`calibrate_batch_tile`).
             Isa::Avx512 if rows <= 16 => batch_tile(),
             Isa::Avx512 => (12, 2),
             Isa::Avx2 => (6, 1),
@@ -592,8 +599,7 @@ fn matmul_tiled(isa: Isa, (mr, np): (usize, usize), x: &[f32], rows: usize, w: &
         // weight once (from L2/L3: a layer's weights are a few MB).
         row_tasks(x, rows, k, mr, out, n).for_each(|(xs, o)| {
             let r = xs.len() / k;
-            let a = pack_rows(xs, r, k, mr);
-            columns(isa, (mr, np), &a, r, w, 0, total, o);
+            with_packed_rows(xs, r, k, mr, |a| columns(isa, (mr, np), a, r, w, 0, total, o));
         });
         return;
     }
@@ -702,14 +708,14 @@ pub fn calibrate_decode_panels(w: &Packed) -> Option<DecodeCalibration> {
     Some(DecodeCalibration { panels, seconds })
 }
 
-/// The register tiles a product of 5 to 16 rows (a batch of decode steps) may take with
+/// The register tiles a product of 9 to 16 rows (a batch of decode steps) may take with
 /// AVX-512: one block of up to 16 rows, so that every weight is widened once (fastest on
 /// a Zen 4), or blocks of 8 rows with two panels side by side (on a Sapphire-Rapids-class
 /// Xeon, decode steps of 16 sequences of SmolLM2 took 54-60 ms against 56-67, and of 8
 /// sequences 32-34 against 40-42).
 const BATCH_TILES: [(usize, usize); 2] = [(16, 1), (8, 2)];
 
-/// Which of [`BATCH_TILES`] products of 5 to 16 rows take; the first until
+/// Which of [`BATCH_TILES`] products of 9 to 16 rows take; the first until
 /// [`calibrate_batch_tile`] measures otherwise. Results do not depend on it.
 static BATCH_TILE: AtomicUsize = AtomicUsize::new(0);
 
@@ -731,7 +737,7 @@ pub struct BatchCalibration {
 impl std::fmt::Display for BatchCalibration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (mr, np) = self.tile;
-        write!(f, "tiles of {mr} rows × {np} panel(s) for 5 to 16 rows")?;
+        write!(f, "tiles of {mr} rows × {np} panel(s) for 9 to 16 rows")?;
         if self.seconds.is_empty() {
             return write!(f, " (SOUS_BATCH_TILE)");
         }
@@ -746,7 +752,7 @@ impl std::fmt::Display for BatchCalibration {
 
 /// Measures 16-row products of `w` (the model's largest matrix, read from memory as a
 /// batch of decode steps reads it) with each of [`BATCH_TILES`] and keeps the fastest
-/// for every later product of 5 to 16 rows; `SOUS_BATCH_TILE` (`16x1` or `8x2`) chooses
+/// for every later product of 9 to 16 rows; `SOUS_BATCH_TILE` (`16x1` or `8x2`) chooses
 /// without measuring. `None` where there is nothing to choose (not the AVX-512 kernels).
 /// Takes about eight products of `w`.
 pub fn calibrate_batch_tile(w: &Packed) -> Option<BatchCalibration> {
@@ -850,16 +856,64 @@ fn by_columns(
 /// as wide as the rows left).
 fn pack_rows(x: &[f32], rows: usize, k: usize, mr: usize) -> Vec<f32> {
     let mut a = vec![0.0f32; rows * k];
-    a.chunks_mut(mr * k).enumerate().for_each(|(b, block)| {
+    pack_rows_into(x, k, mr, &mut a);
+    a
+}
+
+/// [`pack_rows`] into `a` (`rows × k` values, every one overwritten): for each `kk`, the
+/// block's `width` values are written side by side, so the stores are sequential and
+/// the loads come from `width` rows at once.
+fn pack_rows_into(x: &[f32], k: usize, mr: usize, a: &mut [f32]) {
+    for (rows, block) in x.chunks(mr * k).zip(a.chunks_mut(mr * k)) {
         let width = block.len() / k;
-        for m in 0..width {
-            let row = &x[(b * mr + m) * k..(b * mr + m + 1) * k];
-            for (kk, &v) in row.iter().enumerate() {
-                block[kk * width + m] = v;
+        match width {
+            12 => pack_block::<12>(rows, k, block),
+            16 => pack_block::<16>(rows, k, block),
+            8 => pack_block::<8>(rows, k, block),
+            6 => pack_block::<6>(rows, k, block),
+            4 => pack_block::<4>(rows, k, block),
+            _ => {
+                for (kk, column) in block.chunks_exact_mut(width).enumerate() {
+                    for (m, v) in column.iter_mut().enumerate() {
+                        *v = rows[m * k + kk];
+                    }
+                }
             }
         }
-    });
-    a
+    }
+}
+
+/// One block of `W` rows, `rows` (`W × k`) into `block` (`[k][W]`).
+#[inline]
+fn pack_block<const W: usize>(rows: &[f32], k: usize, block: &mut [f32]) {
+    let rows: [&[f32]; W] = std::array::from_fn(|m| &rows[m * k..(m + 1) * k]);
+    for (kk, column) in block.chunks_exact_mut(W).enumerate() {
+        for m in 0..W {
+            column[m] = rows[m][kk];
+        }
+    }
+}
+
+/// Runs `f` on `x` packed by [`pack_rows`], in a buffer this thread keeps for the next
+/// product: a prompt chunk's inputs are megabytes, and fresh pages for every product
+/// (each faulted in and zeroed by the kernel) cost as much as the packing itself.
+fn with_packed_rows<R>(x: &[f32], rows: usize, k: usize, mr: usize, f: impl FnOnce(&[f32]) -> R) -> R {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let len = rows * k;
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buffer) => {
+            if buffer.len() < len {
+                buffer.resize(len, 0.0);
+            }
+            pack_rows_into(&x[..len], k, mr, &mut buffer[..len]);
+            f(&buffer[..len])
+        }
+        // In use further up this thread's stack (a task stolen while waiting): a
+        // buffer of its own.
+        Err(_) => f(&pack_rows(x, rows, k, mr)),
+    })
 }
 
 /// Computes panels `first..first + count` for every row into `c` (`rows × count·16`),
