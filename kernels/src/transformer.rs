@@ -276,10 +276,25 @@ fn attention_with(
             }
         }
     }
-    // Few tiles (a decode step of a few sequences: one per KV head) would leave threads
-    // idle: then each query head is a tile of its own. A row's arithmetic does not
-    // depend on its tile, so neither do its bits.
-    if tiles.len() < 4 * rayon::current_num_threads() && group > 1 {
+    // Few tiles (a decode step of a few sequences: one per KV head; a speculative step
+    // verifying a few tokens) would leave threads idle: then each token is a tile of its
+    // own, its query heads still side by side (five tokens as one tile per head took a
+    // fifth of a verification step), and if that is still too few, each query head. A
+    // row's arithmetic does not depend on its tile, so neither do its bits.
+    let enough = 4 * rayon::current_num_threads();
+    if tiles.len() < enough {
+        tiles = tiles
+            .into_iter()
+            .flat_map(|t| {
+                (t.first..t.first + t.count).map(move |first| Tile {
+                    first,
+                    count: 1,
+                    ..t.clone()
+                })
+            })
+            .collect();
+    }
+    if tiles.len() < enough && group > 1 {
         tiles = tiles
             .into_iter()
             .flat_map(|t| {
