@@ -40,34 +40,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tables: Vec<Vec<u32>> = (0..batch_size as u32)
         .map(|b| (64 * b..64 * (b + 1)).collect())
         .collect();
-    let mut tokens: Vec<[u32; 1]> = (0..batch_size as u32).map(|b| [1 + b]).collect();
+    // `TOKENS=N`: N tokens per sequence and step with the logits of every one, as a
+    // speculative step verifying N - 1 drafted tokens computes them.
+    let per_step: usize = std::env::var("TOKENS").map_or(Ok(1), |s| s.parse())?;
+    let mut tokens: Vec<Vec<u32>> = (0..batch_size as u32)
+        .map(|b| (0..per_step as u32).map(|t| 1 + b + 31 * t).collect())
+        .collect();
     // `START=P`: the steps attend over P cached positions already (whatever the cache
     // holds), as a decode deep into a conversation does.
     let start: usize = std::env::var("START").map_or(Ok(0), |s| s.parse())?;
     let started = Instant::now();
     let steps = if prefill_only { 0 } else { steps };
-    for position in start..start + steps {
+    for step in 0..steps {
         let batch: Vec<BatchSeq> = tables
             .iter()
             .zip(&tokens)
             .map(|(blocks, tokens)| BatchSeq {
                 blocks,
                 tokens,
-                start: position,
-                logits: Logits::Last,
+                start: start + step * per_step,
+                logits: if per_step == 1 { Logits::Last } else { Logits::All },
             })
             .collect();
         let logits = model.forward(&batch, &mut cache)?;
-        let vocab = logits.len() / batch_size;
-        for (token, row) in tokens.iter_mut().zip(logits.chunks_exact(vocab)) {
-            token[0] = sous_engine::native::sampling::argmax(row);
+        let vocab = logits.len() / (batch_size * per_step);
+        for (token, rows) in tokens.iter_mut().zip(logits.chunks_exact(vocab * per_step)) {
+            for (t, row) in token.iter_mut().zip(rows.chunks_exact(vocab)) {
+                *t = sous_engine::native::sampling::argmax(row);
+            }
         }
     }
     let s = started.elapsed().as_secs_f64();
     println!(
-        "{steps} decode steps of {batch_size}: {:.2} ms each, {:.1} tok/s",
+        "{steps} decode steps of {batch_size} × {per_step} token(s): {:.2} ms each, {:.1} tok/s",
         s / steps as f64 * 1e3,
-        (steps * batch_size) as f64 / s
+        (steps * batch_size * per_step) as f64 / s
     );
     let blocks: Vec<u32> = (0..64).collect();
     if decode_only {
