@@ -55,8 +55,8 @@ const MC: usize = 384;
 /// The instruction sets a product can run on, widest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512F with FMA: 12 rows × 32 columns per tile (up to 16 rows × 16 columns
-    /// for a few rows, 4 × 64 for NVFP4 decode).
+    /// AVX-512F with FMA: 12 rows × 32 columns per tile (up to 16 rows × 16 columns,
+    /// 6 × 48 or 4 × 64 for a few rows).
     Avx512,
     /// AVX2 with FMA: 6 rows × 16 columns per tile.
     Avx2,
@@ -110,12 +110,17 @@ impl Isa {
         match self {
             Isa::Avx512 if rows <= 4 && nvfp4 => (4, 4),
             Isa::Avx512 if rows <= 4 => (12, decode_panels()),
-            // Up to eight rows (a speculative step verifying a few drafted tokens, a
-            // small batch of decodes) fit one block of 8 either way, so every weight is
-            // widened once; two panels give each row two chains of fused multiply-adds,
-            // where one block of 16 rows × one panel left five rows five chains, too few
-            // to hide the FMA's latency (verifying five tokens of SmolLM2 took 34-41 ms
-            // against 31-32 on a Sapphire-Rapids-class Xeon).
+            // Five or six rows of float weights (a speculative step verifying four or
+            // five drafted tokens): one block, three panels side by side. One block
+            // means every weight is widened once; three panels give each row three
+            // chains of fused multiply-adds and three weight streams. A block of 16
+            // rows × 1 panel left five rows five chains, too few to hide the FMA's
+            // latency; verifying five tokens of SmolLM2 took 34-41 ms a step with it,
+            // 27-30 with 8 rows × 2 panels and 22-25 with 6 × 3 on a
+            // Sapphire-Rapids-class Xeon. NVFP4 weights, whose widening takes more
+            // registers, take 8 × 2 (6 × 3 measured no better).
+            Isa::Avx512 if rows <= 6 && !nvfp4 => (6, 3),
+            // Up to eight rows fit one block of 8, so every weight is widened once.
             Isa::Avx512 if rows <= 8 => (8, 2),
             // A larger batch: as measured at load (`calibrate_batch_tile`).
             Isa::Avx512 if rows <= 16 => batch_tile(),

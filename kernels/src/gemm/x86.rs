@@ -1,6 +1,7 @@
 //! The micro-kernels for x86-64: AVX-512F (12 rows × 2 panels, 24 accumulators of 16
-//! lanes; up to 16 rows × 1 panel, or 4 rows × 4 NVFP4 panels, for decode batches) and
-//! AVX2 (6 rows × 1 panel as two 8-lane halves, 12 accumulators), both with FMA.
+//! lanes; up to 16 rows × 1 panel, 6 rows × 3 or 4 rows × 4 panels for decode batches
+//! and speculative verification) and AVX2 (6 rows × 1 panel as two 8-lane halves, 12
+//! accumulators), both with FMA.
 //! Weights are widened in registers: bf16 by zero-extension and a 16-bit shift;
 //! NVFP4 by a table lookup of each code's FP4 value (`vpermps`: 16 entries in one
 //! AVX-512 register; on AVX2 the 8 magnitudes and the sign bit, as
@@ -47,9 +48,9 @@ pub(super) fn tile_avx512(t: &mut Tile) {
     match t.np {
         1 => rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]),
         2 => rows!(2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
-        3 => rows!(3, [1, 2, 3, 4]),
-        4 => rows!(4, [1, 2, 3, 4]),
-        _ => unreachable!("at most 4 panels per AVX-512 tile (2 past 4 rows)"),
+        3 => rows!(3, [1, 2, 3, 4, 5, 6]),
+        4 => rows!(4, [1, 2, 3, 4, 5]),
+        _ => unreachable!("at most 4 panels per AVX-512 tile (2 past 6 rows)"),
     }
 }
 
