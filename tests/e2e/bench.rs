@@ -76,11 +76,10 @@ fn measured_ttft_itl_and_tpot_equal_the_injected_delays() {
     let Some(tok) = tokenizer() else { return };
     let _cpu = cpu_exclusive();
     // On an idle machine the client's TTFT is the injected one plus about 0.5 ms of
-    // loopback transport, its ITL and TPOT within 0.05 ms. The tolerances are a
-    // millisecond or so, and a loaded 2-core CI machine can hold a thread back that long
-    // for a whole run now and then. Such a run is measured again, after a pause (at most
-    // three runs); an error of the client's clock or definitions is in every run, so it
-    // still fails the test.
+    // loopback transport, its ITL and TPOT within 0.05 ms. A loaded 2-core CI machine
+    // can hold a thread back by more than the tolerances now and then; such a run is
+    // measured again, after a pause (at most three runs). An error of the client's
+    // clock or definitions is in every run, so it still fails the test.
     let mut misses = Vec::new();
     for attempt in 0..3 {
         if attempt > 0 {
@@ -102,7 +101,7 @@ fn measured_ttft_itl_and_tpot_equal_the_injected_delays() {
 fn measure_against_injected(tok: &Path) -> Result<(), String> {
     let f = fake(&[
         ("FAKE_TTFT_MS", "40"),
-        ("FAKE_ITL_MS", "8"),
+        ("FAKE_ITL_MS", "15"),
         ("FAKE_JITTER_MS", "3"),
         ("FAKE_SEED", "11"),
     ]);
@@ -175,8 +174,18 @@ fn measure_against_injected(tok: &Path) -> Result<(), String> {
                     "{key}: measured {measured:.3} ms, below the injected {exact:.3} ms"
                 );
             }
-            // The median within 1 ms; tails within 1.5 ms.
-            let tolerance = if p == 50.0 { 1.0 } else { 1.5 };
+            // ITL and TPOT are differences of the client's own clock readings: the
+            // median within 1 ms, tails within 1.5 ms. TTFT also holds the request's
+            // trip to the engine and the first token's back, 0.5 ms on an idle machine
+            // and 1.5-3 ms for whole runs while another test loads both CI cores: the
+            // median within 4 ms, tails within 6, which still tells a TTFT that ran to
+            // the second token (at least 12 ms later) from the right one.
+            let tolerance = match (name, p == 50.0) {
+                ("ttft", true) => 4.0,
+                ("ttft", false) => 6.0,
+                (_, true) => 1.0,
+                (_, false) => 1.5,
+            };
             if (measured - exact).abs() > tolerance {
                 return Err(format!(
                     "{key}: measured {measured:.3} ms, injected {exact:.3} ms"
