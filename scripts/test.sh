@@ -14,6 +14,13 @@ for tool in cargo rustfmt cargo-clippy python3; do
   command -v "$tool" >/dev/null || { echo "error: $tool is not installed" >&2; exit 1; }
 done
 
+# The build, the test model and the Python packages take about 7 GB. Said up front, so
+# a run that later fails for want of space says why at its top.
+avail_kb=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [ -n "$avail_kb" ] && [ "$avail_kb" -lt $((8 * 1024 * 1024)) ]; then
+  echo "warning: only $((avail_kb / 1024)) MB free on $(pwd): the suite needs about 7 GB" >&2
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
