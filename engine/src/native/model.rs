@@ -27,6 +27,10 @@ use super::NativeError;
 use super::config::{Family, ModelConfig};
 use super::weights::{Checkpoint, Precision};
 
+/// Tokens in a pass from which its per-token work between the products (q/k norms, the
+/// rotary embedding) is shared out on the thread pool; fewer stay on the calling thread.
+const PARALLEL_ROWS: usize = 32;
+
 struct Layer {
     input_norm: Vec<f32>,
     /// q, k and v projections stacked: `[(heads + 2 kv_heads) head_dim, hidden]`.
@@ -515,21 +519,38 @@ impl Model {
                     }
                 }
             }
-            let (k_cache, v_cache) = (&mut cache.k[li], &mut cache.v[li]);
-            for (t, row) in qkv.chunks_exact_mut(row_len).enumerate() {
+            // Each token's q/k norms and rotary embedding, on the pool for a prompt chunk
+            // (every row alone, so the same bits wherever it runs).
+            let rotate = |(row, &position): (&mut [f32], &usize)| {
                 let (qr, rest) = row.split_at_mut(q_len);
-                let (kr, vr) = rest.split_at_mut(kv_len);
+                let kr = &mut rest[..kv_len];
                 if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
                     k::rms_norm_heads(qr, qn, c.rms_norm_eps);
                     k::rms_norm_heads(kr, kn, c.rms_norm_eps);
                 }
                 if bf16 {
-                    self.rotary.apply_bf16(qr, positions[t]);
-                    self.rotary.apply_bf16(kr, positions[t]);
+                    self.rotary.apply_bf16(qr, position);
+                    self.rotary.apply_bf16(kr, position);
                 } else {
-                    self.rotary.apply(qr, positions[t]);
-                    self.rotary.apply(kr, positions[t]);
+                    self.rotary.apply(qr, position);
+                    self.rotary.apply(kr, position);
                 }
+            };
+            if n >= PARALLEL_ROWS {
+                use rayon::prelude::*;
+                qkv.par_chunks_exact_mut(row_len)
+                    .zip(positions.par_iter())
+                    .with_min_len(PARALLEL_ROWS / 2)
+                    .for_each(rotate);
+            } else {
+                qkv.chunks_exact_mut(row_len)
+                    .zip(positions.iter())
+                    .for_each(rotate);
+            }
+            let (k_cache, v_cache) = (&mut cache.k[li], &mut cache.v[li]);
+            for (t, row) in qkv.chunks_exact(row_len).enumerate() {
+                let (qr, rest) = row.split_at(q_len);
+                let (kr, vr) = rest.split_at(kv_len);
                 q[t * q_len..(t + 1) * q_len].copy_from_slice(qr);
                 let at = cache.shape.slot_offset(tables[t], positions[t]);
                 k_cache[at..at + kv_len].copy_from_slice(kr);
