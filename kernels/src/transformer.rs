@@ -189,15 +189,22 @@ pub fn rms_norm_bf16(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// [`silu_mul`] as a bf16 model computes it: `silu(gate)` rounded to bf16, then the
 /// product with `up`, rounded. For calibration.
 pub fn silu_mul_bf16(gate_up: &[f32], n: usize, out: &mut [f32]) {
-    use crate::formats::bf16::round_bf16 as r;
     by_rows(gate_up, 2 * n, out, n, |gate_up, out| {
-        for (row, dst) in gate_up.chunks_exact(2 * n).zip(out.chunks_exact_mut(n)) {
-            let (gate, up) = row.split_at(n);
-            for ((d, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
-                *d = r(r(g / (1.0 + exp(-g))) * u);
-            }
-        }
+        silu_mul_bf16_rows(gate_up, n, out)
     });
+}
+
+/// [`silu_mul_bf16`] on the calling thread, multiversioned as [`silu_mul_rows`] (the
+/// same bits in every version: no reduction, and the rounding is integer arithmetic).
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
+fn silu_mul_bf16_rows(gate_up: &[f32], n: usize, out: &mut [f32]) {
+    use crate::formats::bf16::round_bf16 as r;
+    for (row, dst) in gate_up.chunks_exact(2 * n).zip(out.chunks_exact_mut(n)) {
+        let (gate, up) = row.split_at(n);
+        for ((d, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
+            *d = r(r(g / (1.0 + exp(-g))) * u);
+        }
+    }
 }
 
 /// Rounds every value to bf16 (to the nearest, ties to even).
@@ -205,6 +212,103 @@ pub fn round_bf16_all(x: &mut [f32]) {
     for v in x {
         *v = crate::formats::bf16::round_bf16(*v);
     }
+}
+
+/// Causal attention as transformers' eager implementation computes it for a bf16
+/// model, which is what llm-compressor's calibration runs: `q @ k^T` rounded to bf16,
+/// times the scale, softmax in f32 rounded to bf16, `p @ v` rounded to bf16 (each
+/// product accumulating in f32). Calibration only: rows in parallel, plain loops (here,
+/// where they are built optimized, they ran at a third of the time they took in the
+/// engine's crate).
+pub fn attention_eager_bf16(
+    q: &[f32],
+    spans: &[Span],
+    heads: usize,
+    shape: KvShape,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: &mut [f32],
+) {
+    use crate::formats::bf16::round_bf16 as r;
+    let hd = shape.head_dim;
+    let group = heads / shape.kv_heads.max(1);
+    let scale = r(1.0 / (hd as f32).sqrt());
+    let row_len = heads * hd;
+    // Each row's span, and each span's slot offsets by position.
+    let mut owner = vec![0usize; out.len() / row_len.max(1)];
+    let slots: Vec<Vec<usize>> = spans
+        .iter()
+        .enumerate()
+        .map(|(si, span)| {
+            for i in 0..span.len {
+                owner[span.row + i] = si;
+            }
+            (0..span.start + span.len)
+                .map(|j| shape.slot_offset(span.blocks, j))
+                .collect()
+        })
+        .collect();
+    out.par_chunks_mut(row_len)
+        .enumerate()
+        .for_each(|(row, out_row)| {
+            let span = &spans[owner[row]];
+            let position = span.start + row - span.row;
+            let slots = &slots[owner[row]][..=position];
+            let mut scores = Vec::with_capacity(slots.len());
+            for h in 0..heads {
+                let qh = &q[(row * heads + h) * hd..(row * heads + h + 1) * hd];
+                let kvh = (h / group) * hd;
+                scores.clear();
+                dots_in_order(qh, k_cache, slots, kvh, &mut scores);
+                for v in scores.iter_mut() {
+                    *v = r(r(*v) * scale);
+                }
+                let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                for v in scores.iter_mut() {
+                    *v = exp(*v - max);
+                }
+                let sum: f32 = scores.iter().sum();
+                let o = &mut out_row[h * hd..(h + 1) * hd];
+                o.fill(0.0);
+                for (&e, &at) in scores.iter().zip(slots) {
+                    let p = r(e / sum);
+                    for (d, &v) in o.iter_mut().zip(&v_cache[at + kvh..at + kvh + hd]) {
+                        *d += p * v;
+                    }
+                }
+                round_bf16_all(o);
+            }
+        });
+}
+
+/// `dot_in_order(q, key)` for the key at each of `slots` (plus `offset`) in `keys`,
+/// appended to `out`. Eight keys at a time: eight independent chains of additions, each
+/// key's still in order (one key at a time waited on every addition: calibration
+/// took a quarter longer).
+fn dots_in_order(q: &[f32], keys: &[f32], slots: &[usize], offset: usize, out: &mut Vec<f32>) {
+    let hd = q.len();
+    let mut groups = slots.chunks_exact(8);
+    for group in &mut groups {
+        let group: [&[f32]; 8] = std::array::from_fn(|j| &keys[group[j] + offset..][..hd]);
+        // `Iterator::sum` starts from -0.0: so does each chain, for the same bits.
+        let mut acc = [-0.0f32; 8];
+        for (d, &x) in q.iter().enumerate() {
+            for (a, key) in acc.iter_mut().zip(&group) {
+                *a += x * key[d];
+            }
+        }
+        out.extend(acc);
+    }
+    for &at in groups.remainder() {
+        out.push(dot_in_order(q, &keys[at + offset..][..hd]));
+    }
+}
+
+/// A dot product summed in order. (Eight interleaved sums vectorize and run faster,
+/// but move more of SmolLM2's scales away from llm-compressor's: 135 of 210 equal
+/// instead of 150. PyTorch's order is oneDNN's and unknown; in order is closer.)
+fn dot_in_order(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// The shape of one layer's paged KV cache: `blocks × block_size × kv_heads × head_dim`
@@ -546,6 +650,36 @@ fn weigh_values_any(o: &mut [f32], p: &[f32], v: &[f32], slot: usize, fma: bool)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The eager bf16 attention's scores, eight keys at a time, are each key's dot
+    /// product in order, bit for bit (signed zeros included).
+    #[test]
+    fn dots_eight_at_a_time_equal_dots_in_order() {
+        let (hd, slot) = (64, 3 * 64);
+        let value = |i: usize| ((i * 7919 % 2003) as f32 - 1001.0) * 1e-3;
+        let q: Vec<f32> = (0..hd).map(|d| value(d + 3)).collect();
+        let mut keys: Vec<f32> = (0..40 * slot).map(value).collect();
+        // A key of zeros times a query: -0.0 sums, whose sign depends on the start.
+        let negative: Vec<f32> = q.iter().map(|&x| -x.abs()).collect();
+        keys[5 * slot + 64..5 * slot + 128].fill(0.0);
+        for len in [0, 1, 7, 8, 9, 16, 23, 40] {
+            // Slots out of order, as a paged cache's blocks can be.
+            let slots: Vec<usize> = (0..len).map(|j| (j * 17 % 40) * slot).collect();
+            for query in [&q, &negative] {
+                let mut got = Vec::new();
+                dots_in_order(query, &keys, &slots, 64, &mut got);
+                let want: Vec<f32> = slots
+                    .iter()
+                    .map(|&at| dot_in_order(query, &keys[at + 64..][..hd]))
+                    .collect();
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{len} keys"
+                );
+            }
+        }
+    }
 
     /// A prompt chunk's norms, residual additions and activations run in tasks on the
     /// pool: every row must come out as the one-thread loop makes it, the last, partial

@@ -160,78 +160,6 @@ impl LayerInputs {
     }
 }
 
-/// Causal attention as transformers' eager implementation computes it for a bf16
-/// model, which is what llm-compressor's calibration runs: `q @ k^T` rounded to bf16,
-/// times the scale, softmax in f32 rounded to bf16, `p @ v` rounded to bf16 (each
-/// product accumulating in f32). Calibration only: rows in parallel, plain loops.
-fn eager_attention_bf16(
-    q: &[f32],
-    spans: &[Span],
-    heads: usize,
-    shape: KvShape,
-    k_cache: &[f32],
-    v_cache: &[f32],
-    out: &mut [f32],
-) {
-    use rayon::prelude::*;
-    use sous_kernels::formats::bf16::round_bf16 as r;
-    let hd = shape.head_dim;
-    let group = heads / shape.kv_heads.max(1);
-    let scale = r(1.0 / (hd as f32).sqrt());
-    let row_len = heads * hd;
-    // Each row's span, and each span's slot offsets by position.
-    let mut owner = vec![0usize; out.len() / row_len.max(1)];
-    let slots: Vec<Vec<usize>> = spans
-        .iter()
-        .enumerate()
-        .map(|(si, span)| {
-            for i in 0..span.len {
-                owner[span.row + i] = si;
-            }
-            (0..span.start + span.len)
-                .map(|j| shape.slot_offset(span.blocks, j))
-                .collect()
-        })
-        .collect();
-    out.par_chunks_mut(row_len)
-        .enumerate()
-        .for_each(|(row, out_row)| {
-            let span = &spans[owner[row]];
-            let position = span.start + row - span.row;
-            let slots = &slots[owner[row]][..=position];
-            let mut scores = Vec::with_capacity(slots.len());
-            for h in 0..heads {
-                let qh = &q[(row * heads + h) * hd..(row * heads + h + 1) * hd];
-                let kvh = (h / group) * hd;
-                scores.clear();
-                for &at in slots {
-                    scores.push(r(r(dot(qh, &k_cache[at + kvh..at + kvh + hd])) * scale));
-                }
-                let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                for v in scores.iter_mut() {
-                    *v = k::exp(*v - max);
-                }
-                let sum: f32 = scores.iter().sum();
-                let o = &mut out_row[h * hd..(h + 1) * hd];
-                o.fill(0.0);
-                for (&e, &at) in scores.iter().zip(slots) {
-                    let p = r(e / sum);
-                    for (d, &v) in o.iter_mut().zip(&v_cache[at + kvh..at + kvh + hd]) {
-                        *d += p * v;
-                    }
-                }
-                k::round_bf16_all(o);
-            }
-        });
-}
-
-/// A dot product summed in order. (Eight interleaved sums vectorize and run faster,
-/// but move more of SmolLM2's scales away from llm-compressor's: 135 of 210 equal
-/// instead of 150. PyTorch's order is oneDNN's and unknown; in order is closer.)
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
 /// What a calibration pass records, and how it rounds.
 struct Observer<'a> {
     ranges: &'a mut [LayerInputs],
@@ -557,7 +485,7 @@ impl Model {
                 v_cache[at..at + kv_len].copy_from_slice(vr);
             }
             if bf16 {
-                eager_attention_bf16(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
+                k::attention_eager_bf16(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
             } else {
                 k::attention(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
             }
