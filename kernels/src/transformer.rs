@@ -672,11 +672,7 @@ mod tests {
                     .iter()
                     .map(|&at| dot_in_order(query, &keys[at + 64..][..hd]))
                     .collect();
-                assert_eq!(
-                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    "{len} keys"
-                );
+                assert_same_bits(&got, &want, &format!("{len} keys"));
             }
         }
     }
@@ -699,17 +695,13 @@ mod tests {
         for (r, row) in x.chunks_exact(dim).enumerate() {
             let mut want = vec![0.0; dim];
             rms_norm_row(row, &weight, 1e-5, &mut want);
-            let got = &norm[r * dim..(r + 1) * dim];
-            assert!(
-                got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "rms_norm row {r}"
-            );
+            assert_same_bits(&norm[r * dim..(r + 1) * dim], &want, &format!("rms_norm row {r}"));
             let mut want16 = vec![0.0; dim];
             rms_norm_bf16(row, &weight, 1e-5, &mut want16);
-            let got16 = &norm16[r * dim..(r + 1) * dim];
-            assert!(
-                got16.iter().zip(&want16).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "rms_norm_bf16 row {r}"
+            assert_same_bits(
+                &norm16[r * dim..(r + 1) * dim],
+                &want16,
+                &format!("rms_norm_bf16 row {r}"),
             );
         }
 
@@ -721,29 +713,26 @@ mod tests {
         for (r, row) in gate_up.chunks_exact(2 * n).enumerate() {
             let mut want = vec![0.0; n];
             silu_mul_rows(row, n, &mut want);
-            assert!(
-                act[r * n..(r + 1) * n]
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "silu_mul row {r}"
-            );
+            assert_same_bits(&act[r * n..(r + 1) * n], &want, &format!("silu_mul row {r}"));
             let mut want16 = vec![0.0; n];
             silu_mul_bf16(row, n, &mut want16);
-            assert!(
-                act16[r * n..(r + 1) * n]
-                    .iter()
-                    .zip(&want16)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "silu_mul_bf16 row {r}"
+            assert_same_bits(
+                &act16[r * n..(r + 1) * n],
+                &want16,
+                &format!("silu_mul_bf16 row {r}"),
             );
         }
 
         let mut sum = x.clone();
         add_assign(&mut sum, &norm);
-        for (i, ((&s, &a), &b)) in sum.iter().zip(&x).zip(&norm).enumerate() {
-            assert_eq!(s.to_bits(), (a + b).to_bits(), "add_assign value {i}");
-        }
+        let want: Vec<f32> = x.iter().zip(&norm).map(|(a, b)| a + b).collect();
+        assert_same_bits(&sum, &want, "add_assign");
+    }
+
+    /// `got` and `want` hold the same values, bit for bit (NaNs and signed zeros too).
+    fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(got), bits(want), "{what}");
     }
 
     #[test]
