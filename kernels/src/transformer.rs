@@ -8,9 +8,10 @@
 //! that greedy decoding agrees with it token for token.
 //!
 //! Attention reads a paged KV cache: keys and values of every sequence live in
-//! fixed-size blocks (`[block, slot, kv_head, head_dim]`), and a sequence is the list of
-//! its blocks, as in vLLM's PagedAttention. Nothing here allocates the cache or decides
-//! which blocks a sequence owns; the engine does.
+//! fixed-size blocks, and a sequence is the list of its blocks, as in vLLM's
+//! PagedAttention (values `[block, slot, kv_head, head_dim]`; keys transposed within a
+//! block, `[block, kv_head, head_dim, slot]`: see [`KvShape`]). Nothing here allocates
+//! the cache or decides which blocks a sequence owns; the engine does.
 
 use rayon::prelude::*;
 
@@ -249,18 +250,35 @@ pub fn attention_eager_bf16(
                 .collect()
         })
         .collect();
+    // Where each position's key starts (KV head 0; head `h` is `h · head_dim ·
+    // block_size` further on, its values `block_size` apart).
+    let key_starts: Vec<Vec<usize>> = spans
+        .iter()
+        .map(|span| {
+            (0..span.start + span.len)
+                .map(|j| shape.key_offset(span.blocks, j, 0))
+                .collect()
+        })
+        .collect();
     out.par_chunks_mut(row_len)
         .enumerate()
         .for_each(|(row, out_row)| {
             let span = &spans[owner[row]];
             let position = span.start + row - span.row;
             let slots = &slots[owner[row]][..=position];
+            let key_starts = &key_starts[owner[row]][..=position];
             let mut scores = Vec::with_capacity(slots.len());
             for h in 0..heads {
                 let qh = &q[(row * heads + h) * hd..(row * heads + h + 1) * hd];
                 let kvh = (h / group) * hd;
                 scores.clear();
-                dots_in_order(qh, k_cache, slots, kvh, &mut scores);
+                let keys = Keys {
+                    cache: k_cache,
+                    starts: key_starts,
+                    offset: kvh * shape.block_size,
+                    stride: shape.block_size,
+                };
+                dots_in_order(qh, &keys, &mut scores);
                 for v in scores.iter_mut() {
                     *v = r(r(*v) * scale);
                 }
@@ -282,38 +300,62 @@ pub fn attention_eager_bf16(
         });
 }
 
-/// `dot_in_order(q, key)` for the key at each of `slots` (plus `offset`) in `keys`,
-/// appended to `out`. Eight keys at a time: eight independent chains of additions, each
-/// key's still in order (one key at a time waited on every addition: calibration
-/// took a quarter longer).
-fn dots_in_order(q: &[f32], keys: &[f32], slots: &[usize], offset: usize, out: &mut Vec<f32>) {
-    let hd = q.len();
-    let mut groups = slots.chunks_exact(8);
+/// Keys in a transposed cache: key `i`'s value `d` is `cache[starts[i] + offset + d ·
+/// stride]`.
+struct Keys<'a> {
+    cache: &'a [f32],
+    starts: &'a [usize],
+    offset: usize,
+    stride: usize,
+}
+
+/// `q · key` summed in order, for each of `keys`, appended to `out`. Eight keys at a
+/// time: eight independent chains of additions, each key's still in order (one key at a
+/// time waited on every addition: calibration took a quarter longer).
+fn dots_in_order(q: &[f32], keys: &Keys, out: &mut Vec<f32>) {
+    let Keys {
+        cache,
+        starts,
+        offset,
+        stride,
+    } = *keys;
+    let mut groups = starts.chunks_exact(8);
     for group in &mut groups {
-        let group: [&[f32]; 8] = std::array::from_fn(|j| &keys[group[j] + offset..][..hd]);
+        let at: [usize; 8] = std::array::from_fn(|j| group[j] + offset);
         // `Iterator::sum` starts from -0.0: so does each chain, for the same bits.
         let mut acc = [-0.0f32; 8];
         for (d, &x) in q.iter().enumerate() {
-            for (a, key) in acc.iter_mut().zip(&group) {
-                *a += x * key[d];
+            for (a, &at) in acc.iter_mut().zip(&at) {
+                *a += x * cache[at + d * stride];
             }
         }
         out.extend(acc);
     }
     for &at in groups.remainder() {
-        out.push(dot_in_order(q, &keys[at + offset..][..hd]));
+        out.push(dot_in_order(
+            q,
+            (0..q.len()).map(|d| cache[at + offset + d * stride]),
+        ));
     }
 }
 
 /// A dot product summed in order. (Eight interleaved sums vectorize and run faster,
 /// but move more of SmolLM2's scales away from llm-compressor's: 135 of 210 equal
 /// instead of 150. PyTorch's order is oneDNN's and unknown; in order is closer.)
-fn dot_in_order(a: &[f32], b: &[f32]) -> f32 {
+fn dot_in_order(a: &[f32], b: impl Iterator<Item = f32>) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// The shape of one layer's paged KV cache: `blocks × block_size × kv_heads × head_dim`
 /// values each for keys and values.
+///
+/// Values are stored slot by slot (`[block][slot][kv_head][d]`: a token's values are
+/// `slot_len` consecutive floats at [`KvShape::slot_offset`]). Keys are stored
+/// transposed within each block (`[block][kv_head][d][slot]`): value `d` of one head's
+/// keys of a block's slots is one run of `block_size` floats, so that one vector
+/// instruction multiplies a query value into sixteen keys' scores at once, each score
+/// one chain in order over `d` (the score's definition: `scores`). Both caches have the
+/// same size, and a block's keys and values start at the same offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvShape {
     /// Token slots per block.
@@ -330,10 +372,40 @@ impl KvShape {
         self.kv_heads * self.head_dim
     }
 
-    /// Offset of `position`'s slot in a cache, given the sequence's block table.
+    /// Offset of `position`'s slot in the value cache, given the sequence's block table.
     pub fn slot_offset(&self, blocks: &[u32], position: usize) -> usize {
         let block = blocks[position / self.block_size] as usize;
         (block * self.block_size + position % self.block_size) * self.slot_len()
+    }
+
+    /// Offset in the key cache of value 0 of KV head `kv_head`'s key at `position`; its
+    /// value `d` is `d · block_size` further on.
+    pub fn key_offset(&self, blocks: &[u32], position: usize, kv_head: usize) -> usize {
+        let block = blocks[position / self.block_size] as usize;
+        block * self.block_size * self.slot_len()
+            + kv_head * self.head_dim * self.block_size
+            + position % self.block_size
+    }
+
+    /// Stores the keys and values of `position` (`k`, `v`: `slot_len` values each, KV
+    /// head after KV head) in the caches.
+    pub fn store(
+        &self,
+        k_cache: &mut [f32],
+        v_cache: &mut [f32],
+        blocks: &[u32],
+        position: usize,
+        k: &[f32],
+        v: &[f32],
+    ) {
+        let at = self.slot_offset(blocks, position);
+        v_cache[at..at + self.slot_len()].copy_from_slice(v);
+        for (h, key) in k.chunks_exact(self.head_dim).enumerate() {
+            let start = self.key_offset(blocks, position, h);
+            for (d, &x) in key.iter().enumerate() {
+                k_cache[start + d * self.block_size] = x;
+            }
+        }
     }
 }
 
@@ -367,9 +439,11 @@ const QUERY_TILE: usize = 16;
 /// rescaled block by block). Each row's arithmetic is the same whatever tile it is in:
 /// blocks in position order, the same dot products and updates. So a token gets the
 /// same bits alone (decode), in a prompt chunk, or among draft tokens being verified.
-/// With AVX-512, blocks of 16 slots and heads of 64 or 128 values, the query heads of
-/// one token run side by side through all their blocks with their state in registers
-/// (`scores::rows`, the same bits); elsewhere a tile goes block by block, row by row.
+/// With AVX-512, blocks of 16 slots and heads of 64 or 128 values, a tile of several
+/// tokens goes sixteen rows at a time as the lanes of the registers (`scores::lanes`),
+/// and a tile of one token has its query heads side by side through all their blocks
+/// with their state in registers (`scores::rows`), both with the same bits; elsewhere a
+/// tile goes block by block, its rows' scores side by side, then row by row.
 pub fn attention(
     q: &[f32],
     spans: &[Span],
@@ -494,28 +568,34 @@ fn attend_tile(
     let tile_heads = tile.heads.len();
     let rows = count * tile_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    // Blocks of sixteen keys on AVX-512: row by row, each row's state in registers from
-    // its first block to its last (the block stays in L1 or L2 for the tile's next rows).
+    // This head's keys in a block (transposed: `hd` runs of `bs`), and its values in a
+    // block's first slot, from the block's start.
+    let offsets = (kv_head * hd * bs, kv_head * hd);
+    let q_rows = |t: usize| {
+        let at = ((span.row + first + t) * heads + kv_head * group + tile.heads.start) * hd;
+        q[at..at + tile_heads * hd].chunks_exact(hd)
+    };
+    // Blocks of sixteen keys on AVX-512: several tokens go sixteen rows at a time, as
+    // the lanes of the registers (`scores::lanes`); one token's query heads go side by
+    // side with their state in registers from their first block to their last
+    // (`scores::rows`).
+    if by_rows && fma && bs == 16 && count > 1 {
+        let qs: Vec<&[f32]> = (0..count).flat_map(q_rows).collect();
+        let positions: Vec<usize> = (0..count)
+            .flat_map(|t| std::iter::repeat_n(span.start + first + t, tile_heads))
+            .collect();
+        if scores::lanes(&qs, &positions, k, v, span.blocks, offsets, slot, scale, o) {
+            return;
+        }
+    }
     if by_rows && fma && bs == 16 {
-        // The query heads of one token share a position: they go side by side.
         let (mut done, mut rest) = (true, &mut o[..]);
         for t in 0..count {
             let position = span.start + first + t;
-            let at = ((span.row + first + t) * heads + kv_head * group + tile.heads.start) * hd;
-            let qs: Vec<&[f32]> = q[at..at + tile_heads * hd].chunks_exact(hd).collect();
+            let qs: Vec<&[f32]> = q_rows(t).collect();
             let (row_out, after) = rest.split_at_mut(tile_heads * hd);
             let mut outs: Vec<&mut [f32]> = row_out.chunks_exact_mut(hd).collect();
-            done = scores::rows(
-                &qs,
-                k,
-                v,
-                span.blocks,
-                kv_head * hd,
-                slot,
-                position,
-                scale,
-                &mut outs,
-            );
+            done = scores::rows(&qs, k, v, span.blocks, offsets, slot, position, scale, &mut outs);
             if !done {
                 break;
             }
@@ -525,23 +605,28 @@ fn attend_tile(
             return;
         }
     }
+    let qs: Vec<&[f32]> = (0..count).flat_map(q_rows).collect();
     let mut max = vec![f32::NEG_INFINITY; rows];
     let mut sum = vec![0.0f32; rows];
-    let mut scores = [0.0f32; 64];
+    let mut scores = vec![[0.0f32; 64]; rows];
     // The last position any row of the tile attends to.
     let last = span.start + first + count - 1;
     for (b, &block) in span.blocks.iter().enumerate().take_while(|(b, _)| b * bs <= last) {
-        let base = block as usize * bs * slot + kv_head * hd;
+        let start = block as usize * bs * slot;
+        // Every row's scores of this block's keys, as far as the last row sees.
+        let width = bs.min(last + 1 - b * bs);
+        scores::block_rows(&qs, &k[start + offsets.0..], bs, width, scale, &mut scores, fma);
         for r in 0..rows {
-            let (t, h) = (r / tile_heads, tile.heads.start + r % tile_heads);
-            let position = span.start + first + t;
+            let position = span.start + first + r / tile_heads;
             // Keys of this block the row sees (causal).
             if b * bs > position {
                 continue;
             }
             let seen = bs.min(position + 1 - b * bs);
-            let qr = &q[((span.row + first + t) * heads + kv_head * group + h) * hd..][..hd];
-            let block_max = scores::block(qr, &k[base..], slot, scale, &mut scores[..seen], fma);
+            let row_scores = &mut scores[r];
+            let block_max = row_scores[..seen]
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             let new_max = max[r].max(block_max);
             // `exp(0)` is exactly 1: most blocks past the first leave the maximum where
             // it was, and skip the call.
@@ -557,13 +642,13 @@ fn attend_tile(
                 }
             }
             // Sixteen at a time (one vector); the lanes past `seen` are never read.
-            for chunk in scores[..seen.next_multiple_of(16)].as_chunks_mut::<16>().0 {
+            for chunk in row_scores[..seen.next_multiple_of(16)].as_chunks_mut::<16>().0 {
                 for score in chunk {
                     *score = exp(*score - new_max);
                 }
             }
-            let total = sum[r] * correction + scores::sum(&scores[..seen]);
-            let (p, values) = (&scores[..seen], &v[base..]);
+            let total = sum[r] * correction + scores::sum(&row_scores[..seen]);
+            let (p, values) = (&row_scores[..seen], &v[start + offsets.1..]);
             match (hd, fma) {
                 (64, true) => weigh_values::<64, true>(or, p, values, slot),
                 (64, false) => weigh_values::<64, false>(or, p, values, slot),
@@ -656,22 +741,39 @@ mod tests {
     /// product in order, bit for bit (signed zeros included).
     #[test]
     fn dots_eight_at_a_time_equal_dots_in_order() {
-        let (hd, slot) = (64, 3 * 64);
+        // Three blocks of 16 slots of three KV heads of 64 values; KV head 1's keys.
+        let shape = KvShape {
+            block_size: 16,
+            kv_heads: 3,
+            head_dim: 64,
+        };
+        let hd = shape.head_dim;
         let value = |i: usize| ((i * 7919 % 2003) as f32 - 1001.0) * 1e-3;
         let q: Vec<f32> = (0..hd).map(|d| value(d + 3)).collect();
-        let mut keys: Vec<f32> = (0..40 * slot).map(value).collect();
+        let mut cache: Vec<f32> = (0..3 * 16 * shape.slot_len()).map(value).collect();
+        // Positions in a paged table whose blocks are out of order.
+        let table = [2u32, 0, 1];
+        let all: Vec<usize> = (0..48).map(|p| shape.key_offset(&table, p, 0)).collect();
         // A key of zeros times a query: -0.0 sums, whose sign depends on the start.
         let negative: Vec<f32> = q.iter().map(|&x| -x.abs()).collect();
-        keys[5 * slot + 64..5 * slot + 128].fill(0.0);
+        let zero = shape.key_offset(&table, 5, 1);
+        for d in 0..hd {
+            cache[zero + d * 16] = 0.0;
+        }
         for len in [0, 1, 7, 8, 9, 16, 23, 40] {
-            // Slots out of order, as a paged cache's blocks can be.
-            let slots: Vec<usize> = (0..len).map(|j| (j * 17 % 40) * slot).collect();
+            let starts: Vec<usize> = (0..len).map(|j| all[j * 17 % 40]).collect();
+            let keys = Keys {
+                cache: &cache,
+                starts: &starts,
+                offset: hd * 16,
+                stride: 16,
+            };
             for query in [&q, &negative] {
                 let mut got = Vec::new();
-                dots_in_order(query, &keys, &slots, 64, &mut got);
-                let want: Vec<f32> = slots
+                dots_in_order(query, &keys, &mut got);
+                let want: Vec<f32> = starts
                     .iter()
-                    .map(|&at| dot_in_order(query, &keys[at + 64..][..hd]))
+                    .map(|&at| dot_in_order(query, (0..hd).map(|d| cache[at + hd * 16 + d * 16])))
                     .collect();
                 assert_same_bits(&got, &want, &format!("{len} keys"));
             }
@@ -789,13 +891,9 @@ mod tests {
         let table = [5u32, 1, 3, 8, 0, 6];
         let value = |pos: usize, h: usize, d: usize, salt: f32| ((pos * 31 + h * 7 + d) as f32 * salt).sin();
         for pos in 0..tokens {
-            let at = shape.slot_offset(&table, pos);
-            for h in 0..2 {
-                for d in 0..8 {
-                    k_cache[at + h * 8 + d] = value(pos, h, d, 0.37);
-                    v_cache[at + h * 8 + d] = value(pos, h, d, 0.11);
-                }
-            }
+            let k: Vec<f32> = (0..16).map(|i| value(pos, i / 8, i % 8, 0.37)).collect();
+            let v: Vec<f32> = (0..16).map(|i| value(pos, i / 8, i % 8, 0.11)).collect();
+            shape.store(&mut k_cache, &mut v_cache, &table, pos, &k, &v);
         }
         let q: Vec<f32> = (0..tokens * heads * 8).map(|i| (i as f32 * 0.3).cos()).collect();
         let run = |spans: &[Span]| {
@@ -845,7 +943,7 @@ mod tests {
     }
 
     #[test]
-    fn the_row_kernel_gives_the_tile_loop_s_bits() {
+    fn the_avx512_kernels_give_the_tile_loop_s_bits() {
         for hd in [64, 128] {
             let shape = KvShape {
                 block_size: 16,
@@ -856,11 +954,20 @@ mod tests {
             let blocks_total = 12;
             let value = |i: usize, salt: f32| ((i as f32 * salt).sin() * 3.0).tan().clamp(-8.0, 8.0);
             let len = blocks_total * 16 * shape.slot_len();
-            let k_cache: Vec<f32> = (0..len).map(|i| value(i, 0.37)).collect();
-            let v_cache: Vec<f32> = (0..len).map(|i| value(i, 0.11)).collect();
+            let mut k_cache: Vec<f32> = (0..len).map(|i| value(i, 0.37)).collect();
+            let mut v_cache: Vec<f32> = (0..len).map(|i| value(i, 0.11)).collect();
             // A 70-token prompt chunk after 23 cached tokens (part of its first block
-            // and of its last), and a decode step of another sequence.
+            // and of its last; 16-row lane groups that straddle tokens and blocks), and
+            // a decode step of another sequence (one token: the per-token kernel).
             let (table_a, table_b) = ([7u32, 2, 9, 0, 11, 4, 5], [3u32, 8, 1]);
+            // The slots past each sequence's last position hold NaN, as a block left by
+            // a request that failed could: no kernel may let them into a result.
+            let nan = vec![f32::NAN; shape.slot_len()];
+            for (table, from, to) in [(&table_a[..], 93, 112), (&table_b[..], 41, 48)] {
+                for position in from..to {
+                    shape.store(&mut k_cache, &mut v_cache, table, position, &nan, &nan);
+                }
+            }
             let spans = [
                 Span {
                     blocks: &table_a,

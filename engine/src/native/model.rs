@@ -480,9 +480,9 @@ impl Model {
                 let (qr, rest) = row.split_at(q_len);
                 let (kr, vr) = rest.split_at(kv_len);
                 q[t * q_len..(t + 1) * q_len].copy_from_slice(qr);
-                let at = cache.shape.slot_offset(tables[t], positions[t]);
-                k_cache[at..at + kv_len].copy_from_slice(kr);
-                v_cache[at..at + kv_len].copy_from_slice(vr);
+                cache
+                    .shape
+                    .store(k_cache, v_cache, tables[t], positions[t], kr, vr);
             }
             if bf16 {
                 k::attention_eager_bf16(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
