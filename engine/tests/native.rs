@@ -476,6 +476,56 @@ fn bf16_arithmetic_stays_close_to_f32_over_a_long_prompt() {
 
 /// Calibration's observer: the largest input magnitude of every projection, kept as a
 /// running maximum over samples (compressed-tensors' `static_minmax`).
+/// A prompt chunk asking for its last token's logits runs the last layer past its keys
+/// and values on that row alone; the logits are those of the row computed with every
+/// other row, bit for bit, and so is what the cache holds for the next token.
+#[test]
+fn the_last_layer_on_the_asked_rows_alone_gives_the_same_logits() {
+    use sous_engine::native::config::ModelConfig;
+    use sous_engine::native::model::{BatchSeq, KvCache, Logits, Model};
+    use sous_engine::native::weights::Checkpoint;
+    let Some(dir) = model_dir() else { return };
+    let config = ModelConfig::read(&dir).expect("config");
+    let checkpoint = Checkpoint::open(&dir, &config).expect("checkpoint");
+    let model = Model::load(config, &checkpoint, Precision::Stored, 256).expect("model");
+    let cases = fixture();
+    let prompt = ids(&cases["prompts"][0]["input_ids"]);
+    let n = prompt.len();
+    let blocks: Vec<u32> = (0..16).collect();
+    let run = |logits: Logits, chunks: &[usize]| {
+        let mut cache = KvCache::new(&model, 16, 16);
+        let mut start = 0;
+        let mut out = Vec::new();
+        for &len in chunks {
+            let batch = [BatchSeq {
+                blocks: &blocks,
+                tokens: &prompt[start..start + len],
+                start,
+                logits: if start + len == n { logits } else { Logits::None },
+            }];
+            out = model.forward(&batch, &mut cache).expect("forward");
+            start += len;
+        }
+        // One more token after the prompt reads every layer's cached keys and values.
+        let next = [BatchSeq {
+            blocks: &blocks,
+            tokens: &[42],
+            start: n,
+            logits: Logits::Last,
+        }];
+        (out, model.forward(&next, &mut cache).expect("forward"))
+    };
+    let (all, after_all) = run(Logits::All, &[n]);
+    let vocab = all.len() / n;
+    for (logits, chunks) in [(Logits::Last, vec![n]), (Logits::Last, vec![n / 2, n - n / 2])] {
+        let (last, after) = run(logits, &chunks);
+        assert_eq!(last.len(), vocab);
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same(&last, &all[(n - 1) * vocab..]), "chunks {chunks:?}");
+        assert!(same(&after, &after_all), "chunks {chunks:?}");
+    }
+}
+
 #[test]
 fn calibration_keeps_the_running_maximum_of_every_projection_input() {
     use sous_engine::native::config::ModelConfig;

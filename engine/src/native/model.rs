@@ -374,7 +374,7 @@ impl Model {
         let c = &self.config;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let tokens: Vec<u32> = batch.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        let n = tokens.len();
+        let mut n = tokens.len();
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -427,6 +427,19 @@ impl Model {
         let mut o = vec![0.0f32; n * h];
         let mut gate_up = vec![0.0f32; n * 2 * c.intermediate_size];
         let mut down = vec![0.0f32; n * h];
+        // The rows whose logits are asked for.
+        let mut rows = Vec::new();
+        let mut offset = 0;
+        for s in batch {
+            let len = s.tokens.len();
+            match s.logits {
+                Logits::None => {}
+                Logits::Last => rows.push(offset + len - 1),
+                Logits::All => rows.extend(offset..offset + len),
+            }
+            offset += len;
+        }
+        let mut pruned = false;
         for (li, layer) in self.layers.iter().enumerate() {
             norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
             if let Some(seen) = observe.as_mut() {
@@ -484,6 +497,45 @@ impl Model {
                     .shape
                     .store(k_cache, v_cache, tables[t], positions[t], kr, vr);
             }
+            // Past the last layer's keys and values, only the rows whose logits are
+            // asked for matter (a prompt chunk's last token, or none): the rest of the
+            // layer runs on those rows alone. Every row's arithmetic is its own, so
+            // their bits do not change. (Calibration observes every row.)
+            if li + 1 == self.layers.len() && observe.is_none() && rows.len() < n {
+                if rows.is_empty() {
+                    break;
+                }
+                let m = rows.len();
+                q = rows
+                    .iter()
+                    .flat_map(|&r| q[r * q_len..(r + 1) * q_len].iter().copied())
+                    .collect();
+                x = rows
+                    .iter()
+                    .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
+                    .collect();
+                spans = rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &r)| Span {
+                        blocks: tables[r],
+                        start: positions[r],
+                        len: 1,
+                        row: i,
+                    })
+                    .collect();
+                for (buffer, width) in [
+                    (&mut attn, q_len),
+                    (&mut o, h),
+                    (&mut normed, h),
+                    (&mut gate_up, 2 * c.intermediate_size),
+                    (&mut act, c.intermediate_size),
+                    (&mut down, h),
+                ] {
+                    buffer.truncate(m * width);
+                }
+                (n, pruned) = (m, true);
+            }
             if bf16 {
                 k::attention_eager_bf16(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
             } else {
@@ -535,17 +587,10 @@ impl Model {
                 (seen.layer_done)(li);
             }
         }
-        // Final norm and lm_head, only for the rows asked for.
-        let mut rows = Vec::new();
-        let mut offset = 0;
-        for s in batch {
-            let len = s.tokens.len();
-            match s.logits {
-                Logits::None => {}
-                Logits::Last => rows.push(offset + len - 1),
-                Logits::All => rows.extend(offset..offset + len),
-            }
-            offset += len;
+        // Final norm and lm_head, only for the rows asked for (after a pruned last
+        // layer, the first rows of `x`).
+        if pruned {
+            rows = (0..rows.len()).collect();
         }
         if rows.is_empty() {
             return Ok(Vec::new());
