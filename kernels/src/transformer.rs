@@ -611,11 +611,31 @@ fn attend_tile(
     let mut scores = vec![[0.0f32; 64]; rows];
     // The last position any row of the tile attends to.
     let last = span.start + first + count - 1;
-    for (b, &block) in span.blocks.iter().enumerate().take_while(|(b, _)| b * bs <= last) {
+    let used = span.blocks.len().min(last / bs + 1);
+    // Blocks of sixteen: every score the tile needs first, block by block, four (row,
+    // block) pairs side by side (`scores::pairs16`).
+    let mut all = Vec::new();
+    if bs == 16 {
+        let mut pairs = Vec::with_capacity(used * rows);
+        for (b, &block) in span.blocks[..used].iter().enumerate() {
+            let start = block as usize * bs * slot + offsets.0;
+            for (r, q) in qs.iter().enumerate() {
+                if b * bs <= span.start + first + r / tile_heads {
+                    pairs.push((*q, &k[start..start + hd * bs]));
+                }
+            }
+        }
+        all = vec![[0.0f32; 16]; pairs.len()];
+        scores::pairs16(&pairs, scale, &mut all, fma);
+    }
+    let mut next = 0;
+    for (b, &block) in span.blocks[..used].iter().enumerate() {
         let start = block as usize * bs * slot;
-        // Every row's scores of this block's keys, as far as the last row sees.
-        let width = bs.min(last + 1 - b * bs);
-        scores::block_rows(&qs, &k[start + offsets.0..], bs, width, scale, &mut scores, fma);
+        if bs != 16 {
+            // Every row's scores of this block's keys, as far as the last row sees.
+            let width = bs.min(last + 1 - b * bs);
+            scores::block_rows(&qs, &k[start + offsets.0..], bs, width, scale, &mut scores, fma);
+        }
         for r in 0..rows {
             let position = span.start + first + r / tile_heads;
             // Keys of this block the row sees (causal).
@@ -623,6 +643,10 @@ fn attend_tile(
                 continue;
             }
             let seen = bs.min(position + 1 - b * bs);
+            if bs == 16 {
+                scores[r][..16].copy_from_slice(&all[next]);
+                next += 1;
+            }
             let row_scores = &mut scores[r];
             let block_max = row_scores[..seen]
                 .iter()

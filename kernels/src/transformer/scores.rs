@@ -66,10 +66,10 @@ pub(super) fn sum(p: &[f32]) -> f32 {
 pub(super) const ROWS: usize = 4;
 
 /// `out[r][j] = dot(qs[r], keys[j..], block_size) · scale` for every row and every
-/// `j < width` (`keys`: one KV head's transposed block, `head_dim × block_size`). Rows
-/// side by side, each key's chain in order, so the bits are [`dot`]'s; the loops
-/// vectorize over `j`. Keys past a row's position are scored too (their scores are
-/// never read).
+/// `j < width` (`keys`: one KV head's transposed block, `head_dim × block_size`), for
+/// blocks of any size (blocks of sixteen, the engine's, go through [`pairs16`] or the
+/// AVX-512 kernels). Each key's chain in order, so the bits are [`dot`]'s. Keys past a
+/// row's position are scored too (their scores are never read).
 #[inline(always)]
 pub(super) fn block_rows(
     qs: &[&[f32]],
@@ -100,6 +100,38 @@ pub(super) fn block_rows(
             for a in &mut row[..width] {
                 *a *= scale;
             }
+        }
+    }
+}
+
+/// `out[i] = ` the sixteen scores of pair `i`'s query row against its block (one KV
+/// head's transposed keys of a block of sixteen, `head_dim × 16`), times `scale`, each
+/// score's chain in order over `d`, so the bits are [`dot`]'s. With AVX2, four pairs go
+/// side by side with their accumulators in registers (two vectors per pair): eight
+/// chains keep the FMA units busy where one pair's would wait on themselves.
+#[inline(always)]
+pub(super) fn pairs16(pairs: &[(&[f32], &[f32])], scale: f32, out: &mut [[f32; LANES]], fma: bool) {
+    assert_eq!(pairs.len(), out.len());
+    let hd = pairs.first().map_or(0, |(q, _)| q.len());
+    assert!(pairs.iter().all(|(q, k)| q.len() == hd && k.len() == hd * LANES));
+    #[cfg(target_arch = "x86_64")]
+    if fma && x86::avx2() {
+        // SAFETY: AVX2 and FMA are present; every pair's row holds `hd` values and its
+        // keys `hd · 16` (asserted above).
+        unsafe { x86::pairs256(pairs, hd, scale, out) };
+        return;
+    }
+    // Elsewhere, pair by pair: sixteen lanes of one chain each, which compilers
+    // vectorize (four pairs side by side were compiled to scalar code).
+    for ((q, keys), out) in pairs.iter().zip(out.iter_mut()) {
+        let mut acc = [0.0f32; LANES];
+        for (&x, k) in q.iter().zip(keys.chunks_exact(LANES)) {
+            for (a, &y) in acc.iter_mut().zip(k) {
+                *a = if fma { x.mul_add(y, *a) } else { *a + x * y };
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = a * scale;
         }
     }
 }
@@ -137,11 +169,11 @@ pub(super) fn rows(
         let per = if hd == 64 { 3 } else { 1 };
         for (q, out) in qs.chunks(per).zip(outs.chunks_mut(per)) {
             macro_rules! go {
-                ($c:literal, $r:literal) => {
+                ($c:literal, $r:literal, $g:literal) => {
                     // SAFETY: the features are present and every block's keys and values
                     // are in the caches, the rows and outputs `hd` long (checked above).
                     unsafe {
-                        x86::rows512::<$c, $r>(
+                        x86::rows512::<$c, $r, $g>(
                             std::array::from_fn(|i| q[i]),
                             keys,
                             values,
@@ -156,10 +188,10 @@ pub(super) fn rows(
                 };
             }
             match (hd, q.len()) {
-                (64, 3) => go!(4, 3),
-                (64, 2) => go!(4, 2),
-                (64, _) => go!(4, 1),
-                _ => go!(8, 1),
+                (64, 3) => go!(4, 3, 4),
+                (64, 2) => go!(4, 2, 6),
+                (64, _) => go!(4, 1, 8),
+                _ => go!(8, 1, 8),
             }
         }
         return true;
@@ -275,13 +307,59 @@ fn check(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The AVX-512 kernels: one row's sixteen scores in one register (`rows512`), or
-    //! sixteen rows' scores of one key in one register (`lanes512`).
+    //! sixteen rows' scores of one key in one register (`lanes512`); and the AVX2
+    //! scores of a block for the tile loop (`pairs256`).
 
     use std::arch::x86_64::*;
 
     use super::LANES;
 
     use crate::gemm::Isa;
+
+    /// Whether the AVX2 kernel may run (with FMA): the CPU has them and
+    /// `SOUS_KERNELS_ISA` does not ask for the portable code.
+    pub(super) fn avx2() -> bool {
+        Isa::current() != Isa::Portable && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    }
+
+    /// [`super::pairs16`] with AVX2: each pair's sixteen scores in two registers, four
+    /// pairs side by side.
+    ///
+    /// # Safety
+    /// AVX2 and FMA present; every pair's row holds `hd` values and its keys `hd · 16`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::needless_range_loop)]
+    pub(super) unsafe fn pairs256(
+        pairs: &[(&[f32], &[f32])],
+        hd: usize,
+        scale: f32,
+        out: &mut [[f32; LANES]],
+    ) {
+        for (chunk, out) in pairs.chunks(4).zip(out.chunks_mut(4)) {
+            let q: [*const f32; 4] = std::array::from_fn(|i| chunk[i.min(chunk.len() - 1)].0.as_ptr());
+            let k: [*const f32; 4] = std::array::from_fn(|i| chunk[i.min(chunk.len() - 1)].1.as_ptr());
+            let (mut low, mut high) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+            for d in 0..hd {
+                for p in 0..4 {
+                    // SAFETY: `d < hd`, within the row and its keys (the caller's promise).
+                    unsafe {
+                        let x = _mm256_set1_ps(*q[p].add(d));
+                        let keys = k[p].add(d * LANES);
+                        low[p] = _mm256_fmadd_ps(x, _mm256_loadu_ps(keys), low[p]);
+                        high[p] = _mm256_fmadd_ps(x, _mm256_loadu_ps(keys.add(8)), high[p]);
+                    }
+                }
+            }
+            let scale = _mm256_set1_ps(scale);
+            for (p, o) in out.iter_mut().enumerate() {
+                // SAFETY: `o` holds sixteen values.
+                unsafe {
+                    _mm256_storeu_ps(o.as_mut_ptr(), _mm256_mul_ps(low[p], scale));
+                    _mm256_storeu_ps(o.as_mut_ptr().add(8), _mm256_mul_ps(high[p], scale));
+                }
+            }
+        }
+    }
 
     /// Whether the AVX-512 kernels may run: the CPU has them and `SOUS_KERNELS_ISA`
     /// does not ask for a narrower set (as for the products).
@@ -378,7 +456,7 @@ mod x86 {
     /// (checked by the caller: `super::check`).
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-    pub(super) unsafe fn rows512<const C: usize, const R: usize>(
+    pub(super) unsafe fn rows512<const C: usize, const R: usize, const G: usize>(
         qs: [&[f32]; R],
         keys: &[f32],
         values: &[f32],
@@ -390,57 +468,80 @@ mod x86 {
         outs: &mut [&mut [f32]],
     ) {
         let hd = C * LANES;
+        let used = (position / LANES + 1).min(blocks.len());
+        // The scores of `G` blocks at a time, side by side, then those blocks one by one:
+        // each score is one chain of `hd` dependent multiply-adds, and `R · G` of them
+        // keep the FMA units busy where one block's `R` would wait on themselves.
         let mut o = [[_mm512_setzero_ps(); C]; R];
         let (mut max, mut sum) = ([f32::NEG_INFINITY; R], [0.0f32; R]);
         let mut p = [[0.0f32; LANES]; R];
-        for (b, &block) in blocks
-            .iter()
-            .enumerate()
-            .take_while(|(b, _)| b * LANES <= position)
-        {
-            let seen = LANES.min(position + 1 - b * LANES);
-            let valid: __mmask16 = ((1u32 << seen) - 1) as u16;
+        let mut first = 0;
+        while first < used {
+            let count = G.min(used - first);
+            let mut group = [[_mm512_setzero_ps(); R]; G];
             unsafe {
-                let (k, v) = block_start(keys, values, block, slot, (key_offset, offset));
-                // One chain per row over `d`: the rows' chains side by side.
-                let mut scores = [_mm512_setzero_ps(); R];
+                let k: [*const f32; G] = std::array::from_fn(|g| {
+                    block_start(
+                        keys,
+                        values,
+                        blocks[first + g.min(count - 1)],
+                        slot,
+                        (key_offset, offset),
+                    )
+                    .0
+                });
                 for d in 0..hd {
-                    let kd = _mm512_loadu_ps(k.add(d * LANES));
+                    let kd: [__m512; G] = std::array::from_fn(|g| _mm512_loadu_ps(k[g].add(d * LANES)));
                     for i in 0..R {
-                        scores[i] = _mm512_fmadd_ps(_mm512_set1_ps(*qs[i].get_unchecked(d)), kd, scores[i]);
-                    }
-                }
-                let mut correction = [1.0f32; R];
-                for i in 0..R {
-                    scores[i] = _mm512_mul_ps(scores[i], _mm512_set1_ps(scale));
-                    let new_max =
-                        max[i].max(f32::NEG_INFINITY.max(_mm512_mask_reduce_max_ps(valid, scores[i])));
-                    // "1 if unchanged, else exp", as the tile loop (the scalar `exp`
-                    // gives `exp512`'s bits).
-                    if new_max != max[i] {
-                        correction[i] = super::super::exp(max[i] - new_max);
-                    }
-                    max[i] = new_max;
-                }
-                for i in 0..R {
-                    let factor = _mm512_set1_ps(correction[i]);
-                    for acc in &mut o[i] {
-                        *acc = _mm512_mul_ps(*acc, factor);
-                    }
-                    let probs =
-                        _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(scores[i], _mm512_set1_ps(max[i]))));
-                    sum[i] = sum[i] * correction[i] + fold512(probs);
-                    _mm512_storeu_ps(p[i].as_mut_ptr(), probs);
-                }
-                for j in 0..seen {
-                    for c in 0..C {
-                        let value = _mm512_loadu_ps(v.add(j * slot + c * LANES));
-                        for i in 0..R {
-                            o[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[i][j]), value, o[i][c]);
+                        let x = _mm512_set1_ps(*qs[i].get_unchecked(d));
+                        for g in 0..G {
+                            group[g][i] = _mm512_fmadd_ps(x, kd[g], group[g][i]);
                         }
                     }
                 }
             }
+            for (g, scores) in group.iter().enumerate().take(count) {
+                let b = first + g;
+                let seen = LANES.min(position + 1 - b * LANES);
+                let valid: __mmask16 = ((1u32 << seen) - 1) as u16;
+                unsafe {
+                    let (_, v) = block_start(keys, values, blocks[b], slot, (key_offset, offset));
+                    let scores: [__m512; R] =
+                        std::array::from_fn(|i| _mm512_mul_ps(scores[i], _mm512_set1_ps(scale)));
+                    let mut correction = [1.0f32; R];
+                    for i in 0..R {
+                        let new_max =
+                            max[i].max(f32::NEG_INFINITY.max(_mm512_mask_reduce_max_ps(valid, scores[i])));
+                        // "1 if unchanged, else exp", as the tile loop (the scalar `exp`
+                        // gives `exp512`'s bits).
+                        if new_max != max[i] {
+                            correction[i] = super::super::exp(max[i] - new_max);
+                        }
+                        max[i] = new_max;
+                    }
+                    for i in 0..R {
+                        let factor = _mm512_set1_ps(correction[i]);
+                        for acc in &mut o[i] {
+                            *acc = _mm512_mul_ps(*acc, factor);
+                        }
+                        let probs = _mm512_maskz_mov_ps(
+                            valid,
+                            exp512(_mm512_sub_ps(scores[i], _mm512_set1_ps(max[i]))),
+                        );
+                        sum[i] = sum[i] * correction[i] + fold512(probs);
+                        _mm512_storeu_ps(p[i].as_mut_ptr(), probs);
+                    }
+                    for j in 0..seen {
+                        for c in 0..C {
+                            let value = _mm512_loadu_ps(v.add(j * slot + c * LANES));
+                            for i in 0..R {
+                                o[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[i][j]), value, o[i][c]);
+                            }
+                        }
+                    }
+                }
+            }
+            first += count;
         }
         for i in 0..R {
             let inv = _mm512_set1_ps(1.0 / sum[i]);
@@ -604,6 +705,36 @@ mod tests {
                                     "{what}: {score} vs {exact}"
                                 );
                             }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The tile loop's scores of (row, block) pairs, four side by side (AVX2 where the
+    /// CPU has it), are each key's chain in order, bit for bit, including a last chunk
+    /// of fewer than four pairs.
+    #[test]
+    fn paired_block_scores_are_the_defined_sum_bit_for_bit() {
+        for hd in [64, 128, 8] {
+            let qs: Vec<Vec<f32>> = (0..7).map(|r| values(hd, 3 + r)).collect();
+            let blocks: Vec<Vec<f32>> = (0..5).map(|b| values(hd * 16, 40 + b)).collect();
+            for count in [1, 3, 4, 5, 9, 35] {
+                let pairs: Vec<(&[f32], &[f32])> = (0..count)
+                    .map(|i| (qs[i % 7].as_slice(), blocks[i % 5].as_slice()))
+                    .collect();
+                for fma in [true, false] {
+                    let mut got = vec![[f32::NAN; 16]; count];
+                    pairs16(&pairs, 0.125, &mut got, fma);
+                    for (i, (q, keys)) in pairs.iter().enumerate() {
+                        for j in 0..16 {
+                            let want = dot(q, &keys[j..], 16, fma) * 0.125;
+                            assert_eq!(
+                                got[i][j].to_bits(),
+                                want.to_bits(),
+                                "hd {hd} pair {i} key {j} fma {fma}"
+                            );
                         }
                     }
                 }
