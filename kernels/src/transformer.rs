@@ -571,6 +571,14 @@ fn attend_tile(
     // This head's keys in a block (transposed: `hd` runs of `bs`), and its values in a
     // block's first slot, from the block's start.
     let offsets = (kv_head * hd * bs, kv_head * hd);
+    let head = scores::Head {
+        keys: k,
+        values: v,
+        blocks: span.blocks,
+        key_offset: offsets.0,
+        offset: offsets.1,
+        slot,
+    };
     let q_rows = |t: usize| {
         let at = ((span.row + first + t) * heads + kv_head * group + tile.heads.start) * hd;
         q[at..at + tile_heads * hd].chunks_exact(hd)
@@ -584,7 +592,7 @@ fn attend_tile(
         let positions: Vec<usize> = (0..count)
             .flat_map(|t| std::iter::repeat_n(span.start + first + t, tile_heads))
             .collect();
-        if scores::lanes(&qs, &positions, k, v, span.blocks, offsets, slot, scale, o) {
+        if scores::lanes(&qs, &positions, &head, scale, o) {
             return;
         }
     }
@@ -595,7 +603,7 @@ fn attend_tile(
             let qs: Vec<&[f32]> = q_rows(t).collect();
             let (row_out, after) = rest.split_at_mut(tile_heads * hd);
             let mut outs: Vec<&mut [f32]> = row_out.chunks_exact_mut(hd).collect();
-            done = scores::rows(&qs, k, v, span.blocks, offsets, slot, position, scale, &mut outs);
+            done = scores::rows(&qs, &head, position, scale, &mut outs);
             if !done {
                 break;
             }

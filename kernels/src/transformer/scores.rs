@@ -136,33 +136,51 @@ pub(super) fn pairs16(pairs: &[(&[f32], &[f32])], scale: f32, out: &mut [[f32; L
     }
 }
 
+/// One KV head's cached keys and values of one sequence: `blocks`, the sequence's table,
+/// numbers blocks of `16 · slot` values in `keys` and in `values`; in each block this
+/// head's keys start at `key_offset` (transposed: `[d][slot]`), its values at `offset` in
+/// every slot.
+#[derive(Clone, Copy)]
+pub(super) struct Head<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub blocks: &'a [u32],
+    pub key_offset: usize,
+    pub offset: usize,
+    pub slot: usize,
+}
+
+impl Head<'_> {
+    /// Panics unless every block up to `last`'s holds a whole block of keys (this head's
+    /// `hd × 16` from `key_offset`) and of values: the kernels read them unchecked.
+    #[cfg(target_arch = "x86_64")]
+    fn check(&self, hd: usize, last: usize) {
+        let used = (last / LANES + 1).min(self.blocks.len());
+        assert!(self.offset + hd <= self.slot && self.key_offset + hd * LANES <= LANES * self.slot);
+        assert!(self.keys.len() == self.values.len());
+        assert!(
+            self.blocks[..used]
+                .iter()
+                .all(|&b| (b as usize + 1) * LANES * self.slot <= self.keys.len())
+        );
+    }
+}
+
 /// Attention of query rows `qs` at one position (query heads of one token that share a
-/// KV head) over every block of sixteen keys they see (positions `0..=position`,
-/// `blocks` the sequence's table; each block `16 · slot` values of keys and of values;
-/// this KV head's keys at `key_offset` in each block, transposed, and its values at
-/// `offset` in each slot), into `outs`, with each row's output, maximum and sum in
-/// registers throughout. The same bits as `attend_tile`'s loop over blocks. Returns
+/// KV head) over every block of sixteen keys of `head` they see (positions
+/// `0..=position`), into `outs`, with each row's output, maximum and sum in registers
+/// throughout. The same bits as `attend_tile`'s loop over blocks. Returns
 /// false, doing nothing, where there is no such kernel: it needs AVX-512 and a head size
 /// of 64 or 128.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn rows(
-    qs: &[&[f32]],
-    keys: &[f32],
-    values: &[f32],
-    blocks: &[u32],
-    (key_offset, offset): (usize, usize),
-    slot: usize,
-    position: usize,
-    scale: f32,
-    outs: &mut [&mut [f32]],
-) -> bool {
+pub(super) fn rows(qs: &[&[f32]], head: &Head, position: usize, scale: f32, outs: &mut [&mut [f32]]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if x86::avx512() {
         let hd = qs.first().map_or(0, |q| q.len());
         if hd != 64 && hd != 128 {
             return false;
         }
-        check(hd, keys, values, blocks, (key_offset, offset), slot, position);
+        head.check(hd, position);
         assert!(qs.len() == outs.len() && qs.iter().all(|q| q.len() == hd));
         assert!(outs.iter().all(|o| o.len() == hd));
         // Rows side by side: as many as leave registers for the outputs.
@@ -173,17 +191,7 @@ pub(super) fn rows(
                     // SAFETY: the features are present and every block's keys and values
                     // are in the caches, the rows and outputs `hd` long (checked above).
                     unsafe {
-                        x86::rows512::<$c, $r, $g>(
-                            std::array::from_fn(|i| q[i]),
-                            keys,
-                            values,
-                            blocks,
-                            (key_offset, offset),
-                            slot,
-                            position,
-                            scale,
-                            out,
-                        )
+                        x86::rows512::<$c, $r, $g>(std::array::from_fn(|i| q[i]), head, position, scale, out)
                     }
                 };
             }
@@ -196,31 +204,19 @@ pub(super) fn rows(
         }
         return true;
     }
-    let _ = (
-        qs, keys, values, blocks, key_offset, offset, slot, position, scale, outs,
-    );
+    let _ = (qs, head, position, scale, outs);
     false
 }
 
 /// Attention of a tile's query rows (`qs[r]` at position `positions[r]`: the query heads
 /// sharing a KV head of several consecutive tokens) over their blocks of sixteen keys,
-/// sixteen rows at a time as the lanes of a register (layout as for [`rows`]), into
+/// sixteen rows at a time as the lanes of a register, into
 /// `outs` (`qs.len() × head_dim`, row after row). Per row and block the operations are
 /// the tile loop's, in its order (scores, maximum, correction, probabilities, their sum,
 /// then the values key by key), so the bits are the same. Returns false, doing nothing,
 /// where there is no such kernel (as for [`rows`]).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn lanes(
-    qs: &[&[f32]],
-    positions: &[usize],
-    keys: &[f32],
-    values: &[f32],
-    blocks: &[u32],
-    (key_offset, offset): (usize, usize),
-    slot: usize,
-    scale: f32,
-    outs: &mut [f32],
-) -> bool {
+pub(super) fn lanes(qs: &[&[f32]], positions: &[usize], head: &Head, scale: f32, outs: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if x86::avx512() {
         let hd = qs.first().map_or(0, |q| q.len());
@@ -228,7 +224,7 @@ pub(super) fn lanes(
             return false;
         }
         let last = positions.iter().copied().max().unwrap_or(0);
-        check(hd, keys, values, blocks, (key_offset, offset), slot, last);
+        head.check(hd, last);
         assert!(qs.len() == positions.len() && outs.len() == qs.len() * hd);
         assert!(qs.iter().all(|q| q.len() == hd));
         // Sixteen rows at a time, transposed (`[d][lane]`); a last group of fewer
@@ -252,17 +248,7 @@ pub(super) fn lanes(
             // SAFETY: the features are present; every block a row sees is in the caches
             // and `qt`, `ot` hold `hd` values per lane (checked above).
             unsafe {
-                kernel(
-                    &qt,
-                    &lane_pos,
-                    keys,
-                    values,
-                    blocks,
-                    (key_offset, offset),
-                    slot,
-                    scale,
-                    &mut ot,
-                );
+                kernel(&qt, &lane_pos, head, scale, &mut ot);
             }
             for (lane, out) in outs[g * LANES * hd..]
                 .chunks_exact_mut(hd)
@@ -276,32 +262,8 @@ pub(super) fn lanes(
         }
         return true;
     }
-    let _ = (
-        qs, positions, keys, values, blocks, key_offset, offset, slot, scale, outs,
-    );
+    let _ = (qs, positions, head, scale, outs);
     false
-}
-
-/// Panics unless every block up to `last`'s holds a whole block of keys (this head's
-/// `hd × 16` from `key_offset`) and of values: the kernels read them unchecked.
-#[cfg(target_arch = "x86_64")]
-fn check(
-    hd: usize,
-    keys: &[f32],
-    values: &[f32],
-    blocks: &[u32],
-    (key_offset, offset): (usize, usize),
-    slot: usize,
-    last: usize,
-) {
-    let used = (last / LANES + 1).min(blocks.len());
-    assert!(offset + hd <= slot && key_offset + hd * LANES <= LANES * slot);
-    assert!(keys.len() == values.len());
-    assert!(
-        blocks[..used]
-            .iter()
-            .all(|&b| (b as usize + 1) * LANES * slot <= keys.len())
-    );
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -312,7 +274,7 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::LANES;
+    use super::{Head, LANES};
 
     use crate::gemm::Isa;
 
@@ -423,22 +385,16 @@ mod x86 {
     /// `block`.
     ///
     /// # Safety
-    /// The block is in the caches (`super::check`).
+    /// The block is in the caches (`Head::check`).
     #[inline(always)]
-    unsafe fn block_start(
-        keys: &[f32],
-        values: &[f32],
-        block: u32,
-        slot: usize,
-        (key_offset, offset): (usize, usize),
-    ) -> (*const f32, *const f32) {
-        let start = block as usize * LANES * slot;
+    unsafe fn block_start(head: &Head, block: u32) -> (*const f32, *const f32) {
+        let start = block as usize * LANES * head.slot;
         // SAFETY: the block's `16 · slot` values are in both caches (the caller's
         // promise), and the offsets are within a block.
         unsafe {
             (
-                keys.as_ptr().add(start + key_offset),
-                values.as_ptr().add(start + offset),
+                head.keys.as_ptr().add(start + head.key_offset),
+                head.values.as_ptr().add(start + head.offset),
             )
         }
     }
@@ -453,20 +409,17 @@ mod x86 {
     /// # Safety
     /// AVX-512F and FMA present; each `qs[i]` and `outs[i]` holds `16·C` values; for every
     /// block `b` with `16·b ≤ position`, the block's keys and values are in the caches
-    /// (checked by the caller: `super::check`).
+    /// (checked by the caller: `Head::check`).
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     pub(super) unsafe fn rows512<const C: usize, const R: usize, const G: usize>(
         qs: [&[f32]; R],
-        keys: &[f32],
-        values: &[f32],
-        blocks: &[u32],
-        (key_offset, offset): (usize, usize),
-        slot: usize,
+        head: &Head,
         position: usize,
         scale: f32,
         outs: &mut [&mut [f32]],
     ) {
+        let (blocks, slot) = (head.blocks, head.slot);
         let hd = C * LANES;
         let used = (position / LANES + 1).min(blocks.len());
         // The scores of `G` blocks at a time, side by side, then those blocks one by one:
@@ -480,16 +433,8 @@ mod x86 {
             let count = G.min(used - first);
             let mut group = [[_mm512_setzero_ps(); R]; G];
             unsafe {
-                let k: [*const f32; G] = std::array::from_fn(|g| {
-                    block_start(
-                        keys,
-                        values,
-                        blocks[first + g.min(count - 1)],
-                        slot,
-                        (key_offset, offset),
-                    )
-                    .0
-                });
+                let k: [*const f32; G] =
+                    std::array::from_fn(|g| block_start(head, blocks[first + g.min(count - 1)]).0);
                 for d in 0..hd {
                     let kd: [__m512; G] = std::array::from_fn(|g| _mm512_loadu_ps(k[g].add(d * LANES)));
                     for i in 0..R {
@@ -505,7 +450,7 @@ mod x86 {
                 let seen = LANES.min(position + 1 - b * LANES);
                 let valid: __mmask16 = ((1u32 << seen) - 1) as u16;
                 unsafe {
-                    let (_, v) = block_start(keys, values, blocks[b], slot, (key_offset, offset));
+                    let (_, v) = block_start(head, blocks[b]);
                     let scores: [__m512; R] =
                         std::array::from_fn(|i| _mm512_mul_ps(scores[i], _mm512_set1_ps(scale)));
                     let mut correction = [1.0f32; R];
@@ -563,20 +508,17 @@ mod x86 {
     /// # Safety
     /// AVX-512F and FMA present; `qt` and `ot` hold `HD·16` values; for every block `b`
     /// with `16·b ≤ max(positions)`, the block's keys and values are in the caches
-    /// (checked by the caller: `super::check`).
+    /// (checked by the caller: `Head::check`).
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     pub(super) unsafe fn lanes512<const HD: usize>(
         qt: &[f32],
         positions: &[i32; LANES],
-        keys: &[f32],
-        values: &[f32],
-        blocks: &[u32],
-        (key_offset, offset): (usize, usize),
-        slot: usize,
+        head: &Head,
         scale: f32,
         ot: &mut [f32],
     ) {
+        let (blocks, slot) = (head.blocks, head.slot);
         let last = positions.iter().copied().max().unwrap_or(0).max(0) as usize;
         let first = positions.iter().copied().min().unwrap_or(0).max(0) as usize;
         let (q, o) = (qt.as_ptr(), ot.as_mut_ptr());
@@ -587,7 +529,7 @@ mod x86 {
             let mut sum = _mm512_setzero_ps();
             let mut p = [0.0f32; LANES * LANES];
             for (b, &block) in blocks.iter().enumerate().take_while(|(b, _)| b * LANES <= last) {
-                let (k, v) = block_start(keys, values, block, slot, (key_offset, offset));
+                let (k, v) = block_start(head, block);
                 let mut s = [_mm512_setzero_ps(); LANES];
                 for d in 0..HD {
                     let qd = _mm512_loadu_ps(q.add(d * LANES));
