@@ -82,19 +82,28 @@ pub fn add_assign(x: &mut [f32], y: &[f32]) {
 /// `out = silu(gate) * up`, `rows × n`.
 pub fn silu_mul(gate_up: &[f32], n: usize, out: &mut [f32]) {
     by_rows(gate_up, 2 * n, out, n, |gate_up, out| {
-        silu_mul_rows(gate_up, n, out)
+        silu_mul_rows(gate_up, n, out, false)
     });
 }
 
-/// [`silu_mul`] on the calling thread.
-// Multiversioned: the default x86-64 build vectorizes this loop (and `exp`) four lanes
-// wide; there is no reduction in it, so every version gives the same bits.
+/// [`silu_mul`] (or [`silu_mul_bf16`], with `bf16`) on the calling thread.
+// Multiversioned: the default x86-64 build vectorizes these loops (and `exp`) four lanes
+// wide; there is no reduction in them and the bf16 rounding is integer arithmetic, so
+// every version gives the same bits.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn silu_mul_rows(gate_up: &[f32], n: usize, out: &mut [f32]) {
+fn silu_mul_rows(gate_up: &[f32], n: usize, out: &mut [f32], bf16: bool) {
+    use crate::formats::bf16::round_bf16 as r;
     for (row, dst) in gate_up.chunks_exact(2 * n).zip(out.chunks_exact_mut(n)) {
         let (gate, up) = row.split_at(n);
-        for ((d, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
-            *d = g / (1.0 + exp(-g)) * u;
+        let values = dst.iter_mut().zip(gate).zip(up);
+        if bf16 {
+            for ((d, &g), &u) in values {
+                *d = r(r(g / (1.0 + exp(-g))) * u);
+            }
+        } else {
+            for ((d, &g), &u) in values {
+                *d = g / (1.0 + exp(-g)) * u;
+            }
         }
     }
 }
@@ -191,21 +200,8 @@ pub fn rms_norm_bf16(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// product with `up`, rounded. For calibration.
 pub fn silu_mul_bf16(gate_up: &[f32], n: usize, out: &mut [f32]) {
     by_rows(gate_up, 2 * n, out, n, |gate_up, out| {
-        silu_mul_bf16_rows(gate_up, n, out)
+        silu_mul_rows(gate_up, n, out, true)
     });
-}
-
-/// [`silu_mul_bf16`] on the calling thread, multiversioned as [`silu_mul_rows`] (the
-/// same bits in every version: no reduction, and the rounding is integer arithmetic).
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
-fn silu_mul_bf16_rows(gate_up: &[f32], n: usize, out: &mut [f32]) {
-    use crate::formats::bf16::round_bf16 as r;
-    for (row, dst) in gate_up.chunks_exact(2 * n).zip(out.chunks_exact_mut(n)) {
-        let (gate, up) = row.split_at(n);
-        for ((d, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
-            *d = r(r(g / (1.0 + exp(-g))) * u);
-        }
-    }
 }
 
 /// Rounds every value to bf16 (to the nearest, ties to even).
@@ -847,7 +843,7 @@ mod tests {
         silu_mul_bf16(&gate_up, n, &mut act16);
         for (r, row) in gate_up.chunks_exact(2 * n).enumerate() {
             let mut want = vec![0.0; n];
-            silu_mul_rows(row, n, &mut want);
+            silu_mul_rows(row, n, &mut want, false);
             assert_same_bits(&act[r * n..(r + 1) * n], &want, &format!("silu_mul row {r}"));
             let mut want16 = vec![0.0; n];
             silu_mul_bf16(row, n, &mut want16);
