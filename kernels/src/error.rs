@@ -9,6 +9,12 @@ pub enum KernelError {
         /// The offending dimension.
         cols: usize,
     },
+    /// The last dimension is not a multiple of Q8_0's 32-element block.
+    #[error("the input dimension is {cols}, which is not a multiple of 32 (Q8_0 blocks are 32 wide)")]
+    NotQ8Aligned {
+        /// The offending dimension.
+        cols: usize,
+    },
     /// The byte buffer does not hold `rows * cols` elements of the dtype.
     #[error("{rows} x {cols} {dtype} elements need {expected} bytes, the buffer has {actual}")]
     WrongLength {

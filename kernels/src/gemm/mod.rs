@@ -101,14 +101,14 @@ impl Isa {
     /// [`calibrate_decode_panels`]): on a Zen 4 one panel at a time, one sequential
     /// stream per task, was fastest (SmolLM2 one-row decode 117 tok/s against 90 with
     /// two panels; four rows through the lm_head 1.35 ms against 2.1 ms); on a
-    /// Sapphire-Rapids-class Xeon four panels were (45 → 67 tok/s). NVFP4 weights always
-    /// take four: a panel's chain of fused multiply-adds waits on itself (four cycles a
+    /// Sapphire-Rapids-class Xeon four panels were (45 → 67 tok/s). `quantized` weights
+    /// (NVFP4, Q8_0) always take four: a panel's chain of fused multiply-adds waits on itself (four cycles a
     /// step) long before the packed weights run out (on the Zen 4, one-row NVFP4 decode
     /// 155 → 182 tok/s with two panels, ~200 with four, where bf16 with two dropped
     /// 159 → 117).
-    fn tile(self, rows: usize, nvfp4: bool) -> (usize, usize) {
+    fn tile(self, rows: usize, quantized: bool) -> (usize, usize) {
         match self {
-            Isa::Avx512 if rows <= 4 && nvfp4 => (4, 4),
+            Isa::Avx512 if rows <= 4 && quantized => (4, 4),
             Isa::Avx512 if rows <= 4 => (12, decode_panels()),
             // Five or six rows of float weights (a speculative step verifying four or
             // five drafted tokens): one block, three panels side by side. One block
@@ -117,9 +117,9 @@ impl Isa {
             // rows × 1 panel left five rows five chains, too few to hide the FMA's
             // latency; verifying five tokens of SmolLM2 took 34-41 ms a step with it,
             // 27-30 with 8 rows × 2 panels and 22-25 with 6 × 3 on a
-            // Sapphire-Rapids-class Xeon. NVFP4 weights, whose widening takes more
-            // registers, take 8 × 2 (6 × 3 measured no better).
-            Isa::Avx512 if rows <= 6 && !nvfp4 => (6, 3),
+            // Sapphire-Rapids-class Xeon. NVFP4 and Q8_0 weights, whose widening takes
+            // more registers, take 8 × 2 (6 × 3 measured no better).
+            Isa::Avx512 if rows <= 6 && !quantized => (6, 3),
             // Up to eight rows fit one block of 8, so every weight is widened once.
             Isa::Avx512 if rows <= 8 => (8, 2),
             // A larger batch: as measured at load (`calibrate_batch_tile`).
@@ -154,6 +154,15 @@ enum Data {
     /// Raw bf16 bits.
     Bf16(Vec<u16>),
     Nvfp4(Nvfp4),
+    Q8(Q8),
+}
+
+/// Q8_0 panels ([`crate::formats::q8`]): per panel, `k` rows of 16 codes (`[kk][16]`,
+/// column `j` in lane `j`) and `k/32` rows of 16 f16 scale bits.
+#[derive(Clone)]
+struct Q8 {
+    codes: Vec<i8>,
+    scales: Vec<u16>,
 }
 
 /// NVFP4 panels: per panel, `k/8` rows of 16 little-endian u32 (lane `j` holds column
@@ -338,6 +347,56 @@ impl Packed {
         })
     }
 
+    /// Quantizes f32 weights (`n × k`, row-major; `k` a multiple of 32) to llama.cpp's
+    /// Q8_0 ([`crate::formats::q8`]): each row's blocks of 32 values get an f16 scale
+    /// and 8-bit codes, 8.5 bits a value. Products read the codes and widen them in
+    /// registers (`code · scale`, the value [`Packed::row`] gives).
+    pub fn q8_0(w: &[f32], n: usize, k: usize) -> Result<Packed, KernelError> {
+        check_len(n, k, "f32", n * k * 4, w.len() * 4)?;
+        Packed::q8_0_rows(n, k, |r, out| out.copy_from_slice(&w[r * k..(r + 1) * k]))
+    }
+
+    /// [`Packed::q8_0`] of the matrix whose row `r` `row(r, out)` writes into `out`
+    /// (`k` values), so that a large embedding is quantized straight from its file
+    /// without an f32 copy of the whole of it. Rows are read in parallel, each once.
+    pub fn q8_0_rows(
+        n: usize,
+        k: usize,
+        row: impl Fn(usize, &mut [f32]) + Sync,
+    ) -> Result<Packed, KernelError> {
+        use crate::formats::q8::{self, BLOCK};
+        if !k.is_multiple_of(BLOCK) {
+            return Err(KernelError::NotQ8Aligned { cols: k });
+        }
+        let p = panels(n);
+        let blocks = k / BLOCK;
+        let mut codes = vec![0i8; p * k * NR];
+        let mut scales = vec![0u16; p * blocks * NR];
+        codes
+            .par_chunks_mut(k * NR)
+            .zip(scales.par_chunks_mut(blocks * NR))
+            .enumerate()
+            .for_each(|(panel, (codes, scales))| {
+                let mut values = vec![0.0f32; k];
+                for j in 0..NR.min(n - panel * NR) {
+                    row(panel * NR + j, &mut values);
+                    for (b, block) in values.chunks_exact(BLOCK).enumerate() {
+                        let block: &[f32; BLOCK] = block.try_into().expect("chunks of BLOCK");
+                        let (scale, q) = q8::quantize(block);
+                        scales[b * NR + j] = scale;
+                        for (i, c) in q.into_iter().enumerate() {
+                            codes[(b * BLOCK + i) * NR + j] = c;
+                        }
+                    }
+                }
+            });
+        Ok(Packed {
+            n,
+            k,
+            data: Data::Q8(Q8 { codes, scales }),
+        })
+    }
+
     /// Output columns (`n`).
     pub fn n(&self) -> usize {
         self.n
@@ -348,12 +407,13 @@ impl Packed {
         self.k
     }
 
-    /// `f32`, `bf16` or `nvfp4`.
+    /// `f32`, `bf16`, `nvfp4` or `q8_0`.
     pub fn format(&self) -> &'static str {
         match self.data {
             Data::F32(_) => "f32",
             Data::Bf16(_) => "bf16",
             Data::Nvfp4(_) => "nvfp4",
+            Data::Q8(_) => "q8_0",
         }
     }
 
@@ -363,6 +423,7 @@ impl Packed {
             Data::F32(v) => v.len() * 4,
             Data::Bf16(v) => v.len() * 2,
             Data::Nvfp4(q) => q.codes.len() + q.scales.len() + q.divisors.len() * 256 * 4,
+            Data::Q8(q) => q.codes.len() + q.scales.len() * 2,
         };
         b as u64
     }
@@ -399,6 +460,10 @@ impl Packed {
                         }
                         a.divisors.push((first_panel + first, table));
                     }
+                }
+                (Data::Q8(a), Data::Q8(b)) => {
+                    a.codes.extend(b.codes);
+                    a.scales.extend(b.scales);
                 }
                 _ => unreachable!("formats compared above"),
             }
@@ -439,6 +504,14 @@ impl Packed {
                     *o = table[usize::from(code)] * factor;
                 }
             }
+            Data::Q8(q) => {
+                use crate::formats::q8::{BLOCK, value};
+                let codes = &q.codes[panel * k * NR..];
+                let scales = &q.scales[panel * k / BLOCK * NR..];
+                for (kk, o) in out.iter_mut().enumerate().take(k) {
+                    *o = value(codes[kk * NR + j], scales[kk / BLOCK * NR + j]);
+                }
+            }
         }
     }
 }
@@ -458,6 +531,14 @@ pub(crate) enum Panels<'a> {
         scales: &'a [u8],
         scale_stride: usize,
         divisors: &'a [f32; 256],
+    },
+    /// `[kk][16]` codes and `[kk/32][16]` f16 scale bits per panel; the slice starts at
+    /// a multiple of 32.
+    Q8 {
+        codes: &'a [i8],
+        code_stride: usize,
+        scales: &'a [u16],
+        scale_stride: usize,
     },
 }
 
@@ -500,6 +581,17 @@ impl Tile<'_> {
                 assert!(self.kc.is_multiple_of(crate::BLOCK));
                 assert!(codes.len() >= last * code_stride + self.kc / 2 * NR);
                 assert!(scales.len() >= last * scale_stride + self.kc / crate::BLOCK * NR);
+            }
+            Panels::Q8 {
+                codes,
+                code_stride,
+                scales,
+                scale_stride,
+            } => {
+                use crate::formats::q8::BLOCK;
+                assert!(self.kc.is_multiple_of(BLOCK));
+                assert!(codes.len() >= last * code_stride + self.kc * NR);
+                assert!(scales.len() >= last * scale_stride + self.kc / BLOCK * NR);
             }
         }
     }
@@ -572,6 +664,12 @@ pub fn round_bf16(v: f32) -> f32 {
 }
 
 impl Packed {
+    /// Whether the weights are integer codes widened with a scale (NVFP4, Q8_0), which
+    /// takes more of a tile's registers and instructions than a float weight.
+    fn quantized(&self) -> bool {
+        matches!(self.data, Data::Nvfp4(_) | Data::Q8(_))
+    }
+
     /// The bf16 panels and their per-panel stride, if the weight is bf16.
     #[cfg(target_arch = "x86_64")]
     fn bf16_panels(&self) -> Option<(&[u16], usize)> {
@@ -590,7 +688,7 @@ pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]
     if rows == 0 || n == 0 {
         return;
     }
-    let tile = isa.tile(rows, matches!(w.data, Data::Nvfp4(_)));
+    let tile = isa.tile(rows, w.quantized());
     matmul_tiled(isa, tile, x, rows, w, out);
 }
 
@@ -685,7 +783,7 @@ impl std::fmt::Display for DecodeCalibration {
 /// kernels, or NVFP4 weights. Takes about ten products of `w`.
 pub fn calibrate_decode_panels(w: &Packed) -> Option<DecodeCalibration> {
     let isa = Isa::current();
-    if isa != Isa::Avx512 || matches!(w.data, Data::Nvfp4(_)) || w.n == 0 {
+    if isa != Isa::Avx512 || w.quantized() || w.n == 0 {
         return None;
     }
     if let Some(np) = std::env::var("SOUS_DECODE_PANELS")
@@ -991,6 +1089,15 @@ fn panel_slice(w: &Packed, panel: usize, k0: usize) -> Panels<'_> {
             scale_stride: k / crate::BLOCK * NR,
             divisors: q.table(panel).0,
         },
+        Data::Q8(q) => {
+            let blocks = k / crate::formats::q8::BLOCK;
+            Panels::Q8 {
+                codes: &q.codes[panel * k * NR + k0 * NR..],
+                code_stride: k * NR,
+                scales: &q.scales[panel * blocks * NR + k0 / crate::formats::q8::BLOCK * NR..],
+                scale_stride: blocks * NR,
+            }
+        }
     }
 }
 

@@ -55,5 +55,17 @@ fn weight(panels: &Panels, p: usize, kk: usize, j: usize, table: &[f32; 16]) -> 
             let scale = scales[p * scale_stride + kk / crate::BLOCK * NR + j];
             table[usize::from(code)] * divisors[usize::from(scale)]
         }
+        Panels::Q8 {
+            codes,
+            code_stride,
+            scales,
+            scale_stride,
+        } => {
+            use crate::formats::q8::{BLOCK, value};
+            value(
+                codes[p * code_stride + kk * NR + j],
+                scales[p * scale_stride + kk / BLOCK * NR + j],
+            )
+        }
     }
 }

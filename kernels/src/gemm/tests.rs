@@ -140,6 +140,67 @@ fn nvfp4_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Res
 }
 
 #[test]
+fn q8_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Result {
+    use crate::formats::q8;
+    // One row (the lm_head of a decode step), a few (speculation), a batch, a prompt
+    // chunk past one pass of depth; widths that leave a panel part-filled.
+    for (rows, n, k) in [
+        (1, 37, 64),
+        (4, 1040, 256),
+        (5, 300, 576),
+        (13, 40, 1536),
+        (30, 33, 288),
+    ] {
+        let mut w = values(n * k, 7);
+        // A block of zeros, and one of tiny values (an f16 subnormal scale).
+        w[..32].fill(0.0);
+        w[k..k + 32].iter_mut().for_each(|v| *v *= 1e-4);
+        let packed = Packed::q8_0(&w, n, k)?;
+        assert_eq!(packed.format(), "q8_0");
+        let dequantized: Vec<f32> = w
+            .chunks_exact(q8::BLOCK)
+            .flat_map(|b| {
+                let (scale, codes) = q8::quantize(b.try_into().expect("32 values"));
+                codes.map(|c| q8::value(c, scale))
+            })
+            .collect();
+        let f32s = Packed::from_f32(&dequantized, n, k)?;
+        let x = values(rows * k, 8);
+        let mut first = None;
+        for isa in Isa::available() {
+            let (a, b) = (product(isa, &x, rows, &packed), product(isa, &x, rows, &f32s));
+            assert!(bits_eq(&a, &b), "{isa:?} {rows}x{n}x{k}");
+            match &first {
+                None => first = Some(a),
+                Some(f) => assert!(bits_eq(f, &a), "{isa:?} {rows}x{n}x{k} differs"),
+            }
+        }
+        let mut row = vec![0.0f32; k];
+        for r in [0, 1, n / 2, n - 1] {
+            packed.row(r, &mut row);
+            assert!(bits_eq(&row, &dequantized[r * k..(r + 1) * k]), "row {r}");
+        }
+        // Close to the weights it came from: within half a step of each block's scale.
+        assert!(
+            w.iter()
+                .zip(&dequantized)
+                .all(|(a, b)| (a - b).abs() <= 40.0 / 127.0 * 0.51)
+        );
+        // 8.5 bits a weight.
+        assert_eq!(packed.bytes(), (panels(n) * NR * k * 17 / 16) as u64);
+    }
+    assert!(matches!(
+        Packed::q8_0(&[0.0; 48], 1, 48),
+        Err(KernelError::NotQ8Aligned { cols: 48 })
+    ));
+    assert!(matches!(
+        Packed::q8_0(&[0.0; 60], 2, 32),
+        Err(KernelError::WrongLength { .. })
+    ));
+    Ok(())
+}
+
+#[test]
 fn a_row_gets_the_same_bits_alone_and_in_any_batch() -> Result {
     // An odd width, and one of whole panels with enough of them for many tasks.
     for (n, k) in [(70, 600), (4096, 576)] {

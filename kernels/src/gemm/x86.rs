@@ -6,7 +6,8 @@
 //! NVFP4 by a table lookup of each code's FP4 value (`vpermps`: 16 entries in one
 //! AVX-512 register; on AVX2 the 8 magnitudes and the sign bit, as
 //! `crate::fast::x86::codes::decode` does), times the block's divisor gathered from the
-//! tensor's 256-entry table.
+//! tensor's 256-entry table; Q8_0 by sign-extending each code to 32 bits, converting
+//! it to f32 and multiplying by the block's f16 scale, widened once per 32 values.
 
 // `unsafe` here: SIMD loads and stores through raw pointers into slices whose bounds
 // `Tile::check` has asserted, and calls of `#[target_feature]` functions after the CPU
@@ -27,9 +28,10 @@ pub(super) fn avx512_bf16() -> bool {
     avx512() && is_x86_feature_detected!("avx512bf16")
 }
 
-/// Whether AVX2 and FMA are there.
+/// Whether AVX2, FMA and F16C are there (every AVX2 CPU from Intel and AMD has F16C;
+/// the Q8_0 kernel widens its f16 scales with it).
 pub(super) fn avx2() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
 }
 
 /// Runs `tile` with the AVX-512 kernel of its shape.
@@ -140,15 +142,34 @@ unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
                                 w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(v[p], lut), f[p]);
                                 v[p] = _mm512_srli_epi32::<4>(v[p]);
                             }
-                            for m in 0..MR {
-                                let x0 = _mm512_set1_ps(*a.add(kk * MR + m));
-                                let x1 = _mm512_set1_ps(*a.add((kk + 1) * MR + m));
-                                for p in 0..NP {
-                                    acc[m][p] = _mm512_fmadd_ps(x0, w0[p], acc[m][p]);
-                                    acc[m][p] = _mm512_fmadd_ps(x1, w1[p], acc[m][p]);
-                                }
-                            }
+                            fma_pair(&mut acc, a, kk, &w0, &w1);
                         }
+                    }
+                }
+            }
+            Panels::Q8 {
+                codes,
+                code_stride,
+                scales,
+                scale_stride,
+            } => {
+                use crate::formats::q8::BLOCK;
+                let (q, s) = (codes.as_ptr(), scales.as_ptr());
+                for kb in 0..kc / BLOCK {
+                    let mut d = [_mm512_setzero_ps(); NP];
+                    for p in 0..NP {
+                        d[p] = _mm512_cvtph_ps(_mm256_loadu_si256(s.add(p * scale_stride + kb * NR).cast()));
+                    }
+                    for pair in 0..BLOCK / 2 {
+                        let kk = kb * BLOCK + 2 * pair;
+                        let mut w0 = [_mm512_setzero_ps(); NP];
+                        let mut w1 = [_mm512_setzero_ps(); NP];
+                        for p in 0..NP {
+                            let at = q.add(p * code_stride + kk * NR);
+                            w0[p] = q8x16(at, d[p]);
+                            w1[p] = q8x16(at.add(NR), d[p]);
+                        }
+                        fma_pair(&mut acc, a, kk, &w0, &w1);
                     }
                 }
             }
@@ -159,6 +180,39 @@ unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
             }
         }
     }
+}
+
+/// One step of two values of `kk` for every row and panel: `acc[m][p] += x[kk][m] ·
+/// w0[p] + x[kk + 1][m] · w1[p]`, as two fused multiply-adds in that order (`a` packed
+/// `[kk][MR]`).
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn fma_pair<const MR: usize, const NP: usize>(
+    acc: &mut [[__m512; NP]; MR],
+    a: *const f32,
+    kk: usize,
+    w0: &[__m512; NP],
+    w1: &[__m512; NP],
+) {
+    for m in 0..MR {
+        // SAFETY: the caller's tile holds `[kc][MR]` inputs and `kk + 1 < kc`.
+        let (x0, x1) = unsafe { (*a.add(kk * MR + m), *a.add((kk + 1) * MR + m)) };
+        let (x0, x1) = (_mm512_set1_ps(x0), _mm512_set1_ps(x1));
+        for p in 0..NP {
+            acc[m][p] = _mm512_fmadd_ps(x0, w0[p], acc[m][p]);
+            acc[m][p] = _mm512_fmadd_ps(x1, w1[p], acc[m][p]);
+        }
+    }
+}
+
+/// Sixteen Q8_0 codes at `p`, times the scales `d` (a function, not a closure: a
+/// closure has no `target_feature`, so its `__m512` result would go through the stack).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn q8x16(p: *const i8, d: __m512) -> __m512 {
+    let codes = unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())) };
+    _mm512_mul_ps(_mm512_cvtepi32_ps(codes), d)
 }
 
 /// The float formats' loop, two values of `kk` per iteration (the shape of the NVFP4
@@ -194,16 +248,7 @@ unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
                     w1[p] = _mm512_loadu_ps(at(kk + 1, p).cast());
                 }
             }
-            for m in 0..MR {
-                let (x0, x1) = (
-                    _mm512_set1_ps(*a.add(kk * MR + m)),
-                    _mm512_set1_ps(*a.add((kk + 1) * MR + m)),
-                );
-                for p in 0..NP {
-                    acc[m][p] = _mm512_fmadd_ps(x0, w0[p], acc[m][p]);
-                    acc[m][p] = _mm512_fmadd_ps(x1, w1[p], acc[m][p]);
-                }
-            }
+            fma_pair(acc, a, kk, &w0, &w1);
             kk += 2;
         }
         if kk < kc {
@@ -240,6 +285,14 @@ unsafe fn bytes8(p: *const u8) -> __m256i {
     unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())) }
 }
 
+/// Eight Q8_0 codes at `p`, times the scales `d`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8x8(p: *const i8, d: __m256) -> __m256 {
+    let codes = unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())) };
+    _mm256_mul_ps(_mm256_cvtepi32_ps(codes), d)
+}
+
 /// The FP4 values of the codes in the low four bits of each lane, times `factor`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -251,7 +304,7 @@ fn fp4x8(codes: __m256i, grid: __m256, factor: __m256) -> __m256 {
 }
 
 #[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn k256<const MR: usize>(t: &mut Tile) {
     let (a, c, ldc, kc) = (t.a.as_ptr(), t.c.as_mut_ptr(), t.ldc, t.kc);
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
@@ -351,6 +404,25 @@ unsafe fn k256<const MR: usize>(t: &mut Tile) {
                                 step!(m, kk, w0);
                                 step!(m, kk + 1, w1);
                             }
+                        }
+                    }
+                }
+            }
+            Panels::Q8 { codes, scales, .. } => {
+                use crate::formats::q8::BLOCK;
+                let (q, s) = (codes.as_ptr(), scales.as_ptr());
+                for kb in 0..kc / BLOCK {
+                    let d = [
+                        _mm256_cvtph_ps(_mm_loadu_si128(s.add(kb * NR).cast())),
+                        _mm256_cvtph_ps(_mm_loadu_si128(s.add(kb * NR + 8).cast())),
+                    ];
+                    let load = |kk: usize| [q8x8(q.add(kk * NR), d[0]), q8x8(q.add(kk * NR + 8), d[1])];
+                    for pair in 0..BLOCK / 2 {
+                        let kk = kb * BLOCK + 2 * pair;
+                        let (w0, w1) = (load(kk), load(kk + 1));
+                        for m in 0..MR {
+                            step!(m, kk, w0);
+                            step!(m, kk + 1, w1);
                         }
                     }
                 }
