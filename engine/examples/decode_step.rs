@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use sous_engine::native::config::ModelConfig;
-use sous_engine::native::model::{BatchSeq, KvCache, Logits, Model};
+use sous_engine::native::model::{BatchSeq, Embeddings, KvCache, Logits, Model};
 use sous_engine::native::weights::Checkpoint;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,11 +27,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok("bf16") => sous_engine::native::weights::Precision::Bf16,
         _ => sous_engine::native::weights::Precision::Stored,
     };
-    let model = Model::load(config, &checkpoint, precision, 4096)?;
-    if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.head()) {
+    // `EMBEDDINGS=q8_0`: as `memory.embedding_dtype = "q8_0"`.
+    let embeddings = match std::env::var("EMBEDDINGS").as_deref() {
+        Ok("q8_0") => Embeddings::Q8_0,
+        _ => Embeddings::Stored,
+    };
+    let model = Model::load_with(config, &checkpoint, precision, embeddings, 4096)?;
+    if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.tuning_matrix()) {
         println!("{calibration}");
     }
-    if let Some(calibration) = sous_kernels::gemm::calibrate_batch_tile(model.head()) {
+    if let Some(calibration) = sous_kernels::gemm::calibrate_batch_tile(model.tuning_matrix()) {
         println!("{calibration}");
     }
     // `BATCH=N`: N sequences decoding side by side, one token each per step.
@@ -109,6 +114,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model_dir: dir.clone(),
         served_name: "m".into(),
         precision,
+        embeddings,
         max_model_len: Some(4096),
         max_num_seqs: batch_size.max(8),
         max_batched_tokens: 512,

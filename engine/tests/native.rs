@@ -91,6 +91,7 @@ impl Loop {
             model_dir: dir.to_owned(),
             served_name: "smollm2".into(),
             precision,
+            embeddings: Default::default(),
             max_model_len: Some(2048),
             max_num_seqs,
             max_batched_tokens,
@@ -474,8 +475,6 @@ fn bf16_arithmetic_stays_close_to_f32_over_a_long_prompt() {
     );
 }
 
-/// Calibration's observer: the largest input magnitude of every projection, kept as a
-/// running maximum over samples (compressed-tensors' `static_minmax`).
 /// A prompt chunk asking for its last token's logits runs the last layer past its keys
 /// and values on that row alone; the logits are those of the row computed with every
 /// other row, bit for bit, and so is what the cache holds for the next token.
@@ -523,6 +522,64 @@ fn the_last_layer_on_the_asked_rows_alone_gives_the_same_logits() {
         let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same(&last, &all[(n - 1) * vocab..]), "chunks {chunks:?}");
         assert!(same(&after, &after_all), "chunks {chunks:?}");
+    }
+}
+
+/// `memory.embedding_dtype = "q8_0"`: the tied embedding/lm_head is held as llama.cpp's
+/// Q8_0 (8.5 bits a value instead of 16), the lookups and the output projection read the
+/// quantized values, and a prompt's logits stay close to the bf16 embedding's, with the
+/// same greedy token.
+#[test]
+fn embeddings_held_as_q8_0_take_about_half_the_bytes_and_keep_the_logits_close() {
+    use sous_engine::native::config::ModelConfig;
+    use sous_engine::native::model::{BatchSeq, Embeddings, KvCache, Logits, Model};
+    use sous_engine::native::weights::Checkpoint;
+    let Some(dir) = model_dir() else { return };
+    let config = ModelConfig::read(&dir).expect("config");
+    let checkpoint = Checkpoint::open(&dir, &config).expect("checkpoint");
+    let (vocab, hidden) = (config.vocab_size as u64, config.hidden_size as u64);
+    let load = |e| Model::load_with(config.clone(), &checkpoint, Precision::Stored, e, 256).expect("model");
+    let (stored, q8) = (load(Embeddings::Stored), load(Embeddings::Q8_0));
+    assert_eq!(
+        (stored.embedding_format(), q8.embedding_format()),
+        ("bf16", "q8_0")
+    );
+    // Codes and one f16 scale per 32 values, in place of bf16 values.
+    assert_eq!(
+        stored.weight_bytes() - q8.weight_bytes(),
+        vocab * hidden * 2 - vocab * hidden * 17 / 16
+    );
+    // The load-time tile choices are measured on a float matrix either way.
+    assert_eq!(q8.tuning_matrix().format(), "bf16");
+    let cases = fixture();
+    let blocks: Vec<u32> = (0..16).collect();
+    for case in cases["prompts"].as_array().expect("prompts").iter().take(3) {
+        let prompt = ids(&case["input_ids"]);
+        let logits = |model: &Model| {
+            let mut cache = KvCache::new(model, 16, 16);
+            let batch = [BatchSeq {
+                blocks: &blocks,
+                tokens: &prompt,
+                start: 0,
+                logits: Logits::Last,
+            }];
+            model.forward(&batch, &mut cache).expect("forward")
+        };
+        let (a, b) = (logits(&stored), logits(&q8));
+        let argmax = |v: &[f32]| {
+            (0..v.len())
+                .max_by(|&i, &j| v[i].total_cmp(&v[j]))
+                .expect("logits")
+        };
+        assert_eq!(argmax(&a), argmax(&b));
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        let spread = a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        eprintln!("q8_0 embeddings: largest logit difference {worst} (largest logit {spread})");
+        assert!(worst > 0.0 && worst < 0.01 * spread, "{worst} against {spread}");
     }
 }
 

@@ -319,3 +319,17 @@ pub(crate) fn push(argv: &mut Vec<Arg>, flag: &str, value: impl ToString) {
     argv.push(Arg::Lit(flag.to_owned()));
     argv.push(Arg::Lit(value.to_string()));
 }
+
+/// `memory.embedding_dtype` other than `auto` is the native engine's alone: other engines
+/// hold embeddings as the checkpoint stores them. A warning rather than a refusal, so that
+/// a native recipe still renders for another engine (`--set engine.kind=vllm`), whose
+/// numbers are then the checkpoint's own.
+fn native_only_embeddings(recipe: &Recipe, engine: &str) -> Option<Warning> {
+    let dtype = recipe.memory.embedding_dtype?;
+    (dtype != crate::recipe::EmbeddingDtype::Auto).then(|| {
+        Warning::new(format!(
+            "`memory.embedding_dtype = \"{}\"` applies to the native engine only: {engine} holds the embeddings as the checkpoint stores them",
+            dtype.as_str()
+        ))
+    })
+}

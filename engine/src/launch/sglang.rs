@@ -173,6 +173,7 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
         };
         push(argv, "--kv-cache-dtype", name);
     }
+    warnings.extend(super::native_only_embeddings(recipe, &target.label));
     if let Some(bytes) = memory.kv_offload_bytes {
         // `--hicache-size` is in GB (10^9 bytes) and an int (`fields/memory.py`).
         let gb = bytes / 1_000_000_000;

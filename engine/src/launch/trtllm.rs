@@ -109,6 +109,7 @@ pub(super) fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, Ren
             ));
         }
     }
+    warnings.extend(super::native_only_embeddings(recipe, &target.label));
     if let Some(dtype) = memory.kv_cache_dtype {
         let name = match dtype {
             KvCacheDtype::Auto => "auto",

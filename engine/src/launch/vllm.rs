@@ -226,6 +226,9 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
             )));
         }
     }
+    launch
+        .warnings
+        .extend(super::native_only_embeddings(recipe, &target.label));
     if let Some(dtype) = memory.kv_cache_dtype {
         push(argv, "--kv-cache-dtype", kv_cache_dtype(&target, dtype)?);
     }

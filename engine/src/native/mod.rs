@@ -26,11 +26,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::diagnose::{Class, Diagnose, user_unless};
-use crate::recipe::{ModelDtype, Recipe};
+use crate::recipe::{EmbeddingDtype, ModelDtype, Recipe};
 use crate::reporter::Reporter;
 use config::ModelConfig;
 use metrics::Metrics;
-use model::Model;
+use model::{Embeddings, Model};
 use text::TextModel;
 use weights::{Checkpoint, Precision};
 
@@ -129,6 +129,8 @@ pub struct Settings {
     pub served_name: String,
     /// The precision float weights are held in (products accumulate in f32).
     pub precision: Precision,
+    /// How the token embedding and a float lm_head are held.
+    pub embeddings: Embeddings,
     /// Longest prompt + output; `None`: the model's.
     pub max_model_len: Option<usize>,
     /// Most sequences at once.
@@ -188,6 +190,10 @@ impl Settings {
             model_dir: model_dir.to_owned(),
             served_name: recipe.model.served_name.clone(),
             precision,
+            embeddings: match recipe.memory.embedding_dtype {
+                None | Some(EmbeddingDtype::Auto) => Embeddings::Stored,
+                Some(EmbeddingDtype::Q8_0) => Embeddings::Q8_0,
+            },
             max_model_len: s.max_model_len.map(|v| v as usize),
             max_num_seqs: s.max_num_seqs.map_or(DEFAULT_MAX_NUM_SEQS, |v| v as usize),
             max_batched_tokens: s
@@ -338,22 +344,29 @@ impl Engine {
         let text = TextModel::load(dir, &config.eos_token_ids)?;
         let checkpoint = Checkpoint::open(dir, &config)?;
         let quantization = checkpoint.quantization();
-        let model = Model::load(config, &checkpoint, settings.precision, max_model_len)?;
+        let model = Model::load_with(
+            config,
+            &checkpoint,
+            settings.precision,
+            settings.embeddings,
+            max_model_len,
+        )?;
         drop(checkpoint);
         let weights = model.weight_bytes();
         log(format!(
-            "Model loading took {:.4} GiB memory and {:.6} seconds ({}, weights {:?}, {:?}, f32 compute, {} kernels)",
+            "Model loading took {:.4} GiB memory and {:.6} seconds ({}, weights {:?}, {:?}, embeddings {}, f32 compute, {} kernels)",
             weights as f64 / (1u64 << 30) as f64,
             started.elapsed().as_secs_f64(),
             model.config().architecture,
             quantization,
             settings.precision,
+            model.embedding_format(),
             sous_kernels::gemm::Isa::current().name(),
         ));
-        if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.head()) {
+        if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.tuning_matrix()) {
             log(format!("Decode products: {calibration}"));
         }
-        if let Some(calibration) = sous_kernels::gemm::calibrate_batch_tile(model.head()) {
+        if let Some(calibration) = sous_kernels::gemm::calibrate_batch_tile(model.tuning_matrix()) {
             log(format!("Batch products: {calibration}"));
         }
         let per_token = model::kv_bytes_per_token(model.config());

@@ -47,6 +47,17 @@ struct Layer {
     input_scales: Option<[f32; 4]>,
 }
 
+/// How the token embedding and a float output projection are held in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Embeddings {
+    /// As the other float weights are ([`Precision`]).
+    #[default]
+    Stored,
+    /// llama.cpp's Q8_0, quantized at load (8.5 bits a value; the products and the
+    /// lookups read `code · scale`).
+    Q8_0,
+}
+
 /// A loaded model.
 pub struct Model {
     config: ModelConfig,
@@ -188,6 +199,18 @@ impl Model {
         precision: Precision,
         max_len: usize,
     ) -> Result<Model, NativeError> {
+        Model::load_with(config, checkpoint, precision, Embeddings::Stored, max_len)
+    }
+
+    /// [`Model::load`], with the token embedding and a float output projection held as
+    /// `embeddings` says.
+    pub fn load_with(
+        config: ModelConfig,
+        checkpoint: &Checkpoint,
+        precision: Precision,
+        embeddings: Embeddings,
+        max_len: usize,
+    ) -> Result<Model, NativeError> {
         let dtype = precision;
         let stack = |name: String, parts: Vec<Packed>| {
             Packed::stack(parts).map_err(|e| NativeError::Config {
@@ -263,11 +286,27 @@ impl Model {
                 input_scales,
             });
         }
-        let embed = checkpoint.matrix("model.embed_tokens.weight", [c.vocab_size, h], dtype)?;
-        let lm_head = if c.tie_word_embeddings && !checkpoint.has("lm_head.weight") {
-            None
-        } else {
-            Some(checkpoint.linear("lm_head", [c.vocab_size, h], dtype)?)
+        let (embed, lm_head) = (
+            "model.embed_tokens.weight",
+            (!c.tie_word_embeddings || checkpoint.has("lm_head.weight")).then_some("lm_head"),
+        );
+        let shape = [c.vocab_size, h];
+        let (embed, lm_head) = match embeddings {
+            Embeddings::Stored => (
+                checkpoint.matrix(embed, shape, dtype)?,
+                lm_head.map(|p| checkpoint.linear(p, shape, dtype)).transpose()?,
+            ),
+            Embeddings::Q8_0 => {
+                // An lm_head the quantizer quantized stays as it is.
+                let head = |p: &str| match checkpoint.has(&format!("{p}.weight")) {
+                    true => checkpoint.matrix_q8_0(&format!("{p}.weight"), shape),
+                    false => checkpoint.linear(p, shape, dtype),
+                };
+                (
+                    checkpoint.matrix_q8_0(embed, shape)?,
+                    lm_head.map(head).transpose()?,
+                )
+            }
         };
         let rotary = Rotary::new(&config.inv_freq(), max_len, 1.0);
         Ok(Model {
@@ -295,6 +334,21 @@ impl Model {
     /// the one read last in every decode step.
     pub fn head(&self) -> &Packed {
         self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The matrix the load-time tile choices are measured on: the output projection,
+    /// unless it is held as Q8_0 (the layers' choices are for float weights), then the
+    /// first layer's gate and up projections.
+    pub fn tuning_matrix(&self) -> &Packed {
+        match (self.head().format(), self.layers.first()) {
+            ("q8_0", Some(layer)) => &layer.gate_up,
+            _ => self.head(),
+        }
+    }
+
+    /// The format the token embedding is held in (`bf16`, `f32`, `q8_0`).
+    pub fn embedding_format(&self) -> &'static str {
+        self.embed.format()
     }
 
     /// Bytes the weights take in memory.

@@ -305,6 +305,42 @@ impl Checkpoint {
         })
     }
 
+    /// A plain float matrix (`name`, shape `[n, k]`) quantized to llama.cpp's Q8_0
+    /// ([`sous_kernels::formats::q8`]) as it is packed, row by row from the mapped file.
+    pub fn matrix_q8_0(&self, name: &str, shape: [usize; 2]) -> Result<Packed, NativeError> {
+        let (view, path) = self.view(name)?;
+        if view.shape() != shape {
+            return Err(NativeError::Config {
+                path: path.to_owned(),
+                message: format!("`{name}` has shape {:?}, expected {shape:?}", view.shape()),
+            });
+        }
+        let widen: fn(&[u8]) -> f32 = match view.dtype() {
+            StDtype::BF16 => |b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
+            StDtype::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+            StDtype::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            other => {
+                return Err(NativeError::Config {
+                    path: path.to_owned(),
+                    message: format!("tensor `{name}` is {other:?}, not a floating-point type"),
+                });
+            }
+        };
+        let [n, k] = shape;
+        let data = view.data();
+        let size = view.dtype().bitsize() / 8;
+        Packed::q8_0_rows(n, k, |r, out| {
+            let bytes = &data[r * k * size..(r + 1) * k * size];
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(size)) {
+                *o = widen(b);
+            }
+        })
+        .map_err(|e| NativeError::Config {
+            path: path.to_owned(),
+            message: format!("`{name}` cannot be held as Q8_0: {e}"),
+        })
+    }
+
     /// The weight of linear layer `prefix` (`prefix.weight`, or its NVFP4 form), `[out,
     /// in]` as `shape` says, packed for the product: NVFP4 stays NVFP4.
     pub fn linear(

@@ -306,6 +306,36 @@ pub struct MemorySection {
     /// cache; TensorRT-LLM: `kv_cache_config.host_cache_size`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_offload_bytes: Option<ByteSize>,
+
+    /// Native engine only: how the token embedding and a float output projection
+    /// (`lm_head`, or the embedding where they are tied) are held in memory. `auto`: as
+    /// the other float weights. `q8_0`: llama.cpp's Q8_0, quantized at load (8 bits a
+    /// value and an f16 scale per 32: 0.53× of bf16, and of what every decode step reads
+    /// from it); checkpoints keep them in 16 bits even when their layers are NVFP4.
+    /// Other engines hold them as the checkpoint does, and sous warns that it is ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding_dtype: Option<EmbeddingDtype>,
+}
+
+/// How the native engine holds embeddings (`memory.embedding_dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum EmbeddingDtype {
+    /// As the other float weights.
+    #[serde(rename = "auto")]
+    Auto,
+    /// llama.cpp's Q8_0: 8-bit integers, one f16 scale per 32 values.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+}
+
+impl EmbeddingDtype {
+    /// The recipe spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EmbeddingDtype::Auto => "auto",
+            EmbeddingDtype::Q8_0 => "q8_0",
+        }
+    }
 }
 
 /// KV-cache data types, by meaning rather than by any one engine's spelling.

@@ -11,8 +11,8 @@ pub mod schema;
 pub use crate::size::{ByteSize, ByteSizeError};
 pub use error::{At, Location, RecipeError, closest};
 pub use file::{
-    AccessMode, DeploySection, EngineKind, EngineSection, KvCacheDtype, MemorySection, ModelDtype,
-    ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeFile, Runtime, ServerSection,
+    AccessMode, DeploySection, EmbeddingDtype, EngineKind, EngineSection, KvCacheDtype, MemorySection,
+    ModelDtype, ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeFile, Runtime, ServerSection,
     ServingSection, SpeculativeSection, StorageSection, TolerationSection,
 };
 pub use load::{ENV_PREFIX, Overrides, Provenance};

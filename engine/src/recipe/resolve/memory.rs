@@ -2,7 +2,7 @@
 //! fall back to after an out-of-memory start, and the KV-cache type and budgets in
 //! bytes. How an engine spells them is its adapter's concern (`launch/`).
 
-use crate::recipe::{At, KvCacheDtype, MemorySection, Provenance, RecipeError};
+use crate::recipe::{At, EmbeddingDtype, KvCacheDtype, MemorySection, Provenance, RecipeError};
 
 use super::Invalid;
 
@@ -19,6 +19,8 @@ pub struct Memory {
     pub kv_cache_bytes: Option<u64>,
     /// Host RAM for KV offload.
     pub kv_offload_bytes: Option<u64>,
+    /// How the native engine holds embeddings.
+    pub embedding_dtype: Option<EmbeddingDtype>,
 }
 
 pub(super) fn resolve_memory(
@@ -88,5 +90,6 @@ pub(super) fn resolve_memory(
         kv_cache_dtype: raw.kv_cache_dtype,
         kv_cache_bytes: raw.kv_cache_bytes.map(|b| b.bytes()),
         kv_offload_bytes: raw.kv_offload_bytes.map(|b| b.bytes()),
+        embedding_dtype: raw.embedding_dtype,
     })
 }

@@ -226,6 +226,7 @@ impl Recipe {
                 kv_cache_dtype: self.memory.kv_cache_dtype,
                 kv_cache_bytes: self.memory.kv_cache_bytes.map(crate::size::ByteSize),
                 kv_offload_bytes: self.memory.kv_offload_bytes.map(crate::size::ByteSize),
+                embedding_dtype: self.memory.embedding_dtype,
             },
             serving: self.serving.clone(),
             server: ServerSection {
