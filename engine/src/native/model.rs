@@ -305,25 +305,28 @@ impl Model {
                 input_scales,
             });
         }
-        let (embed, lm_head) = (
-            "model.embed_tokens.weight",
-            (!c.tie_word_embeddings || checkpoint.has("lm_head.weight")).then_some("lm_head"),
-        );
+        const EMBED: &str = "model.embed_tokens.weight";
+        // The lm_head's prefix, unless it is the embedding (tied and not stored apart).
+        let head = (!c.tie_word_embeddings || checkpoint.has("lm_head.weight")).then_some("lm_head");
         let shape = [c.vocab_size, h];
         let (embed, lm_head) = match embeddings {
             Embeddings::Stored => (
-                checkpoint.matrix(embed, shape, dtype)?,
-                lm_head.map(|p| checkpoint.linear(p, shape, dtype)).transpose()?,
+                checkpoint.matrix(EMBED, shape, dtype)?,
+                head.map(|p| checkpoint.linear(p, shape, dtype)).transpose()?,
             ),
             Embeddings::Q8_0 => {
-                // An lm_head the quantizer quantized stays as it is.
-                let head = |p: &str| match checkpoint.has(&format!("{p}.weight")) {
-                    true => checkpoint.matrix_q8_0(&format!("{p}.weight"), shape),
-                    false => checkpoint.linear(p, shape, dtype),
+                // A 16-bit lm_head becomes Q8_0; one the quantizer quantized stays as it is.
+                let q8_or_stored = |p: &str| {
+                    let weight = format!("{p}.weight");
+                    if checkpoint.has(&weight) {
+                        checkpoint.matrix_q8_0(&weight, shape)
+                    } else {
+                        checkpoint.linear(p, shape, dtype)
+                    }
                 };
                 (
-                    checkpoint.matrix_q8_0(embed, shape)?,
-                    lm_head.map(head).transpose()?,
+                    checkpoint.matrix_q8_0(EMBED, shape)?,
+                    head.map(q8_or_stored).transpose()?,
                 )
             }
         };
