@@ -49,7 +49,7 @@ fn product(isa: Isa, x: &[f32], rows: usize, w: &Packed) -> Vec<f32> {
 
 /// Shapes with every edge: one row, rows not a multiple of any tile height, columns
 /// not a multiple of a panel or of a tile, depth past one pass and not a multiple of it.
-const SHAPES: [(usize, usize, usize); 7] = [
+const SHAPES: [(usize, usize, usize); 8] = [
     (1, 16, 16),
     (1, 37, 64),
     (3, 5, 19),
@@ -57,6 +57,9 @@ const SHAPES: [(usize, usize, usize); 7] = [
     (13, 40, 1536),
     (29, 64, 272),
     (400, 48, 96),
+    // Tasks of several row tiles, whose passes widen the weights once (`widen`), over
+    // a depth whose last pass is odd.
+    (300, 40, 301),
 ];
 
 #[test]
@@ -113,6 +116,8 @@ fn nvfp4_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Res
             (5, 300, 576),
             (13, 40, 1536),
             (30, 33, 272),
+            // Tasks of several row tiles (the weights widened once per pass).
+            (200, 40, 544),
         ] {
             let w = values(n * k, 3);
             let bytes: Vec<u8> = bf16_bits(&w).iter().flat_map(|b| b.to_le_bytes()).collect();
@@ -150,6 +155,7 @@ fn q8_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Result
         (5, 300, 576),
         (13, 40, 1536),
         (30, 33, 288),
+        (200, 40, 544),
     ] {
         let mut w = values(n * k, 7);
         // A block of zeros, and one of tiny values (an f16 subnormal scale).

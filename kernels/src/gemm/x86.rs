@@ -266,6 +266,179 @@ unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
     }
 }
 
+/// Writes the f32 values of panels `0..np` over `kc` values of `kk` into `out`
+/// (`[p][kk][16]`) with AVX-512: the values [`k512`] widens in registers, by the same
+/// instructions (see `super::widen`).
+pub(super) fn widen_avx512(panels: Panels, np: usize, kc: usize, out: &mut [f32]) {
+    assert!(avx512(), "the AVX-512 widening needs AVX-512F, AVX2 and FMA");
+    panels.check(np, kc);
+    assert!(out.len() >= np * kc * NR, "the widened panels do not fit");
+    // SAFETY: the features are present and every read and write is inside the slices
+    // (asserted above).
+    unsafe { widen512(panels, np, kc, out.as_mut_ptr()) }
+}
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn widen512(panels: Panels, np: usize, kc: usize, out: *mut f32) {
+    let lut = fp4_table();
+    for p in 0..np {
+        // SAFETY: as `widen_avx512` asserted; offsets as in `k512`.
+        unsafe {
+            let o = out.add(p * kc * NR);
+            match panels {
+                Panels::F32 { data, stride } => {
+                    std::ptr::copy_nonoverlapping(data.as_ptr().add(p * stride), o, kc * NR);
+                }
+                Panels::Bf16 { data, stride } => {
+                    let b = data.as_ptr().add(p * stride);
+                    for kk in (0..kc).step_by(2) {
+                        let (w0, w1) = bf16_pairs16(b.add(kk * NR));
+                        _mm512_storeu_ps(o.add(kk * NR), w0);
+                        if kk + 1 < kc {
+                            _mm512_storeu_ps(o.add((kk + 1) * NR), w1);
+                        }
+                    }
+                }
+                Panels::Nvfp4 {
+                    codes,
+                    code_stride,
+                    scales,
+                    scale_stride,
+                    divisors,
+                } => {
+                    let lut = _mm512_loadu_ps(lut.as_ptr());
+                    let q = codes.as_ptr().add(p * code_stride);
+                    let s = scales.as_ptr().add(p * scale_stride);
+                    for kb in 0..kc / crate::BLOCK {
+                        let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(s.add(kb * NR).cast()));
+                        let f = _mm512_i32gather_ps::<4>(idx, divisors.as_ptr());
+                        for half in 0..2 {
+                            let k8 = kb * crate::BLOCK + 8 * half;
+                            let mut v = _mm512_loadu_si512(q.add(k8 / 2 * NR).cast());
+                            for i in 0..8 {
+                                _mm512_storeu_ps(
+                                    o.add((k8 + i) * NR),
+                                    _mm512_mul_ps(_mm512_permutexvar_ps(v, lut), f),
+                                );
+                                v = _mm512_srli_epi32::<4>(v);
+                            }
+                        }
+                    }
+                }
+                Panels::Q8 {
+                    codes,
+                    code_stride,
+                    scales,
+                    scale_stride,
+                } => {
+                    use crate::formats::q8::BLOCK;
+                    let q = codes.as_ptr().add(p * code_stride);
+                    let s = scales.as_ptr().add(p * scale_stride);
+                    for kb in 0..kc / BLOCK {
+                        let d = _mm512_cvtph_ps(_mm256_loadu_si256(s.add(kb * NR).cast()));
+                        for kk in kb * BLOCK..(kb + 1) * BLOCK {
+                            _mm512_storeu_ps(o.add(kk * NR), q8x16(q.add(kk * NR), d));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`widen_avx512`] with AVX2: the values [`k256`] widens in registers.
+pub(super) fn widen_avx2(panels: Panels, np: usize, kc: usize, out: &mut [f32]) {
+    assert!(avx2(), "the AVX2 widening needs AVX2, FMA and F16C");
+    panels.check(np, kc);
+    assert!(out.len() >= np * kc * NR, "the widened panels do not fit");
+    // SAFETY: as in `widen_avx512`.
+    unsafe { widen256(panels, np, kc, out.as_mut_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen256(panels: Panels, np: usize, kc: usize, out: *mut f32) {
+    for p in 0..np {
+        // SAFETY: as `widen_avx2` asserted; offsets as in `k256`.
+        unsafe {
+            let o = out.add(p * kc * NR);
+            // Columns 0-7 and 8-15 of `kk`'s row.
+            let store = |kk: usize, w: [__m256; 2]| {
+                _mm256_storeu_ps(o.add(kk * NR), w[0]);
+                _mm256_storeu_ps(o.add(kk * NR + 8), w[1]);
+            };
+            match panels {
+                Panels::F32 { data, stride } => {
+                    std::ptr::copy_nonoverlapping(data.as_ptr().add(p * stride), o, kc * NR);
+                }
+                Panels::Bf16 { data, stride } => {
+                    let b = data.as_ptr().add(p * stride);
+                    for kk in (0..kc).step_by(2) {
+                        let (lo0, lo1) = bf16_pairs8(b.add(kk * NR));
+                        let (hi0, hi1) = bf16_pairs8(b.add(kk * NR + NR));
+                        store(kk, [lo0, hi0]);
+                        if kk + 1 < kc {
+                            store(kk + 1, [lo1, hi1]);
+                        }
+                    }
+                }
+                Panels::Nvfp4 {
+                    codes,
+                    code_stride,
+                    scales,
+                    scale_stride,
+                    divisors,
+                } => {
+                    let grid = _mm256_loadu_ps(crate::formats::fp4::GRID.as_ptr());
+                    let (q, s, d) = (
+                        codes.as_ptr().add(p * code_stride),
+                        scales.as_ptr().add(p * scale_stride),
+                        divisors.as_ptr(),
+                    );
+                    for kb in 0..kc / crate::BLOCK {
+                        let f = [
+                            _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR))),
+                            _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR + 8))),
+                        ];
+                        for half in 0..2 {
+                            let k8 = kb * crate::BLOCK + 8 * half;
+                            let at = q.add(k8 / 2 * NR);
+                            let mut v = [
+                                _mm256_loadu_si256(at.cast()),
+                                _mm256_loadu_si256(at.add(32).cast()),
+                            ];
+                            for i in 0..8 {
+                                store(k8 + i, [fp4x8(v[0], grid, f[0]), fp4x8(v[1], grid, f[1])]);
+                                v = [_mm256_srli_epi32::<4>(v[0]), _mm256_srli_epi32::<4>(v[1])];
+                            }
+                        }
+                    }
+                }
+                Panels::Q8 {
+                    codes,
+                    code_stride,
+                    scales,
+                    scale_stride,
+                } => {
+                    use crate::formats::q8::BLOCK;
+                    let (q, s) = (
+                        codes.as_ptr().add(p * code_stride),
+                        scales.as_ptr().add(p * scale_stride),
+                    );
+                    for kb in 0..kc / BLOCK {
+                        let d = [
+                            _mm256_cvtph_ps(_mm_loadu_si128(s.add(kb * NR).cast())),
+                            _mm256_cvtph_ps(_mm_loadu_si128(s.add(kb * NR + 8).cast())),
+                        ];
+                        for kk in kb * BLOCK..(kb + 1) * BLOCK {
+                            store(kk, [q8x8(q.add(kk * NR), d[0]), q8x8(q.add(kk * NR + 8), d[1])]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Eight pairs of bf16 values at `p` (`[8][2]`), widened: the first of each pair and
 /// the second.
 #[inline]
