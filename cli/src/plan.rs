@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use sous_engine::checkpoint::index::Shards;
 use sous_engine::diagnose::{Class, Diagnose};
 use sous_engine::plan::{Model, Shape, ShapeError};
-use sous_engine::recipe::{DEFAULT_REVISION, EngineKind, Recipe};
+use sous_engine::recipe::{DEFAULT_REVISION, EmbeddingDtype, EngineKind, Recipe};
 
 use crate::hub::api::{HubClient, HubError};
 use crate::hub::cache::RepoCache;
@@ -258,10 +258,14 @@ pub fn model(files: &ModelFiles, recipe: &Recipe) -> Result<Model, ModelError> {
         .filter(|t| t.name.contains(".experts.") && !t.name.contains("shared_expert"))
         .map(|t| t.len)
         .sum();
-    let weight_bytes = match &recipe.quantize {
+    let mut weight_bytes = match &recipe.quantize {
         Some(q) => quantize::planned_bytes(&files.config, &files.tensors, q.format, &q.ignore)?,
         None => original,
     };
+    if recipe.engine.kind == EngineKind::Native && recipe.memory.embedding_dtype == Some(EmbeddingDtype::Q8_0)
+    {
+        weight_bytes = weight_bytes.saturating_sub(q8_0_saving(files, recipe)?);
+    }
     let expert_bytes = if original == 0 {
         0
     } else {
@@ -280,6 +284,35 @@ pub fn model(files: &ModelFiles, recipe: &Recipe) -> Result<Model, ModelError> {
         expert_bytes,
         native_kv_per_token,
     })
+}
+
+/// The bytes the native engine saves with `memory.embedding_dtype = "q8_0"`: it holds
+/// the token embedding, and an lm_head stored apart that the quantization leaves in
+/// floats, as Q8_0 (`Packed::q8_0`) instead of as stored. A matrix whose rows are not
+/// whole blocks of 32 saves nothing here (the engine refuses it at load).
+fn q8_0_saving(files: &ModelFiles, recipe: &Recipe) -> Result<u64, ModelError> {
+    const EMBED: &str = "model.embed_tokens.weight";
+    const HEAD: &str = "lm_head.weight";
+    let kept = match &recipe.quantize {
+        Some(q) => quantize::planned_kept(&files.config, &files.tensors, &q.ignore)?,
+        None => files.tensors.iter().map(|t| t.name.clone()).collect(),
+    };
+    let float = |t: &&SourceTensor| {
+        use safetensors::Dtype;
+        matches!(t.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16)
+            && t.shape.len() == 2
+            && t.shape[1].is_multiple_of(sous_kernels::formats::q8::BLOCK)
+    };
+    Ok(files
+        .tensors
+        .iter()
+        .filter(|t| t.name == EMBED || (t.name == HEAD && kept.contains(&t.name)))
+        .filter(float)
+        .map(|t| {
+            t.len
+                .saturating_sub(sous_kernels::gemm::Packed::q8_0_bytes(t.shape[0], t.shape[1]))
+        })
+        .sum())
 }
 
 /// The KV tokens `sous plan` predicts for the native engine serving the checkpoint in

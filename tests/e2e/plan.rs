@@ -1,8 +1,8 @@
 //! `sous plan` on the test model, read from the Hub mirror by range requests: the
 //! native engine's plan is the line the engine logs at start-up (and `sous serve`
 //! shows both), the vLLM CPU-backend plan is the line a real vLLM 0.32 logged for the
-//! same budget, a planned NVFP4 checkpoint weighs what the quantizer writes, and bad
-//! input says what to pass.
+//! same budget, a planned NVFP4 checkpoint weighs what the quantizer writes (less what a
+//! Q8_0 embedding saves), and bad input says what to pass.
 
 use std::path::Path;
 
@@ -172,7 +172,23 @@ fn a_planned_quantization_weighs_what_the_quantizer_writes() {
         "--quiet",
     ]));
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(predicted["weight_bytes"].as_u64(), Some(checkpoint_bytes(&out)));
+    // The recipe holds the tied bf16 embedding as Q8_0 (`memory.embedding_dtype`): a
+    // byte per value and an f16 scale per 32 instead of two bytes per value.
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(model.join("config.json")).expect("config")).expect("JSON");
+    let values =
+        config["vocab_size"].as_u64().expect("vocab") * config["hidden_size"].as_u64().expect("hidden");
+    let saved = 2 * values - (values + values / 32 * 2);
+    assert_eq!(saved, 26_542_080);
+    assert_eq!(
+        predicted["weight_bytes"].as_u64(),
+        Some(checkpoint_bytes(&out) - saved)
+    );
+    let stored = plan_json(
+        &mirror,
+        &["--recipe", SMOLLM2_NVFP4, "--set", "memory.embedding_dtype=auto"],
+    );
+    assert_eq!(stored["weight_bytes"].as_u64(), Some(checkpoint_bytes(&out)));
     // And the unquantized model weighs its headers.
     let plain = plan_json(&mirror, &["--recipe", SMOLLM2]);
     assert_eq!(plain["weight_bytes"].as_u64(), Some(checkpoint_bytes(&model)));

@@ -481,6 +481,22 @@ pub fn planned_bytes(
     Ok(layout.data_bytes())
 }
 
+/// The names of the `tensors` that a quantization with `ignore` would write unchanged
+/// (not as NVFP4).
+pub fn planned_kept(
+    config: &serde_json::Map<String, Value>,
+    tensors: &[SourceTensor],
+    ignore: &[String],
+) -> Result<Vec<String>, QuantizeError> {
+    let decisions = decide(config, tensors, ignore)?;
+    Ok(tensors
+        .iter()
+        .zip(&decisions)
+        .filter(|(_, d)| **d != Decision::Quantize)
+        .map(|(t, _)| t.name.clone())
+        .collect())
+}
+
 /// Every quantized weight must be a float type the kernels read, with whole blocks.
 fn validate(tensors: &[SourceTensor], decisions: &[Decision]) -> Result<(), QuantizeError> {
     for (t, d) in tensors.iter().zip(decisions) {

@@ -420,6 +420,13 @@ impl Packed {
         }
     }
 
+    /// Bytes [`Packed::q8_0`] of an `n × k` matrix takes in memory, without the matrix:
+    /// a code per value and an f16 scale per 32, for rows padded to whole panels.
+    pub fn q8_0_bytes(n: usize, k: usize) -> u64 {
+        let values = (panels(n) * NR * k) as u64;
+        values + values / crate::formats::q8::BLOCK as u64 * 2
+    }
+
     /// Bytes the packed weight takes in memory.
     pub fn bytes(&self) -> u64 {
         let b = match &self.data {

@@ -194,6 +194,7 @@ fn q8_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Result
         );
         // 8.5 bits a weight.
         assert_eq!(packed.bytes(), (panels(n) * NR * k * 17 / 16) as u64);
+        assert_eq!(packed.bytes(), Packed::q8_0_bytes(n, k));
     }
     assert!(matches!(
         Packed::q8_0(&[0.0; 48], 1, 48),
