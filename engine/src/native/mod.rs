@@ -369,6 +369,13 @@ impl Engine {
         if let Some(calibration) = sous_kernels::gemm::calibrate_batch_tile(model.tuning_matrix()) {
             log(format!("Batch products: {calibration}"));
         }
+        if settings.precision == Precision::Bf16
+            && let Some(calibration) = model
+                .layer_matrix()
+                .and_then(sous_kernels::gemm::calibrate_bf16_dot)
+        {
+            log(format!("bf16 products: {calibration}"));
+        }
         let per_token = model::kv_bytes_per_token(model.config());
         let budget = kv_budget(
             settings.kv_cache_bytes,

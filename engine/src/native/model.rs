@@ -358,6 +358,12 @@ impl Model {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
+    /// A matrix of the layers (the first layer's gate and up projections): what the
+    /// load-time choice of kernel for prompt-sized products is measured on.
+    pub fn layer_matrix(&self) -> Option<&Packed> {
+        self.layers.first().map(|layer| &layer.gate_up)
+    }
+
     /// The matrix the load-time tile choices are measured on: the output projection,
     /// unless it is held as Q8_0 (the layers' choices are for float weights), then the
     /// first layer's gate and up projections.

@@ -639,21 +639,37 @@ pub fn matmul(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
 /// rounded inputs. Unlike [`matmul`], the bits of a row may depend on how many rows
 /// share the product (the instruction sums its two products before adding them).
 /// Weights that are not bf16 go through [`matmul`] on the rounded inputs.
+///
+/// Whether prompt-sized products use the dot-product instruction is measured at load
+/// ([`calibrate_bf16_dot`]): it is not faster on every CPU that has it.
 pub fn matmul_bf16(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
-    let rounded: Vec<f32> = x.iter().map(|&v| round_bf16(v)).collect();
+    matmul_bf16_with(BF16_DOT.load(Ordering::Relaxed), x, rows, w, out);
+}
+
+/// Whether [`matmul_bf16`] uses AVX512-BF16's dot product for more than four rows
+/// where the CPU has it; until [`calibrate_bf16_dot`] measures otherwise, it does.
+static BF16_DOT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// [`matmul_bf16`] with the dot-product kernel allowed (`dot`) or not.
+fn matmul_bf16_with(dot: bool, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
     let isa = Isa::current();
     #[cfg(target_arch = "x86_64")]
     if let Data::Bf16(_) = w.data
+        && dot
         && isa == Isa::Avx512
         && x86::avx512_bf16()
         && rows > 4
         && w.n.is_multiple_of(NR)
     {
         let (n, k) = (w.n, w.k);
+        assert_eq!(x.len(), rows * k, "x is not rows × k");
         assert_eq!(out.len(), rows * n, "out is not rows × n");
+        // The inputs are rounded as they are packed, by each task for its own rows: a
+        // rounded copy of the whole input made first, on one thread, took a fifth of
+        // a 512-row product.
         if rows > 2 * x86::DP_MR {
             // Many rows: tasks own blocks of rows, as in `matmul_with`.
-            row_tasks(&rounded, rows, k, x86::DP_MR, out, n).for_each(|(xs, o)| {
+            row_tasks(x, rows, k, x86::DP_MR, out, n).for_each(|(xs, o)| {
                 let r = xs.len() / k;
                 let a = x86::pack_bf16_pairs(xs, r, k, x86::DP_MR);
                 x86::dot_bf16(&a, r, x86::DP_MR, w, 0, n / NR, o, n);
@@ -661,14 +677,97 @@ pub fn matmul_bf16(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
         } else {
             // A batch of decodes: one block of rows (two past 16), tasks own panels.
             let mr = if rows <= x86::DP_MR_MAX { rows } else { x86::DP_MR };
-            let a = x86::pack_bf16_pairs(&rounded, rows, k, mr);
+            let a = x86::pack_bf16_pairs(x, rows, k, mr);
             by_columns(rows, w, 1, out, |first, count, c| {
                 x86::dot_bf16(&a, rows, mr, w, first, count, c, count * NR);
             });
         }
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = dot;
+    let rounded: Vec<f32> = x.iter().map(|&v| round_bf16(v)).collect();
     matmul_with(isa, &rounded, rows, w, out);
+}
+
+/// What [`calibrate_bf16_dot`] chose, and from what.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bf16DotCalibration {
+    /// Whether prompt-sized bf16 products use the dot-product instruction from now on.
+    pub dot: bool,
+    /// The fastest of a few 64-row products with it and with the f32 kernels, in
+    /// seconds (`None` when `SOUS_BF16_DOT` chose).
+    pub seconds: Option<(f64, f64)>,
+}
+
+impl std::fmt::Display for Bf16DotCalibration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kernel = if self.dot {
+            "AVX512-BF16 dot products"
+        } else {
+            "f32 multiply-adds on the rounded inputs"
+        };
+        write!(f, "{kernel} for prompts")?;
+        match self.seconds {
+            None => write!(f, " (SOUS_BF16_DOT)"),
+            Some((dot, fma)) => write!(
+                f,
+                " (measured: dot products {:.2} ms, multiply-adds {:.2} ms)",
+                dot * 1e3,
+                fma * 1e3
+            ),
+        }
+    }
+}
+
+/// Measures 64-row bf16-arithmetic products of `w` (a layer's bf16 matrix) with
+/// AVX512-BF16's dot product (`vdpbf16ps`) and with the f32 kernels on the rounded
+/// inputs, and keeps the faster for every later [`matmul_bf16`] of more than four rows;
+/// `SOUS_BF16_DOT` (`on` or `off`) chooses without measuring. `None` where there is
+/// nothing to choose: no AVX512-BF16, or `w` not bf16.
+///
+/// Why measure: the instruction does two products per lane, but not at the same rate
+/// on every CPU. On one Sapphire-Rapids-class Xeon a 512-row layer ran at 537 GFLOP/s
+/// with it against 257 with the f32 kernels; on another of the same class (3.8 GHz,
+/// two 512-bit FMA units per core) the f32 kernels reached 350 and the dot products
+/// 207, one `vdpbf16ps` every two cycles (in L1: 122 against 211–228 GFLOP/s per core).
+pub fn calibrate_bf16_dot(w: &Packed) -> Option<Bf16DotCalibration> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if Isa::current() != Isa::Avx512 || !x86::avx512_bf16() || w.bf16_panels().is_none() || w.n == 0 {
+            return None;
+        }
+        if let Some(choice @ ("on" | "off")) = std::env::var("SOUS_BF16_DOT").ok().as_deref().map(str::trim) {
+            let dot = choice == "on";
+            BF16_DOT.store(dot, Ordering::Relaxed);
+            return Some(Bf16DotCalibration { dot, seconds: None });
+        }
+        let rows = 64;
+        let x: Vec<f32> = (0..rows * w.k).map(|i| ((i % 7) as f32 - 3.0) * 0.01).collect();
+        let mut out = vec![0.0f32; rows * w.n];
+        let mut fastest = |dot: bool| {
+            matmul_bf16_with(dot, &x, rows, w, &mut out);
+            (0..3)
+                .map(|_| {
+                    let started = Instant::now();
+                    matmul_bf16_with(dot, &x, rows, w, &mut out);
+                    started.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let (with_dot, with_fma) = (fastest(true), fastest(false));
+        let dot = with_dot <= with_fma;
+        BF16_DOT.store(dot, Ordering::Relaxed);
+        Some(Bf16DotCalibration {
+            dot,
+            seconds: Some((with_dot, with_fma)),
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = w;
+        None
+    }
 }
 
 /// `v` rounded to the nearest bf16 (ties to even), as an f32.

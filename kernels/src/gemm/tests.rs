@@ -310,13 +310,17 @@ fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
         let rounded: Vec<f32> = x.iter().map(|&v| round_bf16(v)).collect();
         let want = naive(&rounded, rows, &wide, n, k);
         let packed = Packed::from_bf16(&bits, n, k)?;
-        let mut got = vec![f32::NAN; rows * n];
-        matmul_bf16(&x, rows, &packed, &mut got);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
-                "{rows}x{n}x{k} [{i}]: {g} vs {w}"
-            );
+        // With the dot-product kernel where the CPU has it, and with the f32 kernels
+        // (what `calibrate_bf16_dot` chooses between).
+        for dot in [true, false] {
+            let mut got = vec![f32::NAN; rows * n];
+            super::matmul_bf16_with(dot, &x, rows, &packed, &mut got);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{rows}x{n}x{k} dot {dot} [{i}]: {g} vs {w}"
+                );
+            }
         }
     }
     assert_eq!(

@@ -616,8 +616,8 @@ pub(super) const DP_MR: usize = 12;
 /// The most rows one tile of the bf16 dot-product kernel holds (16 accumulators).
 pub(super) const DP_MR_MAX: usize = 16;
 
-/// `x` (`rows × k`, bf16-valued: already rounded) packed for [`dot_bf16`]: blocks of
-/// `mr` rows, each `[pair][width]` of bf16 pairs (`kk`, `kk + 1`).
+/// `x` (`rows × k`) rounded to bf16 (`super::round_bf16`) and packed for [`dot_bf16`]:
+/// blocks of `mr` rows, each `[pair][width]` of bf16 pairs (`kk`, `kk + 1`).
 pub(super) fn pack_bf16_pairs(x: &[f32], rows: usize, k: usize, mr: usize) -> Vec<u32> {
     let pairs = k.div_ceil(2);
     let mut a = vec![0u32; rows * pairs];
@@ -626,8 +626,10 @@ pub(super) fn pack_bf16_pairs(x: &[f32], rows: usize, k: usize, mr: usize) -> Ve
         for m in 0..width {
             let row = &x[(b * mr + m) * k..(b * mr + m + 1) * k];
             for t in 0..pairs {
-                let lo = row[2 * t].to_bits() >> 16;
-                let hi = row.get(2 * t + 1).map_or(0, |v| v.to_bits() >> 16);
+                let lo = super::round_bf16(row[2 * t]).to_bits() >> 16;
+                let hi = row
+                    .get(2 * t + 1)
+                    .map_or(0, |&v| super::round_bf16(v).to_bits() >> 16);
                 block[t * width + m] = lo | (hi << 16);
             }
         }
