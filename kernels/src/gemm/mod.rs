@@ -664,9 +664,8 @@ fn matmul_bf16_with(dot: bool, x: &[f32], rows: usize, w: &Packed, out: &mut [f3
         let (n, k) = (w.n, w.k);
         assert_eq!(x.len(), rows * k, "x is not rows × k");
         assert_eq!(out.len(), rows * n, "out is not rows × n");
-        // The inputs are rounded as they are packed, by each task for its own rows: a
-        // rounded copy of the whole input made first, on one thread, took a fifth of
-        // a 512-row product.
+        // The inputs are rounded as they are packed, by each task for its own rows,
+        // not copied whole first on one thread.
         if rows > 2 * x86::DP_MR {
             // Many rows: tasks own blocks of rows, as in `matmul_with`.
             row_tasks(x, rows, k, x86::DP_MR, out, n).for_each(|(xs, o)| {
