@@ -395,17 +395,10 @@ unsafe fn widen256(panels: Panels, np: usize, kc: usize, out: *mut f32) {
                         divisors.as_ptr(),
                     );
                     for kb in 0..kc / crate::BLOCK {
-                        let f = [
-                            _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR))),
-                            _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR + 8))),
-                        ];
+                        let f = fp4_divisors16(s, d, kb);
                         for half in 0..2 {
                             let k8 = kb * crate::BLOCK + 8 * half;
-                            let at = q.add(k8 / 2 * NR);
-                            let mut v = [
-                                _mm256_loadu_si256(at.cast()),
-                                _mm256_loadu_si256(at.add(32).cast()),
-                            ];
+                            let mut v = fp4_codes16(q, k8);
                             for i in 0..8 {
                                 store(k8 + i, [fp4x8(v[0], grid, f[0]), fp4x8(v[1], grid, f[1])]);
                                 v = [_mm256_srli_epi32::<4>(v[0]), _mm256_srli_epi32::<4>(v[1])];
@@ -464,6 +457,36 @@ unsafe fn bytes8(p: *const u8) -> __m256i {
 unsafe fn q8x8(p: *const i8, d: __m256) -> __m256 {
     let codes = unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())) };
     _mm256_mul_ps(_mm256_cvtepi32_ps(codes), d)
+}
+
+/// The divisors of NVFP4 block `kb`'s sixteen columns (0-7, then 8-15), gathered
+/// from the tensor's table `d` by the panel's scale bytes `s`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fp4_divisors16(s: *const u8, d: *const f32, kb: usize) -> [__m256; 2] {
+    // SAFETY: the caller's panel holds the block's sixteen scale bytes, and every byte
+    // indexes the 256-entry table.
+    unsafe {
+        [
+            _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR))),
+            _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR + 8))),
+        ]
+    }
+}
+
+/// The codes of values `k8..k8 + 8` of a panel's sixteen columns (0-7, then 8-15),
+/// eight per lane, the code of `k8` in the low four bits.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fp4_codes16(q: *const u8, k8: usize) -> [__m256i; 2] {
+    // SAFETY: the caller's panel holds the 64 code bytes from `k8 / 2 · 16`.
+    unsafe {
+        let at = q.add(k8 / 2 * NR);
+        [
+            _mm256_loadu_si256(at.cast()),
+            _mm256_loadu_si256(at.add(32).cast()),
+        ]
+    }
 }
 
 /// The FP4 values of the codes in the low four bits of each lane, times `factor`.
@@ -555,18 +578,11 @@ unsafe fn k256<const MR: usize>(t: &mut Tile) {
                 let grid = _mm256_loadu_ps(crate::formats::fp4::GRID.as_ptr());
                 let (q, s, d) = (codes.as_ptr(), scales.as_ptr(), divisors.as_ptr());
                 for kb in 0..kc / crate::BLOCK {
-                    let f = [
-                        _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR))),
-                        _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR + 8))),
-                    ];
+                    let f = fp4_divisors16(s, d, kb);
                     // Two rows of lanes per block, eight codes per lane each.
                     for half in 0..2 {
                         let k8 = kb * crate::BLOCK + 8 * half;
-                        let at = q.add(k8 / 2 * NR);
-                        let mut v = [
-                            _mm256_loadu_si256(at.cast()),
-                            _mm256_loadu_si256(at.add(32).cast()),
-                        ];
+                        let mut v = fp4_codes16(q, k8);
                         for pair in 0..4 {
                             let kk = k8 + 2 * pair;
                             let w0 = [fp4x8(v[0], grid, f[0]), fp4x8(v[1], grid, f[1])];
