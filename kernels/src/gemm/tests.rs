@@ -417,3 +417,63 @@ fn batch_products_get_the_same_bits_whatever_the_tile() -> Result {
     assert!(bits_eq(&want, &got), "after calibration");
     Ok(())
 }
+
+/// The lines a pass's first tile prefetches for the next pass ([`Ahead`]) are exactly the
+/// cache lines of the next pass's weights (and scales), each once over the kernel's
+/// steps, all inside the matrix: for the last panels of a matrix, a pass shorter than
+/// `KC`, and every stored format.
+#[test]
+fn the_next_pass_s_weights_are_prefetched_line_by_line_and_no_further() -> Result {
+    let (n, k) = (48, 320);
+    let w = values(n * k, 5);
+    let codes: Vec<u8> = (0..n * k / 2).map(|i| i as u8).collect();
+    let scales: Vec<u8> = vec![0x38; n * k / crate::BLOCK];
+    let matrices = [
+        Packed::from_f32(&w, n, k)?,
+        Packed::from_bf16(&bf16_bits(&w), n, k)?,
+        Packed::from_nvfp4(&codes, &scales, |_| 1.0, n, k)?,
+        Packed::q8_0(&w, n, k)?,
+    ];
+    for w in &matrices {
+        // The buffers a prefetch may touch: the matrix's own.
+        let buffers: Vec<(usize, usize)> = match &w.data {
+            Data::F32(v) => vec![(v.as_ptr() as usize, size_of_val(&v[..]))],
+            Data::Bf16(v) => vec![(v.as_ptr() as usize, size_of_val(&v[..]))],
+            Data::Nvfp4(q) => vec![
+                (q.codes.as_ptr() as usize, q.codes.len()),
+                (q.scales.as_ptr() as usize, q.scales.len()),
+            ],
+            Data::Q8(q) => vec![
+                (q.codes.as_ptr() as usize, q.codes.len()),
+                (q.scales.as_ptr() as usize, size_of_val(&q.scales[..])),
+            ],
+        };
+        // (first panel, panels asked for, k0, kc): two panels at the start; the last
+        // panel (two asked, one there); the short last pass.
+        for (panel, np, k0, kc) in [(0, 2, 0, 256), (2, 2, 0, 256), (1, 2, 256, 64)] {
+            let ahead = Ahead::of(w, panel, np, k0, kc);
+            let there = np.min(panels(n) - panel);
+            let per_panel = if matches!(w.data, Data::F32(_) | Data::Bf16(_)) {
+                1
+            } else {
+                2
+            };
+            assert_eq!(ahead.count, there * per_panel, "{} {panel} {np}", w.format());
+            for r in 0..ahead.count {
+                let (start, lines) = ahead.ranges[r];
+                let got: Vec<usize> = (0..kc / 2)
+                    .flat_map(|i| ahead.lines(r, i).map(|at| at as usize))
+                    .collect();
+                let want: Vec<usize> = (0..lines).map(|l| start as usize + 64 * l).collect();
+                assert_eq!(got, want, "{} range {r}", w.format());
+                let (first, last) = (start as usize, start as usize + 64 * (lines - 1));
+                assert!(
+                    buffers.iter().any(|&(b, len)| first >= b && last < b + len),
+                    "{} range {r} outside the weights",
+                    w.format()
+                );
+            }
+        }
+    }
+    Ok(())
+}
