@@ -566,8 +566,6 @@ pub(crate) struct Tile<'a> {
     pub ldc: usize,
     /// Continue from the values in `c` (a later pass over `kk`) instead of zero.
     pub accumulate: bool,
-    /// The weights of the next pass, for the kernel to prefetch as it goes.
-    pub ahead: Ahead<'a>,
 }
 
 impl Tile<'_> {
@@ -1166,26 +1164,12 @@ fn columns(
             while p < count {
                 let np = np.min(count - p).min(run_length(w, first + p));
                 let mut panels = panel_slice(w, first + p, k0);
-                let several = (i1 - i0) > mr;
-                if several && widen(isa, panels, np, kc, &mut wide) {
+                if (i1 - i0) > mr && widen(isa, panels, np, kc, &mut wide) {
                     panels = Panels::F32 {
                         data: &wide,
                         stride: kc * NR,
                     };
                 }
-                // What the next pass reads: the next panels, else the first ones again
-                // for the next block of rows, else those of the next depth.
-                let ahead = if !several {
-                    Ahead::NONE
-                } else if p + np < count {
-                    Ahead::of(w, first + p + np, np, k0, kc)
-                } else if i1 < rows {
-                    Ahead::of(w, first, np, k0, kc)
-                } else if k0 + depth < k {
-                    Ahead::of(w, first, np, k0 + depth, depth.min(k - k0 - depth))
-                } else {
-                    Ahead::NONE
-                };
                 let mut m = i0;
                 while m < i1 {
                     let width = mr.min(rows - m);
@@ -1200,8 +1184,6 @@ fn columns(
                         c: &mut c[m * ldc + p * NR..],
                         ldc,
                         accumulate: k0 > 0,
-                        // The first tile of the pass prefetches; the others find it done.
-                        ahead: if m == i0 { ahead } else { Ahead::NONE },
                     };
                     run_tile(isa, &mut tile);
                     m += width;
@@ -1209,101 +1191,6 @@ fn columns(
                 p += np;
             }
         }
-    }
-}
-
-/// The stored weights of the next pass of a product of many rows, as byte ranges (one
-/// per panel, and one per panel for scales), for the first row tile of the current pass
-/// to prefetch into L2 while it multiplies: [`Ahead::step`] `i` (one step per pair of
-/// `kk` in the kernel's loop) prefetches the `i`-th share of every range's cache lines.
-///
-/// Why: a pass's first tile reads its slice of weights from L3 or memory (a model's
-/// weights are hundreds of megabytes, read once per row task), and the hardware
-/// prefetchers start again at every slice. A 512-token prefill of SmolLM2 in f32
-/// arithmetic from bf16 weights (two cores of a Sapphire-Rapids-class Xeon, AVX-512,
-/// the two settings alternating in one process) took 4-6 % less time with it while
-/// the host was quiet, about 1 % less while it was busy. Prefetches never fault; the
-/// ranges are taken from the matrix's slices all the same.
-#[derive(Clone, Copy)]
-pub(crate) struct Ahead<'a> {
-    /// Each range's first byte and its cache lines; `count` of them in use.
-    ranges: [(*const u8, usize); 8],
-    count: usize,
-    /// Lines each step prefetches per range (a range's lines spread over the steps,
-    /// front-loaded where there are fewer lines than steps).
-    per_step: [usize; 8],
-    _weights: std::marker::PhantomData<&'a [u8]>,
-}
-
-impl<'a> Ahead<'a> {
-    /// Nothing to prefetch.
-    pub(crate) const NONE: Ahead<'static> = Ahead {
-        ranges: [(std::ptr::null(), 0); 8],
-        count: 0,
-        per_step: [0; 8],
-        _weights: std::marker::PhantomData,
-    };
-
-    /// Panels `panel..panel + np` of `w` (those the matrix has) over `kc` values of `kk`
-    /// from `k0`, spread over the `kc / 2` steps of a kernel's loop.
-    fn of(w: &'a Packed, panel: usize, np: usize, k0: usize, kc: usize) -> Ahead<'a> {
-        let np = np.min(panels(w.n) - panel.min(panels(w.n)));
-        let mut ahead = Ahead::NONE;
-        let mut add = |range: Option<(*const u8, usize)>| {
-            if let Some((start, bytes)) = range
-                && ahead.count < ahead.ranges.len()
-            {
-                ahead.ranges[ahead.count] = (start, bytes.div_ceil(64));
-                ahead.count += 1;
-            }
-        };
-        // `bytes(v, start, len)`: the first byte and the size of `v[start..start + len]`,
-        // if inside.
-        fn bytes<T>(v: &[T], start: usize, len: usize) -> Option<(*const u8, usize)> {
-            let values = v.get(start..start + len)?;
-            Some((values.as_ptr().cast(), std::mem::size_of_val(values)))
-        }
-        for p in panel..panel + np {
-            match panel_slice(w, p, k0) {
-                Panels::F32 { data, .. } => add(bytes(data, 0, kc * NR)),
-                Panels::Bf16 { data, .. } => add(bytes(data, 0, kc.next_multiple_of(2) * NR)),
-                Panels::Nvfp4 { codes, scales, .. } => {
-                    add(bytes(codes, 0, kc / 2 * NR));
-                    add(bytes(scales, 0, kc / crate::BLOCK * NR));
-                }
-                Panels::Q8 { codes, scales, .. } => {
-                    add(bytes(codes, 0, kc * NR));
-                    add(bytes(scales, 0, kc / crate::formats::q8::BLOCK * NR));
-                }
-            }
-        }
-        let steps = (kc / 2).max(1);
-        for (per, &(_, lines)) in ahead.per_step.iter_mut().zip(&ahead.ranges).take(ahead.count) {
-            *per = lines.div_ceil(steps);
-        }
-        ahead
-    }
-
-    /// Prefetches step `i`'s lines of every range into L2 (none past a range's end).
-    #[inline(always)]
-    pub(crate) fn step(&self, i: usize) {
-        for r in 0..self.count {
-            for at in self.lines(r, i) {
-                #[cfg(target_arch = "x86_64")]
-                x86::prefetch_l2(at);
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = at;
-            }
-        }
-    }
-
-    /// The lines of range `r` that step `i` prefetches.
-    #[inline(always)]
-    fn lines(&self, r: usize, i: usize) -> impl Iterator<Item = *const u8> {
-        let ((start, lines), per) = (self.ranges[r], self.per_step[r]);
-        let from = i * per;
-        // Inside the range, so inside the matrix's weights.
-        (from..(from + per).min(lines)).map(move |line| start.wrapping_add(line * 64))
     }
 }
 

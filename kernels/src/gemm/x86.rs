@@ -16,7 +16,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Ahead, NR, Panels, Tile, fp4_table};
+use super::{NR, Panels, Tile, fp4_table};
 
 /// Whether AVX-512F (with AVX2 and FMA) is there.
 pub(super) fn avx512() -> bool {
@@ -54,13 +54,6 @@ pub(super) fn tile_avx512(t: &mut Tile) {
         4 => rows!(4, [1, 2, 3, 4, 5]),
         _ => unreachable!("at most 4 panels per AVX-512 tile (2 past 6 rows)"),
     }
-}
-
-/// Asks for the cache line at `at` in L2 (`prefetcht1`), for [`Ahead::step`].
-#[inline(always)]
-pub(super) fn prefetch_l2(at: *const u8) {
-    // SAFETY: SSE is part of x86-64, and a prefetch never faults, whatever the address.
-    unsafe { _mm_prefetch::<_MM_HINT_T1>(at.cast()) }
 }
 
 /// Runs `tile` with the AVX2 kernel of its shape.
@@ -108,10 +101,10 @@ unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
         }
         match t.panels {
             Panels::F32 { data, stride } => {
-                pairs512::<MR, NP, false>(&mut acc, a, kc, data.as_ptr().cast(), stride * 4, &t.ahead);
+                pairs512::<MR, NP, false>(&mut acc, a, kc, data.as_ptr().cast(), stride * 4);
             }
             Panels::Bf16 { data, stride } => {
-                pairs512::<MR, NP, true>(&mut acc, a, kc, data.as_ptr().cast(), stride * 2, &t.ahead);
+                pairs512::<MR, NP, true>(&mut acc, a, kc, data.as_ptr().cast(), stride * 2);
             }
             Panels::Nvfp4 {
                 codes,
@@ -237,7 +230,6 @@ unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
     kc: usize,
     b: *const u8,
     stride: usize,
-    ahead: &Ahead,
 ) {
     let size = if BF16 { 2 } else { 4 };
     // f32: `kk` rows of 16 values; bf16: pairs of `kk` in 32 values, so the pair that
@@ -256,7 +248,6 @@ unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
                     w1[p] = _mm512_loadu_ps(at(kk + 1, p).cast());
                 }
             }
-            ahead.step(kk / 2);
             fma_pair(acc, a, kk, &w0, &w1);
             kk += 2;
         }
@@ -541,7 +532,6 @@ unsafe fn k256<const MR: usize>(t: &mut Tile) {
                 let mut kk = 0;
                 while kk + 2 <= kc {
                     let (w0, w1) = (load(kk), load(kk + 1));
-                    t.ahead.step(kk / 2);
                     for m in 0..MR {
                         step!(m, kk, w0);
                         step!(m, kk + 1, w1);
