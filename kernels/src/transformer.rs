@@ -435,11 +435,12 @@ const QUERY_TILE: usize = 16;
 /// rescaled block by block). Each row's arithmetic is the same whatever tile it is in:
 /// blocks in position order, the same dot products and updates. So a token gets the
 /// same bits alone (decode), in a prompt chunk, or among draft tokens being verified.
-/// With AVX-512, blocks of 16 slots and heads of 64 or 128 values, a tile of several
-/// tokens goes sixteen rows at a time as the lanes of the registers (`scores::lanes`),
-/// and a tile of one token has its query heads side by side through all their blocks
-/// with their state in registers (`scores::rows`), both with the same bits; elsewhere a
-/// tile goes block by block, its rows' scores side by side, then row by row.
+/// With blocks of 16 slots and heads of 64 or 128 values, a tile of several tokens goes
+/// sixteen rows at a time (eight with AVX2) as the lanes of the registers
+/// (`scores::lanes`), and with AVX-512 a tile of one token has its query heads side by
+/// side through all their blocks with their state in registers (`scores::rows`), all
+/// with the same bits; elsewhere a tile goes block by block, its rows' scores side by
+/// side, then row by row.
 pub fn attention(
     q: &[f32],
     spans: &[Span],
@@ -449,11 +450,23 @@ pub fn attention(
     v_cache: &[f32],
     out: &mut [f32],
 ) {
-    attention_with(q, spans, heads, shape, k_cache, v_cache, out, true);
+    attention_with(q, spans, heads, shape, k_cache, v_cache, out, Kernels::Fastest);
 }
 
-/// [`attention`], with `by_rows` false forcing the tile loop where the row kernel
-/// (`scores::rows`) would run, for tests that compare the two.
+/// Which kernels [`attention_with`]'s tiles may take: tests force the narrower ones to
+/// compare their bits with the fastest's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    /// The fastest this CPU has.
+    Fastest,
+    /// AVX2's lane kernel where AVX-512's would run, the tile loop for tiles of one
+    /// token.
+    Avx2,
+    /// The tile loop alone.
+    TileLoop,
+}
+
+/// [`attention`] with the tiles' kernels chosen by `kernels`.
 #[allow(clippy::too_many_arguments)]
 fn attention_with(
     q: &[f32],
@@ -463,7 +476,7 @@ fn attention_with(
     k_cache: &[f32],
     v_cache: &[f32],
     out: &mut [f32],
-    by_rows: bool,
+    kernels: Kernels,
 ) {
     assert!(
         shape.block_size <= 64,
@@ -519,7 +532,7 @@ fn attention_with(
         .par_iter()
         .map(|tile| {
             let mut o = vec![0.0f32; tile.count * tile.heads.len() * hd];
-            attend_tile(q, tile, heads, shape, k_cache, v_cache, &mut o, by_rows);
+            attend_tile(q, tile, heads, shape, k_cache, v_cache, &mut o, kernels);
             o
         })
         .collect();
@@ -555,7 +568,7 @@ fn attend_tile(
     k: &[f32],
     v: &[f32],
     o: &mut [f32],
-    by_rows: bool,
+    kernels: Kernels,
 ) {
     let fma = multiversion::target::selected_target!().supports_feature_str("fma");
     let (hd, bs, slot) = (shape.head_dim, shape.block_size, shape.slot_len());
@@ -579,20 +592,25 @@ fn attend_tile(
         let at = ((span.row + first + t) * heads + kv_head * group + tile.heads.start) * hd;
         q[at..at + tile_heads * hd].chunks_exact(hd)
     };
-    // Blocks of sixteen keys on AVX-512: several tokens go sixteen rows at a time, as
-    // the lanes of the registers (`scores::lanes`); one token's query heads go side by
-    // side with their state in registers from their first block to their last
-    // (`scores::rows`).
-    if by_rows && fma && bs == 16 && count > 1 {
+    // Blocks of sixteen keys: several tokens go sixteen rows at a time (eight with
+    // AVX2), as the lanes of the registers (`scores::lanes`); on AVX-512 one token's
+    // query heads go side by side with their state in registers from their first block
+    // to their last (`scores::rows`).
+    if kernels != Kernels::TileLoop && fma && bs == 16 && count > 1 {
         let qs: Vec<&[f32]> = (0..count).flat_map(q_rows).collect();
         let positions: Vec<usize> = (0..count)
             .flat_map(|t| std::iter::repeat_n(span.start + first + t, tile_heads))
             .collect();
-        if scores::lanes(&qs, &positions, &head, scale, o) {
+        let lanes = if kernels == Kernels::Avx2 {
+            scores::Lanes::Avx2
+        } else {
+            scores::Lanes::Widest
+        };
+        if scores::lanes(&qs, &positions, &head, scale, o, lanes) {
             return;
         }
     }
-    if by_rows && fma && bs == 16 {
+    if kernels == Kernels::Fastest && fma && bs == 16 {
         let (mut done, mut rest) = (true, &mut o[..]);
         for t in 0..count {
             let position = span.start + first + t;
@@ -971,7 +989,7 @@ mod tests {
     }
 
     #[test]
-    fn the_avx512_kernels_give_the_tile_loop_s_bits() {
+    fn the_vector_kernels_give_the_tile_loop_s_bits() {
         for hd in [64, 128] {
             let shape = KvShape {
                 block_size: 16,
@@ -1011,19 +1029,23 @@ mod tests {
                 },
             ];
             let q: Vec<f32> = (0..71 * heads * hd).map(|i| value(i, 0.29)).collect();
-            let run = |by_rows| {
+            let run = |kernels| {
                 let mut out = vec![f32::NAN; q.len()];
-                attention_with(&q, &spans, heads, shape, &k_cache, &v_cache, &mut out, by_rows);
+                attention_with(&q, &spans, heads, shape, &k_cache, &v_cache, &mut out, kernels);
                 out
             };
-            let (rows, tiles) = (run(true), run(false));
-            assert!(rows.iter().all(|x| x.is_finite()));
-            let same = rows
-                .iter()
-                .zip(&tiles)
-                .filter(|(a, b)| a.to_bits() == b.to_bits())
-                .count();
-            assert_eq!(same, rows.len(), "head size {hd}");
+            let tiles = run(Kernels::TileLoop);
+            // The fastest kernels of this CPU (AVX-512's or AVX2's), and AVX2's.
+            for kernels in [Kernels::Fastest, Kernels::Avx2] {
+                let got = run(kernels);
+                assert!(got.iter().all(|x| x.is_finite()));
+                let same = got
+                    .iter()
+                    .zip(&tiles)
+                    .filter(|(a, b)| a.to_bits() == b.to_bits())
+                    .count();
+                assert_eq!(same, got.len(), "head size {hd}, {kernels:?}");
+            }
         }
     }
 

@@ -208,69 +208,106 @@ pub(super) fn rows(qs: &[&[f32]], head: &Head, position: usize, scale: f32, outs
     false
 }
 
+/// Which lane kernel [`lanes`] runs: the widest this CPU has (and `SOUS_KERNELS_ISA`
+/// allows), or AVX2's where AVX-512's would run (for tests that compare the two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lanes {
+    Widest,
+    Avx2,
+}
+
 /// Attention of a tile's query rows (`qs[r]` at position `positions[r]`: the query heads
 /// sharing a KV head of several consecutive tokens) over their blocks of sixteen keys,
-/// sixteen rows at a time as the lanes of a register, into
+/// sixteen rows at a time as the lanes of a register (eight with AVX2), into
 /// `outs` (`qs.len() × head_dim`, row after row). Per row and block the operations are
 /// the tile loop's, in its order (scores, maximum, correction, probabilities, their sum,
 /// then the values key by key), so the bits are the same. Returns false, doing nothing,
-/// where there is no such kernel (as for [`rows`]).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn lanes(qs: &[&[f32]], positions: &[usize], head: &Head, scale: f32, outs: &mut [f32]) -> bool {
+/// where there is no such kernel: it needs AVX-512, or AVX2 with FMA, and a head size
+/// of 64 or 128.
+pub(super) fn lanes(
+    qs: &[&[f32]],
+    positions: &[usize],
+    head: &Head,
+    scale: f32,
+    outs: &mut [f32],
+    kernel: Lanes,
+) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if x86::avx512() {
+    {
         let hd = qs.first().map_or(0, |q| q.len());
         if hd != 64 && hd != 128 {
+            return false;
+        }
+        let wide = kernel == Lanes::Widest && x86::avx512();
+        if !wide && !x86::avx2() {
             return false;
         }
         let last = positions.iter().copied().max().unwrap_or(0);
         head.check(hd, last);
         assert!(qs.len() == positions.len() && outs.len() == qs.len() * hd);
         assert!(qs.iter().all(|q| q.len() == hd));
-        // Sixteen rows at a time, transposed (`[d][lane]`); a last group of fewer
-        // rows repeats its last row in the spare lanes, whose results are dropped.
-        let mut qt = vec![0.0f32; hd * LANES];
-        let mut ot = vec![0.0f32; hd * LANES];
-        let kernel = if hd == 64 {
-            x86::lanes512::<64>
-        } else {
-            x86::lanes512::<128>
-        };
-        for (g, (qs, pos)) in qs.chunks(LANES).zip(positions.chunks(LANES)).enumerate() {
-            let mut lane_pos = [0i32; LANES];
-            for lane in 0..LANES {
-                let r = lane.min(qs.len() - 1);
-                lane_pos[lane] = i32::try_from(pos[r]).unwrap_or(i32::MAX);
-                for (d, &x) in qs[r].iter().enumerate() {
-                    qt[d * LANES + lane] = x;
-                }
-            }
-            // SAFETY: the features are present; every block a row sees is in the caches
-            // and `qt`, `ot` hold `hd` values per lane (checked above).
-            unsafe {
-                kernel(&qt, &lane_pos, head, scale, &mut ot);
-            }
-            for (lane, out) in outs[g * LANES * hd..]
-                .chunks_exact_mut(hd)
-                .take(qs.len())
-                .enumerate()
-            {
-                for (d, o) in out.iter_mut().enumerate() {
-                    *o = ot[d * LANES + lane];
-                }
+        // SAFETY (of every kernel call): the features are present; every block a row
+        // sees is in the caches and `qt`, `ot` hold `hd` values per lane (checked above).
+        match (wide, hd) {
+            (true, 64) => by_groups::<LANES>(qs, positions, hd, outs, |qt, pos, ot| unsafe {
+                x86::lanes512::<64>(qt, pos, head, scale, ot)
+            }),
+            (true, _) => by_groups::<LANES>(qs, positions, hd, outs, |qt, pos, ot| unsafe {
+                x86::lanes512::<128>(qt, pos, head, scale, ot)
+            }),
+            (false, 64) => by_groups::<8>(qs, positions, hd, outs, |qt, pos, ot| unsafe {
+                x86::lanes256::<64>(qt, pos, head, scale, ot)
+            }),
+            (false, _) => by_groups::<8>(qs, positions, hd, outs, |qt, pos, ot| unsafe {
+                x86::lanes256::<128>(qt, pos, head, scale, ot)
+            }),
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (qs, positions, head, scale, outs, kernel);
+        false
+    }
+}
+
+/// `W` rows at a time, transposed (`[d][lane]`) into the `kernel`'s inputs, its outputs
+/// transposed back into `outs`; a last group of fewer rows repeats its last row in the
+/// spare lanes, whose results are dropped.
+#[cfg(target_arch = "x86_64")]
+fn by_groups<const W: usize>(
+    qs: &[&[f32]],
+    positions: &[usize],
+    hd: usize,
+    outs: &mut [f32],
+    mut kernel: impl FnMut(&[f32], &[i32; LANES], &mut [f32]),
+) {
+    let mut qt = vec![0.0f32; hd * W];
+    let mut ot = vec![0.0f32; hd * W];
+    for (g, (qs, pos)) in qs.chunks(W).zip(positions.chunks(W)).enumerate() {
+        let mut lane_pos = [0i32; LANES];
+        for lane in 0..W {
+            let r = lane.min(qs.len() - 1);
+            lane_pos[lane] = i32::try_from(pos[r]).unwrap_or(i32::MAX);
+            for (d, &x) in qs[r].iter().enumerate() {
+                qt[d * W + lane] = x;
             }
         }
-        return true;
+        kernel(&qt, &lane_pos, &mut ot);
+        for (lane, out) in outs[g * W * hd..].chunks_exact_mut(hd).take(qs.len()).enumerate() {
+            for (d, o) in out.iter_mut().enumerate() {
+                *o = ot[d * W + lane];
+            }
+        }
     }
-    let _ = (qs, positions, head, scale, outs);
-    false
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The AVX-512 kernels: one row's sixteen scores in one register (`rows512`), or
-    //! sixteen rows' scores of one key in one register (`lanes512`); and the AVX2
-    //! scores of a block for the tile loop (`pairs256`).
+    //! sixteen rows' scores of one key in one register (`lanes512`); and the AVX2 ones:
+    //! eight rows' scores of one key in one register (`lanes256`), and the scores of a
+    //! block for the tile loop (`pairs256`).
 
     use std::arch::x86_64::*;
 
@@ -599,6 +636,174 @@ mod x86 {
                     o.add(d * LANES),
                     _mm512_mul_ps(_mm512_loadu_ps(o.add(d * LANES)), inv),
                 );
+            }
+        }
+    }
+
+    /// `super::super::exp` on eight lanes, the same operations in the same order (no
+    /// fused multiply-adds), so the same bits (as `exp512`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn exp256(x: __m256) -> __m256 {
+        let splat = _mm256_set1_ps;
+        let clamped = _mm256_min_ps(_mm256_max_ps(x, splat(-87.3)), splat(88.3));
+        let round = splat(12_582_912.0);
+        let t = _mm256_add_ps(_mm256_mul_ps(clamped, splat(std::f32::consts::LOG2_E)), round);
+        let n = _mm256_sub_ps(t, round);
+        let r = _mm256_sub_ps(
+            _mm256_sub_ps(clamped, _mm256_mul_ps(n, splat(0.693_359_4))),
+            _mm256_mul_ps(n, splat(-2.121_944_4e-4)),
+        );
+        let mut p = splat(1.987_569_1e-4);
+        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+            p = _mm256_add_ps(_mm256_mul_ps(p, r), splat(c));
+        }
+        let e = _mm256_add_ps(
+            _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
+            splat(1.0),
+        );
+        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_sub_epi32(
+                _mm256_castps_si256(t),
+                _mm256_set1_epi32(12_582_912.0f32.to_bits() as i32),
+            ),
+            _mm256_set1_epi32(127),
+        ));
+        let y = _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
+        let y = _mm256_blendv_ps(y, splat(0.0), _mm256_cmp_ps::<_CMP_LT_OQ>(x, splat(-87.3)));
+        let y = _mm256_blendv_ps(
+            y,
+            splat(f32::INFINITY),
+            _mm256_cmp_ps::<_CMP_GT_OQ>(x, splat(88.3)),
+        );
+        _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+    }
+
+    /// [`lanes512`] with AVX2: eight query rows as the lanes of each register (`qt`:
+    /// `[d][lane]`, lane `l` at position `positions[l]`, `l < 8`) over their blocks of
+    /// sixteen keys, into `ot` (`[d][lane]`). The same operations per row and block in
+    /// the same order, so the same bits: the scores eight keys at a time (sixteen
+    /// accumulators would take every register), the masks as vectors, and the weighted
+    /// values of a block every lane sees without any.
+    ///
+    /// # Safety
+    /// AVX2 and FMA present; `qt` and `ot` hold `HD·8` values; for every block `b` with
+    /// `16·b ≤ max(positions[..8])`, the block's keys and values are in the caches
+    /// (checked by the caller: `Head::check`).
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    pub(super) unsafe fn lanes256<const HD: usize>(
+        qt: &[f32],
+        positions: &[i32; LANES],
+        head: &Head,
+        scale: f32,
+        ot: &mut [f32],
+    ) {
+        const W: usize = 8;
+        let (blocks, slot) = (head.blocks, head.slot);
+        let positions = &positions[..W];
+        let last = positions.iter().copied().max().unwrap_or(0).max(0) as usize;
+        let first = positions.iter().copied().min().unwrap_or(0).max(0) as usize;
+        assert!(qt.len() >= HD * W && ot.len() >= HD * W);
+        let (q, o) = (qt.as_ptr(), ot.as_mut_ptr());
+        ot[..HD * W].fill(0.0);
+        unsafe {
+            let pos = _mm256_loadu_si256(positions.as_ptr().cast());
+            let mut max = _mm256_set1_ps(f32::NEG_INFINITY);
+            let mut sum = _mm256_setzero_ps();
+            // A block's scores, then its probabilities: `[key][lane]`.
+            let mut p = [0.0f32; LANES * W];
+            for (b, &block) in blocks.iter().enumerate().take_while(|(b, _)| b * LANES <= last) {
+                let (k, v) = block_start(head, block);
+                for half in 0..2 {
+                    let mut s = [_mm256_setzero_ps(); W];
+                    for d in 0..HD {
+                        let qd = _mm256_loadu_ps(q.add(d * W));
+                        for j in 0..W {
+                            let key = _mm256_broadcast_ss(&*k.add(d * LANES + half * W + j));
+                            s[j] = _mm256_fmadd_ps(key, qd, s[j]);
+                        }
+                    }
+                    for j in 0..W {
+                        _mm256_storeu_ps(
+                            p.as_mut_ptr().add((half * W + j) * W),
+                            _mm256_mul_ps(s[j], _mm256_set1_ps(scale)),
+                        );
+                    }
+                }
+                // Which lanes see key `j` (all bits set where they do): all of them below
+                // the first lane's block.
+                let all = (b + 1) * LANES <= first + 1;
+                let seen = |j: usize| -> __m256 {
+                    if all {
+                        _mm256_castsi256_ps(_mm256_set1_epi32(-1))
+                    } else {
+                        // `pos > b·16 + j - 1`, i.e. `pos ≥ b·16 + j`.
+                        _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                            pos,
+                            _mm256_set1_epi32((b * LANES + j) as i32 - 1),
+                        ))
+                    }
+                };
+                let mut block_max = _mm256_set1_ps(f32::NEG_INFINITY);
+                for j in 0..LANES {
+                    let s = _mm256_loadu_ps(p.as_ptr().add(j * W));
+                    block_max = _mm256_blendv_ps(block_max, _mm256_max_ps(block_max, s), seen(j));
+                }
+                let new = _mm256_max_ps(max, block_max);
+                // "1 where the maximum stayed, else exp", lane by lane.
+                let stayed = _mm256_cmp_ps::<_CMP_EQ_OQ>(max, new);
+                let correction =
+                    _mm256_blendv_ps(exp256(_mm256_sub_ps(max, new)), _mm256_set1_ps(1.0), stayed);
+                max = new;
+                let mut probs = [_mm256_setzero_ps(); LANES];
+                for j in 0..LANES {
+                    let s = _mm256_loadu_ps(p.as_ptr().add(j * W));
+                    probs[j] = _mm256_and_ps(exp256(_mm256_sub_ps(s, new)), seen(j));
+                    _mm256_storeu_ps(p.as_mut_ptr().add(j * W), probs[j]);
+                }
+                // `super::sum`'s tree: keys j and j + 8, then + 4, + 2, + 1.
+                let mut t = [_mm256_setzero_ps(); 8];
+                for l in 0..8 {
+                    t[l] = _mm256_add_ps(probs[l], probs[l + 8]);
+                }
+                for width in [4, 2, 1] {
+                    for l in 0..width {
+                        t[l] = _mm256_add_ps(t[l], t[l + width]);
+                    }
+                }
+                sum = _mm256_add_ps(_mm256_mul_ps(sum, correction), t[0]);
+                // The outputs, eight values of `d` (one register per `d`) at a time.
+                for c in 0..HD / W {
+                    let mut acc = [_mm256_setzero_ps(); W];
+                    for dd in 0..W {
+                        acc[dd] = _mm256_mul_ps(_mm256_loadu_ps(o.add((c * W + dd) * W)), correction);
+                    }
+                    for j in 0..LANES {
+                        let pj = _mm256_loadu_ps(p.as_ptr().add(j * W));
+                        let values = v.add(j * slot + c * W);
+                        if all {
+                            for dd in 0..W {
+                                acc[dd] = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(&*values.add(dd)), acc[dd]);
+                            }
+                        } else {
+                            // Keys a lane does not see leave it as it was (their values
+                            // may be anything, NaN included).
+                            let seen = seen(j);
+                            for dd in 0..W {
+                                let sum = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(&*values.add(dd)), acc[dd]);
+                                acc[dd] = _mm256_blendv_ps(acc[dd], sum, seen);
+                            }
+                        }
+                    }
+                    for dd in 0..W {
+                        _mm256_storeu_ps(o.add((c * W + dd) * W), acc[dd]);
+                    }
+                }
+            }
+            let inv = _mm256_div_ps(_mm256_set1_ps(1.0), sum);
+            for d in 0..HD {
+                _mm256_storeu_ps(o.add(d * W), _mm256_mul_ps(_mm256_loadu_ps(o.add(d * W)), inv));
             }
         }
     }
