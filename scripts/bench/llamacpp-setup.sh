@@ -38,7 +38,10 @@
 # Environment: PYTHON (to make the venv, default python3), CONVERT_PYTHON (see above),
 # MODEL_DIR (default target/models/HuggingFaceTB/SmolLM2-135M-Instruct; made by
 # scripts/fetch-test-model.sh), JOBS (parallel compile jobs, default nproc), GGML_AMX
-# (on, the default, or off; see above).
+# (on, the default, or off; see above), GGML_ISA (native, the default, or avx2: a second
+# build in target/llamacpp/build-avx2 with AVX2, FMA and F16C and nothing wider, as on a
+# CPU without AVX-512, for comparisons on that instruction set; the Python package keeps
+# the native build's libraries).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -56,7 +59,12 @@ VENV="$ROOT/target/bench-py"
 CACHE="$ROOT/target/cache/llamacpp"
 SRC="$CACHE/llama_cpp_python-$VERSION"
 LLAMA_SRC="$SRC/vendor/llama.cpp"
-BUILD="$ROOT/target/llamacpp/build"
+GGML_ISA="${GGML_ISA:-native}"
+case "$GGML_ISA" in
+    native) BUILD="$ROOT/target/llamacpp/build" ;;
+    avx2) BUILD="$ROOT/target/llamacpp/build-avx2" ;;
+    *) echo "llamacpp-setup: GGML_ISA is native or avx2, not $GGML_ISA" >&2; exit 2 ;;
+esac
 GGUF_DIR="$ROOT/target/llamacpp/gguf"
 
 # Flags for this machine's CPU. The UI, OpenSSL and curl are off: nothing here is fetched
@@ -76,6 +84,11 @@ CMAKE_FLAGS=(
     -DLLAMA_OPENSSL=OFF
     -DLLAMA_CURL=OFF
 )
+if [[ "$GGML_ISA" == avx2 ]]; then
+    CMAKE_FLAGS=("${CMAKE_FLAGS[@]/-DGGML_NATIVE=ON/-DGGML_NATIVE=OFF}"
+                 -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                 -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF)
+fi
 TARGETS=(llama-server llama-perplexity llama-bench llama-quantize)
 GGML_AMX="${GGML_AMX:-on}"
 case "$GGML_AMX" in
@@ -142,7 +155,9 @@ fi
 # 4. llama-cpp-python from the same sdist, without compiling llama.cpp again: its shared
 #    libraries are the ones just built.
 pkg_stamp="$(printf '%s\n' "$build_stamp" "$VERSION" | sha256sum | cut -d' ' -f1)"
-if stamp_ok "$VENV/.llama_cpp.stamp" "$pkg_stamp" && "$PY" -c 'import llama_cpp' 2>/dev/null; then
+if [[ "$GGML_ISA" != native ]]; then
+    say "llama-cpp-python left with the native build's libraries (GGML_ISA=$GGML_ISA)"
+elif stamp_ok "$VENV/.llama_cpp.stamp" "$pkg_stamp" && "$PY" -c 'import llama_cpp' 2>/dev/null; then
     say "llama-cpp-python up to date"
 else
     say "installing llama-cpp-python[server]==$VERSION from the sdist (LLAMA_BUILD=OFF)"
@@ -188,7 +203,8 @@ f32_gguf="$GGUF_DIR/SmolLM2-135M-Instruct-F32.gguf"
 for qtype in Q4_0 Q4_1; do
     out="$GGUF_DIR/SmolLM2-135M-Instruct-$qtype.gguf"
     stamp="$out.stamp"
-    want="$(printf '%s\n' "$(cat "$f32_gguf.stamp")" "$build_stamp" "$qtype" | sha256sum | cut -d' ' -f1)"
+    # The same source quantizes the same way whatever instructions it was built for.
+    want="$(printf '%s\n' "$(cat "$f32_gguf.stamp")" "$SDIST_SHA256" "$qtype" | sha256sum | cut -d' ' -f1)"
     if [[ -f "$out" ]] && stamp_ok "$stamp" "$want"; then
         say "GGUF up to date: $out"
         continue
@@ -202,7 +218,7 @@ done
 
 # 7. With AMX built in on a CPU that has it: one 4-bit product, to find the SIGILL above
 #    here rather than in the middle of a benchmark.
-if [[ "$GGML_AMX" == on ]] && grep -qw amx_int8 /proc/cpuinfo; then
+if [[ "$GGML_AMX" == on && "$GGML_ISA" == native ]] && grep -qw amx_int8 /proc/cpuinfo; then
     q4="$GGUF_DIR/SmolLM2-135M-Instruct-Q4_0.gguf"
     if ! stamp_ok "$BUILD/.amx-checked" "$build_stamp"; then
         say "trying llama.cpp's AMX kernels on $q4"

@@ -15,7 +15,12 @@
 #
 #   scripts/bench/native.sh [--precision f32|bf16|q4_0|q4_1] [--peer llama-server|llama-cpp-python|both|none]
 #                           [--no-sous] [--quick] [--threads N] [--wait-quiet SECONDS]
-#                           [--sous-dtype float32|bfloat16] [--sweep]
+#                           [--sous-dtype float32|bfloat16] [--sweep] [--isa native|avx2]
+#
+# --isa avx2 runs both sides on AVX2 (with FMA and F16C) alone, as on a CPU without AVX-512:
+# sous with SOUS_KERNELS_ISA=avx2, llama.cpp from a second build without its AVX-512
+# kernels (llamacpp-setup.sh with GGML_ISA=avx2). The default, native, gives each the
+# widest instructions this CPU has.
 #
 # --sweep also runs `sous bench sweep` against sous's bf16 server and llama-server (16
 # requests of 128-token prompts and 128 tokens at 1, 4, 8 and 16 concurrent streams: the
@@ -64,6 +69,7 @@ cd "$ROOT"
 
 PRECISION=f32
 SOUS_DTYPE=""
+ISA=native
 PEER=llama-server
 RUN_SOUS=1
 QUICK=0
@@ -87,12 +93,22 @@ while [[ $# -gt 0 ]]; do
         --sweep) SWEEP=1; shift ;;
         --threads) THREADS="$2"; shift 2 ;;
         --wait-quiet) WAIT_QUIET="$2"; shift 2 ;;
+        --isa) ISA="$2"; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "native.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 case "$PRECISION" in f32|bf16|q4_0|q4_1) ;; *) echo "native.sh: --precision is f32, bf16, q4_0 or q4_1" >&2; exit 2 ;; esac
 case "$PEER" in llama-server|llama-cpp-python|both|none) ;; *) echo "native.sh: bad --peer $PEER" >&2; exit 2 ;; esac
+case "$ISA" in
+    native) ;;
+    avx2)
+        grep -qw avx2 /proc/cpuinfo || { echo "native.sh: this CPU has no AVX2" >&2; exit 2; }
+        [[ "$PEER" != llama-cpp-python && "$PEER" != both ]] \
+            || { echo "native.sh: --isa avx2 is for the llama-server peer (llama-cpp-python keeps the native build)" >&2; exit 2; }
+        export SOUS_KERNELS_ISA=avx2 GGML_ISA=avx2 ;;
+    *) echo "native.sh: --isa is native or avx2" >&2; exit 2 ;;
+esac
 
 say() { printf 'native.sh: %s\n' "$*" >&2; }
 die() { printf 'native.sh: error: %s\n' "$*" >&2; exit 1; }
@@ -113,6 +129,7 @@ say "results in $OUT"
     echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
     echo "precision: $PRECISION${SOUS_DTYPE:+ (sous: $SOUS_DTYPE)}, threads: $THREADS"
+    echo "instructions: $ISA ($(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_vnni|avx512_bf16|amx_tile)$' | tr '\n' ' ')on this CPU)"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$OUT/machine.txt"
 
