@@ -49,7 +49,7 @@ fn product(isa: Isa, x: &[f32], rows: usize, w: &Packed) -> Vec<f32> {
 
 /// Shapes with every edge: one row, rows not a multiple of any tile height, columns
 /// not a multiple of a panel or of a tile, depth past one pass and not a multiple of it.
-const SHAPES: [(usize, usize, usize); 8] = [
+const SHAPES: [(usize, usize, usize); 9] = [
     (1, 16, 16),
     (1, 37, 64),
     (3, 5, 19),
@@ -57,6 +57,9 @@ const SHAPES: [(usize, usize, usize); 8] = [
     (13, 40, 1536),
     (29, 64, 272),
     (400, 48, 96),
+    // Rows of several tiles split by columns (up to `ROW_TASKS_MIN` rows), over passes
+    // that widen the weights once.
+    (100, 80, 320),
     // Tasks of several row tiles, whose passes widen the weights once (`widen`), over
     // a depth whose last pass is odd.
     (300, 40, 301),
