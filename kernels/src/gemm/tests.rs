@@ -305,6 +305,8 @@ fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
         (40, 48, 577),
         (30, 64, 576),
         (100, 32, 1536),
+        // Past `ROW_TASKS_MIN`: rows split among tasks.
+        (150, 32, 576),
     ] {
         let x = values(rows * k, 21);
         let w = values(n * k, 22);
