@@ -677,8 +677,9 @@ fn matmul_bf16_with(dot: bool, x: &[f32], rows: usize, w: &Packed, out: &mut [f3
         // The inputs are rounded as they are packed, by each task for its own rows,
         // not copied whole first on one thread.
         if rows > (2 * x86::DP_MR).max(ROW_TASKS_MIN) {
-            // Many rows: tasks own blocks of rows, as in `matmul_with` (and from as many
-            // rows: a step of 32 sequences took 96 ms by columns against 139 by rows).
+            // Many rows (past `ROW_TASKS_MIN`, as in `matmul_with`: below it, a step of
+            // 32 sequences took 96 ms split by columns, 139 by rows): tasks own blocks
+            // of rows.
             row_tasks(x, rows, k, x86::DP_MR, out, n).for_each(|(xs, o)| {
                 let r = xs.len() / k;
                 let a = x86::pack_bf16_pairs(xs, r, k, x86::DP_MR);
