@@ -373,17 +373,18 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     fn exp512(x: __m512) -> __m512 {
+        use super::super::exp_consts::*;
         let splat = _mm512_set1_ps;
-        let clamped = _mm512_min_ps(_mm512_max_ps(x, splat(-87.3)), splat(88.3));
-        let round = splat(12_582_912.0);
+        let clamped = _mm512_min_ps(_mm512_max_ps(x, splat(LOW)), splat(HIGH));
+        let round = splat(ROUND);
         let t = _mm512_add_ps(_mm512_mul_ps(clamped, splat(std::f32::consts::LOG2_E)), round);
         let n = _mm512_sub_ps(t, round);
         let r = _mm512_sub_ps(
-            _mm512_sub_ps(clamped, _mm512_mul_ps(n, splat(0.693_359_4))),
-            _mm512_mul_ps(n, splat(-2.121_944_4e-4)),
+            _mm512_sub_ps(clamped, _mm512_mul_ps(n, splat(LN2_HI))),
+            _mm512_mul_ps(n, splat(LN2_LO)),
         );
-        let mut p = splat(1.987_569_1e-4);
-        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        let mut p = splat(POLY[0]);
+        for &c in &POLY[1..] {
             p = _mm512_add_ps(_mm512_mul_ps(p, r), splat(c));
         }
         let e = _mm512_add_ps(
@@ -391,16 +392,13 @@ mod x86 {
             splat(1.0),
         );
         let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-            _mm512_sub_epi32(
-                _mm512_castps_si512(t),
-                _mm512_set1_epi32(12_582_912.0f32.to_bits() as i32),
-            ),
+            _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(ROUND.to_bits() as i32)),
             _mm512_set1_epi32(127),
         ));
         let y = _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
-        let y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, splat(-87.3)), y, splat(0.0));
+        let y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, splat(LOW)), y, splat(0.0));
         let y = _mm512_mask_blend_ps(
-            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, splat(88.3)),
+            _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, splat(HIGH)),
             y,
             splat(f32::INFINITY),
         );
@@ -645,17 +643,18 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     fn exp256(x: __m256) -> __m256 {
+        use super::super::exp_consts::*;
         let splat = _mm256_set1_ps;
-        let clamped = _mm256_min_ps(_mm256_max_ps(x, splat(-87.3)), splat(88.3));
-        let round = splat(12_582_912.0);
+        let clamped = _mm256_min_ps(_mm256_max_ps(x, splat(LOW)), splat(HIGH));
+        let round = splat(ROUND);
         let t = _mm256_add_ps(_mm256_mul_ps(clamped, splat(std::f32::consts::LOG2_E)), round);
         let n = _mm256_sub_ps(t, round);
         let r = _mm256_sub_ps(
-            _mm256_sub_ps(clamped, _mm256_mul_ps(n, splat(0.693_359_4))),
-            _mm256_mul_ps(n, splat(-2.121_944_4e-4)),
+            _mm256_sub_ps(clamped, _mm256_mul_ps(n, splat(LN2_HI))),
+            _mm256_mul_ps(n, splat(LN2_LO)),
         );
-        let mut p = splat(1.987_569_1e-4);
-        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        let mut p = splat(POLY[0]);
+        for &c in &POLY[1..] {
             p = _mm256_add_ps(_mm256_mul_ps(p, r), splat(c));
         }
         let e = _mm256_add_ps(
@@ -663,18 +662,15 @@ mod x86 {
             splat(1.0),
         );
         let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_sub_epi32(
-                _mm256_castps_si256(t),
-                _mm256_set1_epi32(12_582_912.0f32.to_bits() as i32),
-            ),
+            _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(ROUND.to_bits() as i32)),
             _mm256_set1_epi32(127),
         ));
         let y = _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
-        let y = _mm256_blendv_ps(y, splat(0.0), _mm256_cmp_ps::<_CMP_LT_OQ>(x, splat(-87.3)));
+        let y = _mm256_blendv_ps(y, splat(0.0), _mm256_cmp_ps::<_CMP_LT_OQ>(x, splat(LOW)));
         let y = _mm256_blendv_ps(
             y,
             splat(f32::INFINITY),
-            _mm256_cmp_ps::<_CMP_GT_OQ>(x, splat(88.3)),
+            _mm256_cmp_ps::<_CMP_GT_OQ>(x, splat(HIGH)),
         );
         _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
     }
