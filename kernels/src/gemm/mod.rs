@@ -51,15 +51,15 @@ pub const NR: usize = 16;
 /// and a block of rows' `KC × MR` inputs stay in L1 across the pass.
 const KC: usize = 256;
 
-/// Fewest rows for which a product splits its rows among tasks (each task then reads
-/// every weight) rather than its columns (every weight read once, by one task). Until
-/// then the weights cost more than the rows: on two cores of a Sapphire-Rapids-class
+/// Most rows a product splits by columns among tasks (every weight read once, by one
+/// task); past it, the rows are split (each task then reads every weight, and keeps
+/// its own rows' inputs in L2). Up to it the weights cost more than the rows: on two cores of a Sapphire-Rapids-class
 /// Xeon, a SmolLM2 step of 32 sequences took 59 ms by columns against 89 by rows (78
 /// against 112 with AVX2, where 16 sequences took 50 ms against 87), 64 sequences
 /// 108-110 against 132, and 96 or 128 tokens of one sequence 164 against 185 and 218
 /// against 232 ms; from 192 rows on the rows' split was faster (271-279 ms against
 /// 291-303 for 192 tokens, 369-375 against 406-427 for 256).
-const ROW_TASKS_MIN: usize = 128;
+const BY_COLUMNS_MAX: usize = 128;
 
 /// Rows per pass over a column panel: their packed inputs (`MC × KC` f32, 384 KiB) stay
 /// in L2 while every panel of a task streams past them.
@@ -676,8 +676,8 @@ fn matmul_bf16_with(dot: bool, x: &[f32], rows: usize, w: &Packed, out: &mut [f3
         assert_eq!(out.len(), rows * n, "out is not rows × n");
         // The inputs are rounded as they are packed, by each task for its own rows,
         // not copied whole first on one thread.
-        if rows > (2 * x86::DP_MR).max(ROW_TASKS_MIN) {
-            // Many rows (past `ROW_TASKS_MIN`, as in `matmul_with`: below it, a step of
+        if rows > BY_COLUMNS_MAX {
+            // Many rows (past `BY_COLUMNS_MAX`, as in `matmul_with`: below it, a step of
             // 32 sequences took 96 ms split by columns, 139 by rows): tasks own blocks
             // of rows.
             row_tasks(x, rows, k, x86::DP_MR, out, n).for_each(|(xs, o)| {
@@ -825,7 +825,7 @@ pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]
 fn matmul_tiled(isa: Isa, (mr, np): (usize, usize), x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
     let (n, k) = (w.n, w.k);
     let total = panels(n);
-    if rows > (2 * mr).max(ROW_TASKS_MIN) && n.is_multiple_of(NR) {
+    if rows > BY_COLUMNS_MAX && n.is_multiple_of(NR) {
         // Many rows are bound by arithmetic: tasks own blocks of rows, pack only their
         // own inputs and write straight into their rows of `out`; each reads every
         // weight once (from L2/L3: a layer's weights are a few MB).

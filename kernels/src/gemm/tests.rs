@@ -57,7 +57,7 @@ const SHAPES: [(usize, usize, usize); 9] = [
     (13, 40, 1536),
     (29, 64, 272),
     (400, 48, 96),
-    // Rows of several tiles split by columns (up to `ROW_TASKS_MIN` rows), over passes
+    // Rows of several tiles split by columns (up to `BY_COLUMNS_MAX` rows), over passes
     // that widen the weights once.
     (100, 80, 320),
     // Tasks of several row tiles, whose passes widen the weights once (`widen`), over
@@ -305,7 +305,7 @@ fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
         (40, 48, 577),
         (30, 64, 576),
         (100, 32, 1536),
-        // Past `ROW_TASKS_MIN`: rows split among tasks.
+        // Past `BY_COLUMNS_MAX`: rows split among tasks.
         (150, 32, 576),
     ] {
         let x = values(rows * k, 21);
