@@ -31,6 +31,7 @@ mod hash;
 mod ranges;
 pub mod sha256;
 mod state;
+pub mod xet;
 
 pub use hash::hash_file;
 use hash::{Chunks, Hashed, hash_in_order};
