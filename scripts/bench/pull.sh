@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Benchmark: `sous pull` vs huggingface_hub's `snapshot_download` vs plain `curl`, all
 # fetching the same files from the same `sous hub serve` mirror on loopback, cold cache
-# every run, interleaved so machine noise hits all of them alike. `sous pull` runs
-# twice per round: with the SHA-256 this CPU gets by default, and with
-# SOUS_SHA256=portable (no CPU extensions: what a CPU without SHA-NI could be left
-# with). Also peak RSS of `sous pull`. Results go to BENCHMARKS.md by hand, with the
-# date and machine.
+# every run, interleaved so machine noise hits all of them alike. The mirror gives each
+# LFS file's Xet hash, as the Hub does for files in Xet storage. `sous pull` runs three
+# times per round: as a user runs it (checking the Xet hash, which needs no SHA
+# extensions), with SOUS_VERIFY=sha256 (the sha256 with what this CPU has: a repository
+# the Hub gives no Xet hash for), and with SOUS_VERIFY=sha256 SOUS_SHA256=portable (the
+# sha256 without CPU extensions: what such a repository costs on a CPU without SHA-NI).
+# Also peak RSS of `sous pull`. Results go to BENCHMARKS.md by hand, with the date and
+# machine.
 #
 #   scripts/bench/pull.sh [ROUNDS] [BIG_GIB] [BIG_ROUNDS]
 #
@@ -13,7 +16,7 @@
 # generated repository of BIG_GIB GiB in 4 shards (target/test-hub/acme/bigNg, made
 # by the e2e test helper, ~2 x BIG_GIB of disk while it runs): first the e2e test that
 # kills a pull at half way and resumes it (bytes fetched twice, peak RSS), then
-# BIG_ROUNDS (default 2) interleaved rounds of the four pulls.
+# BIG_ROUNDS (default 2) interleaved rounds of the five pulls.
 #
 # Needs: the test model (scripts/fetch-test-model.sh), the Python test environment
 # (scripts/python-env.sh), curl, GNU time.
@@ -48,7 +51,7 @@ start_mirror() { # ROOT
 now() { date +%s.%N; }
 elapsed() { echo "$2 - $1" | bc -l; }
 
-# bench LABEL ROOT REPO ROUNDS: interleaved rounds of the four pulls into empty caches.
+# bench LABEL ROOT REPO ROUNDS: interleaved rounds of the five pulls into empty caches.
 bench() {
   local label=$1 root=$2 repo=$3 n=$4
   start_mirror "$root"
@@ -60,7 +63,7 @@ bench() {
   curl -sf "$url/api/models/$repo" > /dev/null
   echo "$label bytes $bytes" >> "$work/results"
   for _ in $(seq "$n"); do
-    for variant in sous sous-portable huggingface_hub curl; do
+    for variant in sous sous-sha256 sous-sha256-portable huggingface_hub curl; do
       rm -rf "$work/c"; sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
       # The source files stay hot: the mirror serves from the page cache, as a CDN
       # serves from memory; only the client side is measured.
@@ -68,7 +71,9 @@ bench() {
       t0=$(now)
       case $variant in
         sous) HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
-        sous-portable) SOUS_SHA256=portable HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
+        sous-sha256) SOUS_VERIFY=sha256 HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
+        sous-sha256-portable)
+          SOUS_VERIFY=sha256 SOUS_SHA256=portable HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
         huggingface_hub)
           HF_HUB_CACHE="$work/c" "$python" -c "from huggingface_hub import snapshot_download; snapshot_download('$repo')" > /dev/null 2>&1 ;;
         curl)
@@ -112,16 +117,16 @@ for label, tools in rows.items():
     size = sizes[label]
     med = {t: statistics.median(v) for t, v in tools.items()}
     print(f"\n{label}: {size} bytes")
-    print(f"{'tool':<16} {'median s':>9} {'min s':>7} {'max s':>7} {'MB/s':>8}")
-    for t in ("sous", "sous-portable", "huggingface_hub", "curl"):
+    print(f"{'tool':<21} {'median s':>9} {'min s':>7} {'max s':>7} {'MB/s':>8}")
+    for t in ("sous", "sous-sha256", "sous-sha256-portable", "huggingface_hub", "curl"):
         v = tools[t]
-        print(f"{t:<16} {med[t]:>9.3f} {min(v):>7.3f} {max(v):>7.3f} {size / 1e6 / med[t]:>8.0f}")
-    for t in ("sous", "sous-portable"):
+        print(f"{t:<21} {med[t]:>9.3f} {min(v):>7.3f} {max(v):>7.3f} {size / 1e6 / med[t]:>8.0f}")
+    for t in ("sous", "sous-sha256", "sous-sha256-portable"):
         print(f"{t} vs huggingface_hub: {med['huggingface_hub'] / med[t]:.2f}x faster; "
               f"vs curl: {med['curl'] / med[t] * 100:.0f}% of curl's throughput")
     r = reports.get(label, {})
     print(f"sous peak RSS: {rss.get(label, 0) / 1024:.1f} MiB; last report: download "
           f"{r.get('download_mb_per_s', 0):.0f} MB/s, verification {r.get('verify_mb_per_s', 0):.0f} MB/s "
-          f"({r.get('verify_mb_per_cpu_s', 0):.0f} MB/s per hashing thread, {r.get('sha256')}), "
+          f"({r.get('verify_mb_per_cpu_s', 0):.0f} MB/s per hashing thread, {r.get('verified_with')}), "
           f"bound by {r.get('bound')}, {r.get('files_at_once')} files at once")
 PY

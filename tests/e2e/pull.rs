@@ -69,7 +69,16 @@ fn pull_lands_in_the_hub_cache_and_a_second_pull_is_a_noop() {
         "{first}"
     );
     assert!(first["files_at_once"].as_u64().expect("files at once") >= 4);
+    // The mirror gives each LFS file's Xet hash, as the Hub does for Xet storage: the
+    // three shards are checked with it, the small files with their git sha1.
+    assert_eq!(first["verified_with"]["xet"], 3, "{first}");
+    assert!(
+        first["verified_with"]["git sha1"].as_u64().expect("git sha1") >= 2,
+        "{first}"
+    );
+    assert!(first["verified_with"].get("sha256").is_none(), "{first}");
     assert!(stderr.contains("verification"), "{stderr}");
+    assert!(stderr.contains("with the Xet hash"), "{stderr}");
     let snapshot = PathBuf::from(first["path"].as_str().expect("path"));
     assert!(snapshot.starts_with(cache.path().join("models--acme--shards/snapshots")));
     assert_same_files(&snapshot, &root.join("acme/shards"));
@@ -203,17 +212,111 @@ fn corrupt_bytes_never_reach_the_snapshot() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stdout.is_empty());
     assert!(
+        stderr.contains("`model-00002-of-00003.safetensors` of `acme/shards` is corrupt: expected xet"),
+        "{stderr}"
+    );
+    assert_nothing_kept(&stderr, cache.path());
+
+    // The same with the sha256, where the Hub gives no Xet hash.
+    let mirror = Mirror::start(&root, &["--fault", "corrupt@1000", "--no-xet-hash"], &[]);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (code, _, stderr) = pull(
+        &mirror,
+        cache.path(),
+        &["acme/shards", "--include", "model-00002-of-00003.safetensors"],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
         stderr.contains("`model-00002-of-00003.safetensors` of `acme/shards` is corrupt: expected sha256"),
         "{stderr}"
     );
+    assert_nothing_kept(&stderr, cache.path());
+}
+
+/// After a failed pull of acme/shards: no snapshot, no blob, no partial file.
+fn assert_nothing_kept(stderr: &str, cache: &Path) {
     assert!(stderr.contains("the partial file was deleted"), "{stderr}");
-    let repo = cache.path().join("models--acme--shards");
+    let repo = cache.join("models--acme--shards");
     assert!(!repo.join("snapshots").exists());
     let leftovers: Vec<_> = std::fs::read_dir(repo.join("blobs"))
         .expect("blobs")
         .filter_map(Result::ok)
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn without_a_xet_hash_or_with_sous_verify_sha256_lfs_files_are_checked_with_sha256() {
+    let root = generated_repo("shards", 210);
+    let both = ["acme/shards", "--include", "*.safetensors"];
+    // A repository in plain LFS storage: no Xet hash to check.
+    let mirror = Mirror::start(&root, &["--no-xet-hash"], &[]);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (code, stdout, stderr) = pull(&mirror, cache.path(), &both);
+    assert_eq!(code, 0, "{stderr}");
+    let first = report(&stdout);
+    assert_eq!(
+        first["verified_with"],
+        serde_json::json!({ "sha256": 3 }),
+        "{first}"
+    );
+    assert!(stderr.contains("with sha256 ("), "{stderr}");
+
+    // SOUS_VERIFY=sha256 where the Hub gives one; a value sous does not know is refused.
+    let mirror = Mirror::start(&root, &[], &[]);
+    for (value, expected) in [("sha256", Some(3)), ("xet-only", None)] {
+        let cache = tempfile::tempdir().expect("tempdir");
+        let mut cmd = sous();
+        cmd.env("HF_ENDPOINT", &mirror.url)
+            .env("HF_HUB_CACHE", cache.path())
+            .env_remove("HF_TOKEN")
+            .env_remove("HF_HUB_OFFLINE")
+            .env("SOUS_VERIFY", value)
+            .args(["pull", "--json"])
+            .args(both);
+        let (code, stdout, stderr) = run(&mut cmd);
+        match expected {
+            Some(files) => {
+                assert_eq!(code, 0, "{stderr}");
+                assert_eq!(report(&stdout)["verified_with"]["sha256"], files, "{stdout}");
+            }
+            None => {
+                assert_eq!(code, 1, "{stderr}");
+                assert!(
+                    stderr.contains("SOUS_VERIFY=xet-only is not a verification"),
+                    "{stderr}"
+                );
+                assert!(!cache.path().join("models--acme--shards").exists());
+            }
+        }
+    }
+}
+
+/// The mirror publishes the Xet hash hf_xet computes for the test model's weights.
+#[test]
+fn the_mirror_gives_the_test_model_the_xet_hashes_hf_xet_computes() {
+    let Some(model) = crate::util::smollm2() else {
+        return;
+    };
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(crate::util::root().join("tests/fixtures/xet/hashes.json"))
+            .expect("fixture"),
+    )
+    .expect("JSON");
+    let root = model.parent().and_then(Path::parent).expect("the models' root");
+    let mirror = Mirror::start(root, &[], &[]);
+    let listing = mirror.get_json("/api/models/HuggingFaceTB/SmolLM2-135M-Instruct/tree/main?recursive=true");
+    let entry = listing
+        .as_array()
+        .expect("entries")
+        .iter()
+        .find(|e| e["path"] == "model.safetensors")
+        .expect("model.safetensors listed");
+    assert_eq!(
+        entry["xetHash"], fixture["model"]["model.safetensors"]["xet_hash"],
+        "{entry}"
+    );
+    assert!(entry["lfs"]["oid"].is_string(), "{entry}");
 }
 
 #[test]
@@ -542,6 +645,8 @@ fn every_sha256_backend_verifies_the_same_pull() {
             .env("HF_HUB_CACHE", cache.path())
             .env("HF_HOME", cache.path().join("hf-home"))
             .env("SOUS_SHA256", backend)
+            // The sha256 even though the mirror gives Xet hashes.
+            .env("SOUS_VERIFY", "sha256")
             .args(["pull", "--json", "acme/shards"]);
         let (code, stdout, stderr) = run(&mut cmd);
         assert_eq!(code, 0, "{backend}: {stderr}");
@@ -550,6 +655,7 @@ fn every_sha256_backend_verifies_the_same_pull() {
             summary["sha256"].as_str().expect("sha256").starts_with(backend),
             "{summary}"
         );
+        assert_eq!(summary["verified_with"]["sha256"], 3, "{summary}");
         assert_same_files(
             &PathBuf::from(summary["path"].as_str().expect("path")),
             &root.join("acme/shards"),

@@ -94,19 +94,24 @@ impl Mirror {
 
     /// Body bytes the mirror has sent so far (`GET /api/sous-mirror/stats`).
     pub fn body_bytes(&self) -> u64 {
+        let stats = self.get_json("/api/sous-mirror/stats");
+        stats["body_bytes"].as_u64().expect("body_bytes")
+    }
+
+    /// The JSON body of `GET path` (HTTP/1.1, one request on its own connection).
+    pub fn get_json(&self, path: &str) -> serde_json::Value {
         use std::io::{Read, Write};
         let host = self.url.trim_start_matches("http://");
         let mut stream = std::net::TcpStream::connect(host).expect("mirror reachable");
         write!(
             stream,
-            "GET /api/sous-mirror/stats HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
         )
         .expect("request");
         let mut response = String::new();
         stream.read_to_string(&mut response).expect("response");
         let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        let stats: serde_json::Value = serde_json::from_str(body).expect("stats JSON");
-        stats["body_bytes"].as_u64().expect("body_bytes")
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("JSON from {path} ({e}): {response}"))
     }
 
     /// Forgets the requests logged so far.

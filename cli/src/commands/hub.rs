@@ -54,6 +54,10 @@ pub struct ServeArgs {
     /// How long a signed link lives, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 3600, requires = "cdn_host")]
     link_ttl: u64,
+    /// Publish no Xet hashes (`xetHash` in tree listings), as for a repository in plain
+    /// LFS storage: clients then verify LFS files with their sha256.
+    #[arg(long)]
+    no_xet_hash: bool,
     /// Do not log requests on stderr.
     #[arg(long)]
     quiet: bool,
@@ -107,6 +111,7 @@ pub fn exec(cmd: HubCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
             access_log: !args.quiet,
             cdn_host: args.cdn_host,
             link_ttl: std::time::Duration::from_secs(args.link_ttl),
+            xet_hashes: !args.no_xet_hash,
         };
         mirror::serve(listener, options, shutdown_signal())
             .await

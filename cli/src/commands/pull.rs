@@ -119,6 +119,15 @@ pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         } else {
             String::new()
         };
+        // What verified the large files: the Xet hash the Hub gave, sha256 where it gave
+        // none (small files' git sha1 is not worth a mention).
+        let mut with = Vec::new();
+        if report.verified_with.contains_key("xet") {
+            with.push("the Xet hash".to_owned());
+        }
+        if report.verified_with.contains_key("sha256") || with.is_empty() {
+            with.push(format!("sha256 ({})", report.sha256));
+        }
         shell.status(
             "pulled",
             &format!(
@@ -131,7 +140,7 @@ pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
                 report.mb_per_s,
                 report.download_mb_per_s,
                 report.verify_mb_per_s,
-                report.sha256,
+                with.join(" and "),
                 report.bound,
             ),
         );

@@ -130,6 +130,10 @@ pub struct TreeEntry {
     /// LFS metadata, for large files.
     #[serde(default)]
     pub lfs: Option<LfsInfo>,
+    /// The file's Xet hash, for files in Xet storage (`xetHash`; huggingface_hub reads
+    /// it into `RepoFile.xet_hash`, `src/huggingface_hub/hf_api.py`).
+    #[serde(default, rename = "xetHash")]
+    pub xet_hash: Option<String>,
 }
 
 /// LFS metadata of a tree entry.

@@ -6,6 +6,7 @@
 //! question (what commit the revision is), or none when the revision is a commit id or
 //! the pull is offline.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -99,6 +100,9 @@ pub struct PullReport {
     pub bound: &'static str,
     /// The SHA-256 implementation and the CPU path it took (`sha2 (SHA-NI)`).
     pub sha256: String,
+    /// How many of the fetched files each hash verified: `xet` (the Xet hash the Hub
+    /// gave), `sha256` (LFS files without one), `git sha1` (small files).
+    pub verified_with: BTreeMap<&'static str, usize>,
     /// Files fetched (and hashed) at once.
     pub files_at_once: usize,
     /// Nothing was fetched: the marker said the pull was complete.
@@ -143,6 +147,9 @@ pub enum PullError {
         /// Revision.
         revision: String,
     },
+    /// `SOUS_VERIFY` names no verification sous knows.
+    #[error("{0}")]
+    Verify(String),
     /// A local file operation failed.
     #[error("{action} `{}`", path.display())]
     Io {
@@ -185,6 +192,7 @@ impl Diagnose for PullError {
             PullError::NotCached { .. } => {
                 Some("run the pull once with the network (without --offline / HF_HUB_OFFLINE)".into())
             }
+            PullError::Verify(_) => Some(format!("unset {} or set it to `auto`", download::VERIFY_ENV)),
             _ => None,
         }
     }
@@ -254,6 +262,7 @@ pub async fn pull(
     reporter: &dyn Reporter,
 ) -> Result<PullReport, PullError> {
     let started = Instant::now();
+    download::check_verify_env().map_err(PullError::Verify)?;
     let config = client.config();
     let target = match &request.local_dir {
         Some(dir) => Target::Local(dir.clone()),
@@ -278,6 +287,7 @@ pub async fn pull(
         verify_tail_seconds: 0.0,
         bound: "download",
         sha256: download::sha256::Backend::current().describe(),
+        verified_with: BTreeMap::new(),
         files_at_once: 0,
         up_to_date,
     };
@@ -333,6 +343,10 @@ pub async fn pull(
         .filter(|e| chosen.contains(&e.path.as_str()))
         .map(marker_file)
         .collect();
+    let xet_hashes: HashMap<&str, &str> = tree
+        .iter()
+        .filter_map(|e| Some((e.path.as_str(), e.xet_hash.as_deref()?)))
+        .collect();
     let previous = Marker::read(&target.marker(&commit));
     let (present, missing): (Vec<&MarkerFile>, Vec<&MarkerFile>) = files
         .iter()
@@ -348,6 +362,7 @@ pub async fn pull(
             size: f.size,
             etag: f.etag.clone(),
             lfs: f.lfs,
+            xet_hash: xet_hashes.get(f.path.as_str()).map(|h| (*h).to_owned()),
             dest: target.dest(f),
         })
         .collect();
@@ -407,6 +422,7 @@ pub async fn pull(
     let mut resumed = 0;
     let (mut hashed, mut hash_busy) = (0, std::time::Duration::ZERO);
     let (mut downloaded_at, mut verified_at) = (fetch_started, fetch_started);
+    let mut verified_with = BTreeMap::new();
     let mut failure = None;
     while let Some(joined) = tasks.join_next().await {
         match joined {
@@ -415,6 +431,9 @@ pub async fn pull(
                 resumed += fetched.resumed;
                 hashed += fetched.hashed;
                 hash_busy += fetched.hash_busy;
+                if let Some(check) = fetched.check {
+                    *verified_with.entry(check.name()).or_insert(0) += 1;
+                }
                 downloaded_at = downloaded_at.max(fetched.downloaded_at.unwrap_or(fetch_started));
                 verified_at = verified_at.max(fetched.verified_at.unwrap_or(fetch_started));
             }
@@ -478,6 +497,7 @@ pub async fn pull(
         verify_tail_seconds: tail,
         bound: verification_bound(tail, verify_seconds),
         files_at_once: files_at_once_count,
+        verified_with,
         up_to_date: false,
         ..report(&commit, &marker, false)
     })

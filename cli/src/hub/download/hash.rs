@@ -1,8 +1,9 @@
-//! Verification hashes: the sha256 (LFS files, with the backend `sha256` picks) or
-//! git blob sha1 (others) of a whole file on disk ([`hash_file`]), or of a partial
-//! file read back in order as the ranges fill it (`hash_in_order`, woken by
-//! `Chunks`), so that the digest is ready moments after the last byte arrives.
-//! Comparing it with the Hub's etag, and deleting bad bytes, is `download`'s `fetch`.
+//! Verification hashes: the Xet hash (files the Hub gave one for, `xet`), the sha256
+//! (other LFS files, with the backend `sha256` picks) or the git blob sha1 (the rest)
+//! of a whole file on disk ([`hash_file`]), or of a partial file read back in order
+//! as the ranges fill it (`hash_in_order`, woken by `Chunks`), so that the digest is
+//! ready moments after the last byte arrives. Comparing it with what the Hub
+//! announced, and deleting bad bytes, is `download`'s `fetch`.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -14,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use sha1::{Digest, Sha1};
 
-use super::CHUNK;
 use super::sha256::{Backend, Sha256};
+use super::xet::XetHasher;
+use super::{CHUNK, Check};
 
 /// How far each range has written, for the hashing thread: bytes on disk from the
 /// start of each chunk. Writers raise a chunk's count as they go and wake the
@@ -85,17 +87,17 @@ pub(super) struct Hashed {
     pub busy: Duration,
 }
 
-/// Hashes the partial file in order as the ranges fill it, counting hashed bytes in
-/// `verified`.
+/// Hashes the partial file in order as the ranges fill it with `check`'s hash,
+/// counting hashed bytes in `verified`.
 pub(super) fn hash_in_order(
     path: &Path,
-    lfs: bool,
+    check: Check,
     size: u64,
     chunks: &Chunks,
     verified: &AtomicU64,
 ) -> io::Result<Hashed> {
     let file = File::open(path)?;
-    let mut hasher = FileHasher::new(lfs, size);
+    let mut hasher = FileHasher::new(check, size);
     let mut buffer = vec![0u8; 1 << 20];
     let mut busy = Duration::ZERO;
     let count = size.div_ceil(CHUNK).max(1);
@@ -124,20 +126,23 @@ pub(super) fn hash_in_order(
     })
 }
 
-/// The sha256 of an LFS file, or the git blob sha1 of any other.
+/// The hash a file is checked with, under way.
 enum FileHasher {
     Sha256(Sha256),
     GitSha1(Box<Sha1>),
+    Xet(Box<XetHasher>),
 }
 
 impl FileHasher {
-    fn new(lfs: bool, size: u64) -> FileHasher {
-        if lfs {
-            FileHasher::Sha256(Backend::current().hasher())
-        } else {
-            let mut sha1 = Sha1::new();
-            sha1.update(format!("blob {size}\0").as_bytes());
-            FileHasher::GitSha1(Box::new(sha1))
+    fn new(check: Check, size: u64) -> FileHasher {
+        match check {
+            Check::Sha256 => FileHasher::Sha256(Backend::current().hasher()),
+            Check::GitSha1 => {
+                let mut sha1 = Sha1::new();
+                sha1.update(format!("blob {size}\0").as_bytes());
+                FileHasher::GitSha1(Box::new(sha1))
+            }
+            Check::Xet => FileHasher::Xet(Box::default()),
         }
     }
 
@@ -145,6 +150,7 @@ impl FileHasher {
         match self {
             FileHasher::Sha256(h) => h.update(data),
             FileHasher::GitSha1(h) => h.update(data),
+            FileHasher::Xet(h) => h.update(data),
         }
     }
 
@@ -152,24 +158,45 @@ impl FileHasher {
         match self {
             FileHasher::Sha256(h) => h.finish_hex(),
             FileHasher::GitSha1(h) => hex::encode(h.finalize()),
+            FileHasher::Xet(h) => h.finalize(),
         }
     }
 }
 
 /// sha256 of a file (LFS), or its git blob sha1 (`sha1("blob <len>\0" + data)`).
 pub fn hash_file(path: &Path, lfs: bool) -> io::Result<String> {
+    let check = if lfs { Check::Sha256 } else { Check::GitSha1 };
+    hash_with(path, &[check])?
+        .pop()
+        .ok_or_else(|| io::Error::other("one hash asked, none computed"))
+}
+
+/// The sha256 and the Xet hash of a file, read once: what the Hub announces for a file
+/// in Xet storage.
+pub fn lfs_hashes(path: &Path) -> io::Result<(String, String)> {
+    let mut digests = hash_with(path, &[Check::Sha256, Check::Xet])?.into_iter();
+    match (digests.next(), digests.next()) {
+        (Some(sha256), Some(xet)) => Ok((sha256, xet)),
+        _ => Err(io::Error::other("two hashes asked, fewer computed")),
+    }
+}
+
+/// The hex digests of `path` with each of `checks`, reading the file once.
+fn hash_with(path: &Path, checks: &[Check]) -> io::Result<Vec<String>> {
     let mut file = File::open(path)?;
     let len = file.metadata()?.len();
-    let mut hasher = FileHasher::new(lfs, len);
+    let mut hashers: Vec<FileHasher> = checks.iter().map(|&c| FileHasher::new(c, len)).collect();
     let mut buffer = vec![0u8; 1 << 20];
     loop {
         let n = file.read(&mut buffer)?;
         if n == 0 {
             break;
         }
-        hasher.update(&buffer[..n]);
+        for hasher in &mut hashers {
+            hasher.update(&buffer[..n]);
+        }
     }
-    Ok(hasher.finish_hex())
+    Ok(hashers.into_iter().map(FileHasher::finish_hex).collect())
 }
 
 #[cfg(test)]

@@ -59,6 +59,11 @@ pub struct MirrorOptions {
     pub cdn_host: Option<String>,
     /// How long a signed link lives.
     pub link_ttl: Duration,
+    /// Publish each LFS file's Xet hash (`xetHash` in tree listings), as the Hub does
+    /// for files in Xet storage. Not the `X-Xet-Hash` header: with it, hf-hub and
+    /// huggingface_hub (with hf_xet installed) would try the Xet protocol, which a
+    /// mirror does not speak.
+    pub xet_hashes: bool,
 }
 
 struct Mirror {
@@ -89,7 +94,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let mirror = Arc::new(Mirror {
-        store: Store::new(options.root),
+        store: Store::new(options.root, options.xet_hashes),
         gated: options.gated,
         token: options.token,
         faults: options.faults,
@@ -352,6 +357,9 @@ fn tree_entry(file: &IndexedFile) -> serde_json::Value {
     let mut v = json!({ "type": "file", "oid": file.oid, "size": file.size, "path": file.path });
     if let Some(sha) = &file.lfs_sha256 {
         v["lfs"] = json!({ "oid": sha, "size": file.size, "pointerSize": file.pointer_size });
+    }
+    if let Some(xet) = &file.xet_hash {
+        v["xetHash"] = json!(xet);
     }
     v
 }

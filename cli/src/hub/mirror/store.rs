@@ -67,6 +67,8 @@ pub struct IndexedFile {
     pub oid: String,
     /// sha256 of the content, for LFS files.
     pub lfs_sha256: Option<String>,
+    /// The Xet hash of the content, for LFS files when the mirror publishes them.
+    pub xet_hash: Option<String>,
     /// Size of the LFS pointer file.
     pub pointer_size: u64,
 }
@@ -108,14 +110,17 @@ impl RepoIndex {
 #[derive(Debug)]
 pub struct Store {
     root: PathBuf,
+    /// Whether LFS files get a Xet hash.
+    xet: bool,
     indexes: Mutex<HashMap<String, Arc<RepoIndex>>>,
 }
 
 impl Store {
-    /// A store over `root`.
-    pub fn new(root: PathBuf) -> Store {
+    /// A store over `root`, its LFS files with a Xet hash if `xet`.
+    pub fn new(root: PathBuf, xet: bool) -> Store {
         Store {
             root,
+            xet,
             indexes: Mutex::new(HashMap::new()),
         }
     }
@@ -134,7 +139,7 @@ impl Store {
         if !dir.is_dir() {
             return Ok(None);
         }
-        let index = Arc::new(index_repo(&repo, &dir)?);
+        let index = Arc::new(index_repo(&repo, &dir, self.xet)?);
         self.indexes.lock().map_err(poisoned)?.insert(repo, index.clone());
         Ok(Some(index))
     }
@@ -144,9 +149,9 @@ fn poisoned<T>(_: T) -> io::Error {
     io::Error::other("mirror index lock poisoned")
 }
 
-fn index_repo(repo: &str, dir: &Path) -> io::Result<RepoIndex> {
+fn index_repo(repo: &str, dir: &Path, xet: bool) -> io::Result<RepoIndex> {
     let mut files = Vec::new();
-    walk(dir, dir, &mut files)?;
+    walk(dir, dir, xet, &mut files)?;
     files.sort_by(|a, b| a.path.cmp(&b.path));
     let mut commit = Sha1::new();
     commit.update(b"sous-mirror\n");
@@ -163,7 +168,7 @@ fn index_repo(repo: &str, dir: &Path) -> io::Result<RepoIndex> {
     })
 }
 
-fn walk(root: &Path, dir: &Path, out: &mut Vec<IndexedFile>) -> io::Result<()> {
+fn walk(root: &Path, dir: &Path, xet: bool, out: &mut Vec<IndexedFile>) -> io::Result<()> {
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -175,7 +180,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<IndexedFile>) -> io::Result<()> {
         let path = entry.path();
         let meta = fs::metadata(&path)?; // follows symlinks: a Hub cache snapshot works as a root
         if meta.is_dir() {
-            walk(root, &path, out)?;
+            walk(root, &path, xet, out)?;
         } else if meta.is_file() {
             let relative = path
                 .strip_prefix(root)
@@ -184,20 +189,25 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<IndexedFile>) -> io::Result<()> {
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
                 .collect::<Vec<_>>()
                 .join("/");
-            out.push(index_file(relative, path, meta.len())?);
+            out.push(index_file(relative, path, meta.len(), xet)?);
         }
     }
     Ok(())
 }
 
-fn index_file(path: String, disk: PathBuf, size: u64) -> io::Result<IndexedFile> {
+fn index_file(path: String, disk: PathBuf, size: u64, xet: bool) -> io::Result<IndexedFile> {
     let extension = path
         .rsplit_once('.')
         .map(|(_, e)| e.to_ascii_lowercase())
         .unwrap_or_default();
     let lfs = size >= LFS_MIN_SIZE || LFS_EXTENSIONS.contains(&extension.as_str());
-    // The same hash a pull verifies the file against.
-    let digest = crate::hub::download::hash_file(&disk, lfs)?;
+    // The same hashes a pull verifies the file against.
+    let (digest, xet_hash) = if lfs && xet {
+        let (sha256, xet) = crate::hub::download::lfs_hashes(&disk)?;
+        (sha256, Some(xet))
+    } else {
+        (crate::hub::download::hash_file(&disk, lfs)?, None)
+    };
     if lfs {
         let pointer =
             format!("version https://git-lfs.github.com/spec/v1\noid sha256:{digest}\nsize {size}\n");
@@ -205,6 +215,7 @@ fn index_file(path: String, disk: PathBuf, size: u64) -> io::Result<IndexedFile>
             oid: git_blob_sha1(pointer.as_bytes()),
             pointer_size: pointer.len() as u64,
             lfs_sha256: Some(digest),
+            xet_hash,
             path,
             disk,
             size,
@@ -214,6 +225,7 @@ fn index_file(path: String, disk: PathBuf, size: u64) -> io::Result<IndexedFile>
             oid: digest,
             pointer_size: 0,
             lfs_sha256: None,
+            xet_hash: None,
             path,
             disk,
             size,
@@ -240,7 +252,7 @@ mod tests {
         fs::write(repo.join("config.json"), b"hello\n").expect("write");
         fs::write(repo.join("sub/model.safetensors"), b"hello\n").expect("write");
         fs::write(repo.join(".download-complete"), b"{}").expect("write");
-        let store = Store::new(dir.path().to_path_buf());
+        let store = Store::new(dir.path().to_path_buf(), true);
         let index = store.repo("acme", "tiny").expect("io").expect("found");
         assert_eq!(index.files.len(), 2, "dot files are not content");
         let config = index.file("config.json").expect("config");
@@ -251,6 +263,22 @@ mod tests {
             "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
         );
         assert!(weights.pointer_size > 100);
+        // LFS files get a Xet hash (hf_xet 1.8.0's of "hello\n"), others none.
+        assert_eq!(
+            weights.xet_hash.as_deref(),
+            Some("fbf3242e7f6725a9dc46e5030d43ca9dd5265dd3690ccd1b1b8dcbdee88cb81b")
+        );
+        assert_eq!(config.xet_hash, None);
+        let plain = Store::new(dir.path().to_path_buf(), false);
+        let index_plain = plain.repo("acme", "tiny").expect("io").expect("found");
+        assert_eq!(
+            index_plain
+                .file("sub/model.safetensors")
+                .expect("weights")
+                .xet_hash,
+            None
+        );
+        assert_eq!(index_plain.commit, index.commit);
         assert_eq!(index.commit.len(), 40);
         assert!(store.repo("acme", "missing").expect("io").is_none());
         assert!(store.repo("..", "tiny").expect("io").is_none());
