@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Benchmark: `sous pull` vs huggingface_hub's `snapshot_download` vs plain `curl`, all
 # fetching the same files from the same `sous hub serve` mirror on loopback, cold cache
-# every run, interleaved so machine noise hits all of them alike. The mirror gives each
-# LFS file's Xet hash, as the Hub does for files in Xet storage. `sous pull` runs three
+# every run, interleaved so machine noise hits all of them alike. The mirror lists each
+# LFS file's Xet hash (--xet-hash), as the Hub does for files in Xet storage; the
+# mirror does not speak the Xet transfer protocol, so huggingface_hub runs with
+# HF_HUB_DISABLE_XET=1 (plain HTTP, as from any mirror). `sous pull` runs three
 # times per round: as a user runs it (checking the Xet hash, which needs no SHA
 # extensions), with SOUS_VERIFY=sha256 (the sha256 with what this CPU has: a repository
 # the Hub gives no Xet hash for), and with SOUS_VERIFY=sha256 SOUS_SHA256=portable (the
@@ -41,7 +43,7 @@ echo "sous pull hashes with: $("$sous" --version 2>/dev/null | head -1); $(targe
 start_mirror() { # ROOT
   kill $mirror_pid 2>/dev/null || true
   rm -f "$work/url"
-  "$sous" hub serve --root "$1" --port 0 --quiet > "$work/url" 2>/dev/null &
+  "$sous" hub serve --root "$1" --port 0 --quiet --xet-hash > "$work/url" 2>/dev/null &
   mirror_pid=$!
   for _ in $(seq 100); do [ -s "$work/url" ] && break; sleep 0.1; done
   url=$(head -1 "$work/url")
@@ -75,7 +77,7 @@ bench() {
         sous-sha256-portable)
           SOUS_VERIFY=sha256 SOUS_SHA256=portable HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
         huggingface_hub)
-          HF_HUB_CACHE="$work/c" "$python" -c "from huggingface_hub import snapshot_download; snapshot_download('$repo')" > /dev/null 2>&1 ;;
+          HF_HUB_DISABLE_XET=1 HF_HUB_CACHE="$work/c" "$python" -c "from huggingface_hub import snapshot_download; snapshot_download('$repo')" > /dev/null 2>&1 ;;
         curl)
           mkdir -p "$work/c"
           for f in $files; do mkdir -p "$work/c/$(dirname "$f")"; curl -sf -o "$work/c/$f" "$url/$repo/resolve/main/$f"; done ;;

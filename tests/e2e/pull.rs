@@ -51,7 +51,7 @@ fn assert_same_files(snapshot: &Path, source: &Path) {
 #[test]
 fn pull_lands_in_the_hub_cache_and_a_second_pull_is_a_noop() {
     let root = generated_repo("shards", 210);
-    let mirror = Mirror::start(&root, &[], &[]);
+    let mirror = Mirror::start(&root, &["--xet-hash"], &[]);
     let cache = tempfile::tempdir().expect("tempdir");
     let (code, stdout, stderr) = pull(&mirror, cache.path(), &["acme/shards"]);
     assert_eq!(code, 0, "{stderr}");
@@ -69,7 +69,7 @@ fn pull_lands_in_the_hub_cache_and_a_second_pull_is_a_noop() {
         "{first}"
     );
     assert!(first["files_at_once"].as_u64().expect("files at once") >= 4);
-    // The mirror gives each LFS file's Xet hash, as the Hub does for Xet storage: the
+    // The mirror lists each LFS file's Xet hash, as the Hub does for Xet storage: the
     // three shards are checked with it, the small files with their git sha1.
     assert_eq!(first["verified_with"]["xet"], 3, "{first}");
     assert!(
@@ -136,7 +136,7 @@ fn a_killed_pull_resumes_where_it_stopped() {
     let root = generated_repo("shards", 210);
     let cache = tempfile::tempdir().expect("tempdir");
     // A slow link, so the pull is surely in flight when it is killed.
-    let slow = Mirror::start(&root, &["--fault", "rate=4MB", "--quiet"], &[]);
+    let slow = Mirror::start(&root, &["--fault", "rate=4MB", "--quiet", "--xet-hash"], &[]);
     let mut child = Process::new(assert_cmd::cargo::cargo_bin("sous"))
         .args(["pull", "acme/shards", "--quiet"])
         .env("HF_ENDPOINT", &slow.url)
@@ -158,10 +158,12 @@ fn a_killed_pull_resumes_where_it_stopped() {
         "nothing looks complete"
     );
 
-    let fast = Mirror::start(&root, &[], &[]);
+    let fast = Mirror::start(&root, &["--xet-hash"], &[]);
     let (code, stdout, stderr) = pull(&fast, cache.path(), &["acme/shards"]);
     assert_eq!(code, 0, "{stderr}");
     let summary = report(&stdout);
+    // The resumed files are checked whole, kept bytes included, with their Xet hash.
+    assert_eq!(summary["verified_with"]["xet"], 3, "{summary}");
     let resumed = summary["resumed_bytes"].as_u64().expect("resumed");
     assert!(resumed >= 16 << 20, "resumed {resumed} bytes");
     // What the mirrors sent beyond the repository's size was sent twice: at most the
@@ -202,7 +204,7 @@ fn logged_megabytes(blobs: &Path) -> u64 {
 #[test]
 fn corrupt_bytes_never_reach_the_snapshot() {
     let root = generated_repo("shards", 210);
-    let mirror = Mirror::start(&root, &["--fault", "corrupt@1000"], &[]);
+    let mirror = Mirror::start(&root, &["--fault", "corrupt@1000", "--xet-hash"], &[]);
     let cache = tempfile::tempdir().expect("tempdir");
     let (code, stdout, stderr) = pull(
         &mirror,
@@ -218,7 +220,7 @@ fn corrupt_bytes_never_reach_the_snapshot() {
     assert_nothing_kept(&stderr, cache.path());
 
     // The same with the sha256, where the Hub gives no Xet hash.
-    let mirror = Mirror::start(&root, &["--fault", "corrupt@1000", "--no-xet-hash"], &[]);
+    let mirror = Mirror::start(&root, &["--fault", "corrupt@1000"], &[]);
     let cache = tempfile::tempdir().expect("tempdir");
     let (code, _, stderr) = pull(
         &mirror,
@@ -250,7 +252,7 @@ fn without_a_xet_hash_or_with_sous_verify_sha256_lfs_files_are_checked_with_sha2
     let root = generated_repo("shards", 210);
     let both = ["acme/shards", "--include", "*.safetensors"];
     // A repository in plain LFS storage: no Xet hash to check.
-    let mirror = Mirror::start(&root, &["--no-xet-hash"], &[]);
+    let mirror = Mirror::start(&root, &[], &[]);
     let cache = tempfile::tempdir().expect("tempdir");
     let (code, stdout, stderr) = pull(&mirror, cache.path(), &both);
     assert_eq!(code, 0, "{stderr}");
@@ -263,7 +265,7 @@ fn without_a_xet_hash_or_with_sous_verify_sha256_lfs_files_are_checked_with_sha2
     assert!(stderr.contains("with sha256 ("), "{stderr}");
 
     // SOUS_VERIFY=sha256 where the Hub gives one; a value sous does not know is refused.
-    let mirror = Mirror::start(&root, &[], &[]);
+    let mirror = Mirror::start(&root, &["--xet-hash"], &[]);
     for (value, expected) in [("sha256", Some(3)), ("xet-only", None)] {
         let cache = tempfile::tempdir().expect("tempdir");
         let mut cmd = sous();
@@ -304,7 +306,7 @@ fn the_mirror_gives_the_test_model_the_xet_hashes_hf_xet_computes() {
     )
     .expect("JSON");
     let root = model.parent().and_then(Path::parent).expect("the models' root");
-    let mirror = Mirror::start(root, &[], &[]);
+    let mirror = Mirror::start(root, &["--xet-hash"], &[]);
     let listing = mirror.get_json("/api/models/HuggingFaceTB/SmolLM2-135M-Instruct/tree/main?recursive=true");
     let entry = listing
         .as_array()
@@ -645,7 +647,7 @@ fn every_sha256_backend_verifies_the_same_pull() {
             .env("HF_HUB_CACHE", cache.path())
             .env("HF_HOME", cache.path().join("hf-home"))
             .env("SOUS_SHA256", backend)
-            // The sha256 even though the mirror gives Xet hashes.
+            // The sha256, whatever the mirror lists.
             .env("SOUS_VERIFY", "sha256")
             .args(["pull", "--json", "acme/shards"]);
         let (code, stdout, stderr) = run(&mut cmd);

@@ -54,10 +54,13 @@ pub struct ServeArgs {
     /// How long a signed link lives, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 3600, requires = "cdn_host")]
     link_ttl: u64,
-    /// Publish no Xet hashes (`xetHash` in tree listings), as for a repository in plain
-    /// LFS storage: clients then verify LFS files with their sha256.
+    /// Give each LFS file's Xet hash in tree listings (`xetHash`), as the Hub does for
+    /// files in Xet storage, so that `sous pull` verifies with it. Off by default:
+    /// huggingface_hub 2.x with hf_xet installed takes a listed Xet hash as the cue to
+    /// download through the Xet protocol, which this mirror does not speak (set
+    /// HF_HUB_DISABLE_XET=1 for those clients when it is on).
     #[arg(long)]
-    no_xet_hash: bool,
+    xet_hash: bool,
     /// Do not log requests on stderr.
     #[arg(long)]
     quiet: bool,
@@ -111,7 +114,7 @@ pub fn exec(cmd: HubCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
             access_log: !args.quiet,
             cdn_host: args.cdn_host,
             link_ttl: std::time::Duration::from_secs(args.link_ttl),
-            xet_hashes: !args.no_xet_hash,
+            xet_hashes: args.xet_hash,
         };
         mirror::serve(listener, options, shutdown_signal())
             .await

@@ -60,9 +60,11 @@ pub struct MirrorOptions {
     /// How long a signed link lives.
     pub link_ttl: Duration,
     /// Publish each LFS file's Xet hash (`xetHash` in tree listings), as the Hub does
-    /// for files in Xet storage. Not the `X-Xet-Hash` header: with it, hf-hub and
-    /// huggingface_hub (with hf_xet installed) would try the Xet protocol, which a
-    /// mirror does not speak.
+    /// for files in Xet storage. Off by default: huggingface_hub 2.4 with hf_xet
+    /// installed downloads a file its tree listing gives a Xet hash for through the Xet
+    /// protocol (`_snapshot_download.py` keeps `xet_hash` from the listing), and the
+    /// `X-Xet-Hash` header does the same for hf-hub; a mirror speaks neither, so it
+    /// never sends the header.
     pub xet_hashes: bool,
 }
 
