@@ -4,7 +4,7 @@ ids, and what it wrote: every Linear's `input_global_scale` and `weight_global_s
 digests of `weight_packed` and `weight_scale`, and the `quantization_config` of
 config.json. Run by hand, never in CI (it needs PyTorch):
 
-    python scripts/reference/nvfp4_w4a4_reference.py MODEL_DIR OUT.json [--samples N] [--seq-len L]
+    python scripts/reference/nvfp4_w4a4_reference.py MODEL_DIR OUT.json [--samples N] [--seq-len L] [--dtype D]
 
 with llmcompressor==0.14.0.1, compressed-tensors==0.19.0, torch==2.14.0 and
 transformers==5.17.0 (llmcompressor's pins).
@@ -15,6 +15,11 @@ template (`apply_chat_template(tokenize=False)`, then the tokenizer with
 `add_special_tokens=False`, truncated to L tokens), as llm-compressor's
 `examples/quantization_w4a4_fp4/llama3_example.py` prepares ultrachat. The token ids go
 into the fixture, so sous calibrates on exactly the same ids.
+
+`--dtype float32` loads the bf16 weights widened to float32 (exactly), so the model runs,
+and its scales are computed, in f32 arithmetic: the reference for sous calibrating a
+float32 copy of the same weights, where both tools do the same arithmetic and differ only
+in the order of their sums. The default, bfloat16, is how llm-compressor's examples run.
 """
 
 import argparse
@@ -59,11 +64,13 @@ def main():
     parser.add_argument("--work", default=str(ROOT / "target/nvfp4-w4a4-reference"))
     parser.add_argument("--text", default=str(ROOT / "scripts/bench/data/alice-chapter1.txt"),
                         help="calibration text (paragraphs split at blank lines), as `sous quantize --calibration`")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="the dtype the model is loaded in (and so calibrated and quantized in)")
     args = parser.parse_args()
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     ids = samples(tokenizer, args.samples, args.seq_len, args.text)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
     dataset = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]})
     recipe = QuantizationModifier(targets="Linear", scheme="NVFP4", ignore=["lm_head"])
     oneshot(
@@ -98,7 +105,7 @@ def main():
     fixture = {
         "made_by": (
             f"scripts/reference/nvfp4_w4a4_reference.py: llmcompressor {llmcompressor.__version__}, "
-            f"compressed-tensors {compressed_tensors.__version__}, torch {torch.__version__}, bf16 model, "
+            f"compressed-tensors {compressed_tensors.__version__}, torch {torch.__version__}, {args.dtype} model, "
             f"{len(ids)} samples of at most {args.seq_len} tokens, one per forward"
         ),
         "calibration_input_ids": ids,

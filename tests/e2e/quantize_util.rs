@@ -101,3 +101,76 @@ pub fn write_model(dir: &Path, specs: &[(String, Vec<usize>)], shards: usize, se
     std::fs::write(dir.join("config.json"), config.to_string()).expect("config");
     std::fs::write(dir.join("tokenizer.json"), b"{\"version\": \"1.0\"}").expect("tokenizer");
 }
+
+/// Copies the model in `src` to `dst` with every BF16 tensor widened to F32 (exactly:
+/// a bf16 value is the top half of its f32) and `torch_dtype` set to `float32`; other
+/// tensors and files are copied as they are. The same weights, in a checkpoint whose
+/// activations and scales are f32.
+pub fn widen_to_f32(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).expect("f32 model dir");
+    for entry in std::fs::read_dir(src).expect("read model dir") {
+        let from = entry.expect("entry").path();
+        let name = from.file_name().expect("file name").to_owned();
+        let to = dst.join(&name);
+        if from.extension().is_some_and(|e| e == "safetensors") {
+            widen_shard(&from, &to);
+        } else if name == "config.json" {
+            let mut config: Value =
+                serde_json::from_slice(&std::fs::read(&from).expect("config")).expect("config JSON");
+            for key in ["torch_dtype", "dtype"] {
+                if config.get(key).is_some() {
+                    config[key] = json!("float32");
+                }
+            }
+            std::fs::write(&to, serde_json::to_vec_pretty(&config).expect("JSON")).expect("config");
+        } else if from.is_file() {
+            std::fs::copy(&from, &to).expect("copy");
+        }
+    }
+}
+
+fn widen_shard(from: &Path, to: &Path) {
+    let bytes = std::fs::read(from).expect("read shard");
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).expect("safetensors header");
+    let parsed = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
+    let mut header = serde_json::Map::new();
+    if let Some(m) = meta.metadata() {
+        header.insert("__metadata__".into(), json!(m));
+    }
+    // In the source's order of offsets, so the copy is laid out as the source is.
+    let mut names: Vec<(usize, String)> = meta
+        .tensors()
+        .iter()
+        .map(|(name, info)| (info.data_offsets.0, name.clone()))
+        .collect();
+    names.sort();
+    let mut data = Vec::new();
+    for (_, name) in &names {
+        let view = parsed.tensor(name).expect("tensor");
+        let (dtype, start) = (format!("{:?}", view.dtype()), data.len());
+        let dtype = if view.dtype() == safetensors::Dtype::BF16 {
+            for pair in view.data().chunks_exact(2) {
+                data.extend_from_slice(
+                    &(u32::from(u16::from_le_bytes([pair[0], pair[1]])) << 16).to_le_bytes(),
+                );
+            }
+            "F32".to_owned()
+        } else {
+            data.extend_from_slice(view.data());
+            dtype
+        };
+        header.insert(
+            name.clone(),
+            json!({"dtype": dtype, "shape": view.shape(), "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut text = Value::Object(header).to_string();
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    let mut out = std::io::BufWriter::new(std::fs::File::create(to).expect("shard"));
+    out.write_all(&(text.len() as u64).to_le_bytes()).expect("write");
+    out.write_all(text.as_bytes()).expect("write");
+    out.write_all(&data).expect("write");
+    out.flush().expect("flush");
+}

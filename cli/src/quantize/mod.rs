@@ -360,13 +360,11 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
     Ok(summary)
 }
 
-/// Each quantized tensor's `input_global_scale`, from its module's calibrated input
-/// range: compressed-tensors' `generate_gparam` (`2688 / amax`) in the activations'
-/// dtype, which is the weights' (the observer's statistics keep it), so a bf16 model
-/// gets a bf16-valued scale, as llm-compressor writes.
-/// Each quantized tensor's activation scale, from the calibrated input amax as the
-/// tool `flavor` names computes it: compressed-tensors' `input_global_scale =
-/// 2688 / amax` in the activations' dtype (the weights'), ModelOpt's `input_scale =
+/// Each quantized tensor's activation scale, from its module's calibrated input amax
+/// as the tool `flavor` names computes it: compressed-tensors' `input_global_scale =
+/// 2688 / amax` (`generate_gparam`) in the activations' dtype, which is the weights'
+/// (the observer's statistics keep it), so a bf16 model gets a bf16-valued scale as
+/// llm-compressor writes and an f32 model an f32 one; ModelOpt's `input_scale =
 /// amax / 2688` in f32 (`NVFP4QTensor.get_activation_scaling_factor`, ModelOpt 0.47;
 /// on a GPU export the division is a multiplication by `f32(1/2688)`, as for
 /// `weight_scale_2`).
