@@ -262,7 +262,7 @@ pub async fn pull(
     reporter: &dyn Reporter,
 ) -> Result<PullReport, PullError> {
     let started = Instant::now();
-    download::check_verify_env().map_err(PullError::Verify)?;
+    let verify = download::Verify::from_env().map_err(PullError::Verify)?;
     let config = client.config();
     let target = match &request.local_dir {
         Some(dir) => Target::Local(dir.clone()),
@@ -362,7 +362,7 @@ pub async fn pull(
             size: f.size,
             etag: f.etag.clone(),
             lfs: f.lfs,
-            xet_hash: xet_hashes.get(f.path.as_str()).map(|h| (*h).to_owned()),
+            xet_hash: verify.xet_hash(xet_hashes.get(f.path.as_str()).copied()),
             dest: target.dest(f),
         })
         .collect();

@@ -75,7 +75,8 @@ pub struct FileJob {
     pub etag: String,
     /// Whether `etag` is a sha256.
     pub lfs: bool,
-    /// The Xet hash the Hub gave for the file, if it is in Xet storage.
+    /// The Xet hash to check the file against: the Hub's, if the file is in Xet
+    /// storage and [`Verify`] does not ask for the sha256 instead.
     pub xet_hash: Option<String>,
     /// Where the verified file goes.
     pub dest: PathBuf,
@@ -107,19 +108,36 @@ impl Check {
     }
 }
 
-/// Whether `SOUS_VERIFY` asks for the sha256 even where a Xet hash is given. Anything
-/// but `auto`, `sha256` or unset is refused when the pull starts ([`check_verify_env`]).
-fn sha256_forced() -> bool {
-    std::env::var(VERIFY_ENV).is_ok_and(|v| v == "sha256")
+/// What `SOUS_VERIFY` asks for, read once when a pull starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verify {
+    /// The Xet hash where the Hub gives one, else the sha256 (`auto`, or unset).
+    #[default]
+    Auto,
+    /// The sha256 of every LFS file, Xet hash or not (`sha256`).
+    Sha256,
 }
 
-/// `SOUS_VERIFY`'s value, when it is one sous knows (`auto`, `sha256`, or unset).
-pub fn check_verify_env() -> Result<(), String> {
-    match std::env::var(VERIFY_ENV) {
-        Ok(v) if v != "auto" && v != "sha256" => Err(format!(
-            "{VERIFY_ENV}={v} is not a verification sous knows: use `auto` (the Xet hash where the Hub gives one, else sha256) or `sha256`"
-        )),
-        _ => Ok(()),
+impl Verify {
+    /// `SOUS_VERIFY`'s value; anything but `auto`, `sha256` or unset is refused.
+    pub fn from_env() -> Result<Verify, String> {
+        match std::env::var(VERIFY_ENV) {
+            Err(_) => Ok(Verify::Auto),
+            Ok(v) if v == "auto" => Ok(Verify::Auto),
+            Ok(v) if v == "sha256" => Ok(Verify::Sha256),
+            Ok(v) => Err(format!(
+                "{VERIFY_ENV}={v} is not a verification sous knows: use `auto` (the Xet hash where the Hub gives one, else sha256) or `sha256`"
+            )),
+        }
+    }
+
+    /// The Xet hash to check a file against, of the one the Hub `listed`: none when
+    /// the sha256 is asked for.
+    pub fn xet_hash(self, listed: Option<&str>) -> Option<String> {
+        match self {
+            Verify::Auto => listed.map(str::to_owned),
+            Verify::Sha256 => None,
+        }
     }
 }
 
@@ -137,7 +155,7 @@ impl FileJob {
     /// The hash this file is checked with, and the value it must have.
     pub fn check(&self) -> (Check, &str) {
         match &self.xet_hash {
-            Some(xet) if self.lfs && !sha256_forced() => (Check::Xet, xet),
+            Some(xet) if self.lfs => (Check::Xet, xet),
             _ if self.lfs => (Check::Sha256, &self.etag),
             _ => (Check::GitSha1, &self.etag),
         }

@@ -271,46 +271,6 @@ mod tests {
         }
     }
 
-    /// The test model's files (the real weights) hash as hf_xet hashes them. (The
-    /// fixture holds the hashes of the model as `scripts/fetch-test-model.sh` imports it;
-    /// if the importer's output changes, `scripts/reference/xet_fixtures.py` remakes it.)
-    #[test]
-    #[allow(clippy::print_stderr)]
-    fn the_test_model_hashes_as_hf_xet_hashes_it() {
-        use std::io::Read;
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/models/HuggingFaceTB/SmolLM2-135M-Instruct");
-        if !dir.join("model.safetensors").exists() {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "the test model is missing in CI: scripts/test.sh must run scripts/fetch-test-model.sh"
-            );
-            eprintln!("SKIPPED: test model missing, run scripts/fetch-test-model.sh");
-            return;
-        }
-        let fixtures = fixtures();
-        let files = fixtures["model"].as_object().expect("the model's files");
-        assert!(files.contains_key("model.safetensors"));
-        for (name, expected) in files {
-            let mut file = std::fs::File::open(dir.join(name)).expect("the test model's file");
-            let mut hasher = XetHasher::new();
-            let mut buffer = vec![0; 1 << 20];
-            loop {
-                let n = file.read(&mut buffer).expect("reading the test model");
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buffer[..n]);
-            }
-            assert_eq!(hasher.len(), expected["size"].as_u64().expect("a size"), "{name}");
-            assert_eq!(
-                hasher.finalize(),
-                expected["xet_hash"].as_str().expect("a hash"),
-                "{name}"
-            );
-        }
-    }
-
     #[test]
     fn the_hash_does_not_depend_on_how_the_stream_is_cut() {
         let data = generated(1_000_003, 9);
