@@ -606,7 +606,7 @@ fn calibration_keeps_the_running_maximum_of_every_projection_input() {
             let done = std::sync::Mutex::new(Vec::new());
             let record = |li: usize| done.lock().expect("lock").push(li);
             model
-                .observe_inputs(sample, &mut ranges, false, &record)
+                .observe_inputs(sample, &mut Vec::new(), &mut ranges, false, &record)
                 .expect("observe");
             assert_eq!(done.into_inner().expect("lock"), (0..layers).collect::<Vec<_>>());
         }
@@ -633,9 +633,47 @@ fn calibration_keeps_the_running_maximum_of_every_projection_input() {
     // A wrong layer count is refused, not indexed out of bounds.
     assert!(
         model
-            .observe_inputs(&a, &mut [LayerInputs::default()], false, &|_| {})
+            .observe_inputs(&a, &mut Vec::new(), &mut [LayerInputs::default()], false, &|_| {})
             .is_err()
     );
+
+    // Layer by layer (the embedding alone, then one layer at a time, the hidden states
+    // handed on), the ranges are the whole model's, bit for bit, in f32 and in bf16.
+    let stem = Model::load_stem(model.config().clone(), &checkpoint, Precision::Stored, 256).expect("stem");
+    for bf16 in [false, true] {
+        let mut whole = vec![LayerInputs::default(); layers];
+        let mut streamed = vec![LayerInputs::default(); layers];
+        let mut hidden = vec![Vec::new(), Vec::new()];
+        for sample in [&a, &b] {
+            model
+                .observe_inputs(sample, &mut Vec::new(), &mut whole, bf16, &|_| {})
+                .expect("observe");
+        }
+        for li in 0..layers {
+            let layer = stem.with_layers(&checkpoint, li..li + 1).expect("layer");
+            for (sample, hidden) in [&a, &b].into_iter().zip(&mut hidden) {
+                layer
+                    .observe_inputs(sample, hidden, &mut streamed[li..=li], bf16, &|_| {})
+                    .expect("observe a layer");
+                assert_eq!(hidden.len(), sample.len() * model.config().hidden_size);
+            }
+        }
+        assert_eq!(streamed, whole, "bf16: {bf16}");
+    }
+    // Hidden states of the wrong size, and layers the model does not have, are refused.
+    let second = stem.with_layers(&checkpoint, 1..2).expect("layer 1");
+    assert!(
+        second
+            .observe_inputs(
+                &a,
+                &mut vec![0.0; 3],
+                &mut [LayerInputs::default()],
+                false,
+                &|_| {}
+            )
+            .is_err()
+    );
+    assert!(stem.with_layers(&checkpoint, layers..layers + 1).is_err());
 }
 
 /// The activation scales calibration gives beside llm-compressor's: `oneshot` with the
@@ -663,7 +701,7 @@ fn calibrated_activation_scales_match_llm_compressor() {
         let mut ranges = vec![LayerInputs::default(); layers];
         for sample in fixture["calibration_input_ids"].as_array().expect("ids") {
             model
-                .observe_inputs(&ids(sample), &mut ranges, bf16, &|_| {})
+                .observe_inputs(&ids(sample), &mut Vec::new(), &mut ranges, bf16, &|_| {})
                 .expect("observe");
         }
         let mut worst = (0.0f64, String::new());

@@ -8,6 +8,10 @@
 //! token of every sample; the scale is `2688 / amax` computed in the activations'
 //! dtype. q/k/v (and gate/up) read one input, so theirs are equal.
 //!
+//! The model runs layer by layer (every sample through a layer, then the next), so
+//! calibration holds one layer's weights and every sample's hidden states, not the
+//! whole model; the ranges are those of whole passes, bit for bit.
+//!
 //! Samples: paragraphs of a text file (split at blank lines, whitespace joined;
 //! paragraphs of 200 characters or fewer are skipped), the first N, each as one user
 //! message through the model's chat template (no generation prompt), tokenized
@@ -161,27 +165,40 @@ pub fn calibrate(
     // The products accumulate in f32 (as PyTorch's bf16 products do): the bf16 dot
     // product instructions pair their sums differently, which moves more scales by a
     // bf16 step (136 of 210 equal instead of 150 on SmolLM2).
-    let model = Model::load(config, &checkpoint, Precision::Stored, longest).map_err(engine_error(dir))?;
-    // One step per layer of every sample: a large model's sample takes a while.
+    //
+    // Layer by layer, as llm-compressor's sequential pipeline goes: every sample
+    // through one layer, then the next, so that one layer's weights are held (beside
+    // the embedding and output projection) and every sample's hidden states, not the
+    // whole model. The ranges are the whole pass's, bit for bit.
+    let stem =
+        Model::load_stem(config, &checkpoint, Precision::Stored, longest).map_err(engine_error(dir))?;
+    checkpoint.release_pages();
+    // One step per layer of every sample: a large model's layer takes a while.
     let progress = reporter.progress(Task::count(
         "calibrate",
         "layers",
         (samples.len() * layers) as u64,
     ));
     let mut ranges = vec![LayerInputs::default(); layers];
-    for (i, sample) in samples.iter().enumerate() {
-        let layer_done = |li: usize| {
+    let mut hidden = vec![Vec::new(); samples.len()];
+    for li in 0..layers {
+        let layer = stem
+            .with_layers(&checkpoint, li..li + 1)
+            .map_err(engine_error(dir))?;
+        // What the layer was packed from is not needed again.
+        checkpoint.release_pages();
+        for (i, (sample, hidden)) in samples.iter().zip(&mut hidden).enumerate() {
+            layer
+                .observe_inputs(sample, hidden, &mut ranges[li..=li], bf16, &|_| {})
+                .map_err(engine_error(dir))?;
             progress.add(1);
             progress.note(&format!(
-                "sample {}/{}, layer {}/{layers}",
+                "layer {}/{layers}, sample {}/{}",
+                li + 1,
                 i + 1,
-                samples.len(),
-                li + 1
+                samples.len()
             ));
-        };
-        model
-            .observe_inputs(sample, &mut ranges, bf16, &layer_done)
-            .map_err(engine_error(dir))?;
+        }
     }
     let peak_rss_bytes = peak_rss_bytes();
     progress.finish(Some(&format!(

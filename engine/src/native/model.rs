@@ -17,7 +17,13 @@
 //! Calibration (`Model::observe_inputs`) runs the same pass over one sample and records
 //! the largest magnitude at each projection's input; for a bf16 model it rounds to bf16
 //! wherever transformers' bf16 model does, with eager attention, so that the ranges are
-//! those llm-compressor measures.
+//! those llm-compressor measures. It can run layer by layer: a model holding some of
+//! the layers (`Model::with_layers`) takes the hidden states its first layer reads and
+//! gives back those its last one writes, so a calibration holds one layer's weights
+//! and every sample's hidden states, not the whole model.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use sous_kernels::activation::quantize_dequantize_nvfp4;
@@ -63,12 +69,31 @@ pub enum Embeddings {
 pub struct Model {
     config: ModelConfig,
     precision: Precision,
-    embed: Packed,
+    /// Shared with the models [`Model::with_layers`] makes.
+    embed: Arc<Packed>,
+    /// The layers held: `first_layer..first_layer + layers.len()` of the decoder (all
+    /// of them, but in a model made by [`Model::with_layers`]).
     layers: Vec<Layer>,
+    first_layer: usize,
     norm: Vec<f32>,
     /// `None`: tied to `embed`.
-    lm_head: Option<Packed>,
+    lm_head: Option<Arc<Packed>>,
     rotary: Rotary,
+    /// The last pass's buffers, for the next.
+    scratch: Mutex<Scratch>,
+}
+
+/// A pass's buffers (see `Model::pass`).
+#[derive(Default)]
+struct Scratch {
+    normed: Vec<f32>,
+    q: Vec<f32>,
+    attn: Vec<f32>,
+    act: Vec<f32>,
+    qkv: Vec<f32>,
+    o: Vec<f32>,
+    gate_up: Vec<f32>,
+    down: Vec<f32>,
 }
 
 impl std::fmt::Debug for Model {
@@ -119,8 +144,8 @@ impl KvCache {
         KvCache {
             shape,
             blocks,
-            k: (0..model.config.layers).map(|_| committed()).collect(),
-            v: (0..model.config.layers).map(|_| committed()).collect(),
+            k: (0..model.layers.len()).map(|_| committed()).collect(),
+            v: (0..model.layers.len()).map(|_| committed()).collect(),
         }
     }
 
@@ -193,6 +218,10 @@ impl LayerInputs {
 /// What a calibration pass records, and how it rounds.
 struct Observer<'a> {
     ranges: &'a mut [LayerInputs],
+    /// The hidden states entering the first layer held (unused, and left empty, when
+    /// that is the decoder's first: the tokens are embedded), replaced by those leaving
+    /// the last layer held.
+    hidden: &'a mut Vec<f32>,
     bf16: bool,
     /// Called with each layer's index once the pass is through it.
     layer_done: &'a (dyn Fn(usize) + Sync),
@@ -230,81 +259,52 @@ impl Model {
         embeddings: Embeddings,
         max_len: usize,
     ) -> Result<Model, NativeError> {
-        let dtype = precision;
-        let stack = |name: String, parts: Vec<Packed>| {
-            Packed::stack(parts).map_err(|e| NativeError::Config {
-                path: name.into(),
-                message: format!("cannot fuse the projections: {e}"),
-            })
-        };
+        let all = 0..config.layers;
+        Model::load_parts(config, checkpoint, precision, embeddings, max_len, all)
+    }
+
+    /// The token embedding, final norm and output projection of `checkpoint` and none
+    /// of its layers: the start of a calibration that takes the layers one at a time
+    /// ([`Model::with_layers`]).
+    pub fn load_stem(
+        config: ModelConfig,
+        checkpoint: &Checkpoint,
+        precision: Precision,
+        max_len: usize,
+    ) -> Result<Model, NativeError> {
+        Model::load_parts(config, checkpoint, precision, Embeddings::Stored, max_len, 0..0)
+    }
+
+    /// A model holding `layers` of `checkpoint` (the one this model was loaded from),
+    /// in this model's precision, sharing its embedding and output projection. Its
+    /// calibration passes start from the hidden states entering `layers.start`.
+    pub fn with_layers(&self, checkpoint: &Checkpoint, layers: Range<usize>) -> Result<Model, NativeError> {
+        Ok(Model {
+            config: self.config.clone(),
+            precision: self.precision,
+            embed: Arc::clone(&self.embed),
+            layers: load_layers(&self.config, checkpoint, self.precision, layers.clone())?,
+            first_layer: layers.start,
+            norm: self.norm.clone(),
+            lm_head: self.lm_head.clone(),
+            rotary: self.rotary.clone(),
+            scratch: Mutex::default(),
+        })
+    }
+
+    fn load_parts(
+        config: ModelConfig,
+        checkpoint: &Checkpoint,
+        precision: Precision,
+        embeddings: Embeddings,
+        max_len: usize,
+        layers: Range<usize>,
+    ) -> Result<Model, NativeError> {
+        let first_layer = layers.start;
+        let layers = load_layers(&config, checkpoint, precision, layers)?;
         let c = &config;
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let mut layers = Vec::with_capacity(c.layers);
-        for i in 0..c.layers {
-            let p = format!("model.layers.{i}");
-            let q = checkpoint.linear(&format!("{p}.self_attn.q_proj"), [c.heads * hd, h], dtype)?;
-            let kp = checkpoint.linear(&format!("{p}.self_attn.k_proj"), [c.kv_heads * hd, h], dtype)?;
-            let v = checkpoint.linear(&format!("{p}.self_attn.v_proj"), [c.kv_heads * hd, h], dtype)?;
-            let qkv_bias = if c.attention_bias {
-                let mut bias = checkpoint.vector(&format!("{p}.self_attn.q_proj.bias"))?;
-                bias.extend(checkpoint.vector(&format!("{p}.self_attn.k_proj.bias"))?);
-                bias.extend(checkpoint.vector(&format!("{p}.self_attn.v_proj.bias"))?);
-                Some(bias)
-            } else {
-                None
-            };
-            let (q_norm, k_norm) = if c.family == Family::Qwen3 {
-                (
-                    Some(checkpoint.vector(&format!("{p}.self_attn.q_norm.weight"))?),
-                    Some(checkpoint.vector(&format!("{p}.self_attn.k_norm.weight"))?),
-                )
-            } else {
-                (None, None)
-            };
-            let input_scales = if checkpoint.quantization().activations() {
-                // Fused inputs take the largest of their members' scales, as vLLM does
-                // (`process_weights_after_loading` of its compressed-tensors W4A4
-                // scheme; its ModelOpt one takes the largest `input_scale` and inverts
-                // it); q/k/v and gate/up read one input, so they agree anyway.
-                let modelopt =
-                    checkpoint.quantization() == crate::native::weights::Quantization::Nvfp4W4a4ModelOpt;
-                let scale = |modules: &[&str]| -> Result<f32, NativeError> {
-                    let mut best = f32::NEG_INFINITY;
-                    for m in modules {
-                        let name = if modelopt {
-                            "input_scale"
-                        } else {
-                            "input_global_scale"
-                        };
-                        let values = checkpoint.vector(&format!("{p}.{m}.{name}"))?;
-                        best = values.iter().copied().fold(best, f32::max);
-                    }
-                    Ok(if modelopt { 1.0 / best } else { best })
-                };
-                Some([
-                    scale(&["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])?,
-                    scale(&["self_attn.o_proj"])?,
-                    scale(&["mlp.gate_proj", "mlp.up_proj"])?,
-                    scale(&["mlp.down_proj"])?,
-                ])
-            } else {
-                None
-            };
-            let gate = checkpoint.linear(&format!("{p}.mlp.gate_proj"), [c.intermediate_size, h], dtype)?;
-            let up = checkpoint.linear(&format!("{p}.mlp.up_proj"), [c.intermediate_size, h], dtype)?;
-            layers.push(Layer {
-                input_norm: checkpoint.vector(&format!("{p}.input_layernorm.weight"))?,
-                qkv: stack(format!("{p}.self_attn"), vec![q, kp, v])?,
-                qkv_bias,
-                q_norm,
-                k_norm,
-                o: checkpoint.linear(&format!("{p}.self_attn.o_proj"), [h, c.heads * hd], dtype)?,
-                post_norm: checkpoint.vector(&format!("{p}.post_attention_layernorm.weight"))?,
-                gate_up: stack(format!("{p}.mlp"), vec![gate, up])?,
-                down: checkpoint.linear(&format!("{p}.mlp.down_proj"), [h, c.intermediate_size], dtype)?,
-                input_scales,
-            });
-        }
+        let h = c.hidden_size;
+        let dtype = precision;
         const EMBED: &str = "model.embed_tokens.weight";
         // The lm_head's prefix, unless it is the embedding (tied and not stored apart).
         let head = (!c.tie_word_embeddings || checkpoint.has("lm_head.weight")).then_some("lm_head");
@@ -335,10 +335,12 @@ impl Model {
             norm: checkpoint.vector("model.norm.weight")?,
             config,
             precision,
-            embed,
+            embed: Arc::new(embed),
             layers,
-            lm_head,
+            first_layer,
+            lm_head: lm_head.map(Arc::new),
             rotary,
+            scratch: Mutex::default(),
         })
     }
 
@@ -355,7 +357,7 @@ impl Model {
     /// The output projection (the embedding where they are tied): the largest matrix,
     /// the one read last in every decode step.
     pub fn head(&self) -> &Packed {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+        self.lm_head.as_deref().unwrap_or(&self.embed)
     }
 
     /// A matrix of the layers (the first layer's gate and up projections): what the
@@ -381,7 +383,7 @@ impl Model {
 
     /// Bytes the weights take in memory.
     pub fn weight_bytes(&self) -> u64 {
-        let mut total = self.embed.bytes() + self.lm_head.as_ref().map_or(0, Packed::bytes);
+        let mut total = self.embed.bytes() + self.lm_head.as_deref().map_or(0, Packed::bytes);
         for l in &self.layers {
             total += l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes();
         }
@@ -412,10 +414,17 @@ impl Model {
     /// llm-compressor calibrates; the products still accumulate in f32, as PyTorch's
     /// do, in another order.
     ///
-    /// `layer_done` is called with each layer's index as the pass leaves it (progress).
+    /// `ranges` has one entry per layer this model holds, and `hidden` the hidden
+    /// states entering its first (`tokens.len() × hidden_size`; for a model from the
+    /// decoder's first layer, nothing: the tokens are embedded); the pass replaces them
+    /// with those leaving its last, for the next layers ([`Model::with_layers`]).
+    ///
+    /// `layer_done` is called with each layer's index (among those held) as the pass
+    /// leaves it (progress).
     pub fn observe_inputs(
         &self,
         tokens: &[u32],
+        hidden: &mut Vec<f32>,
         ranges: &mut [LayerInputs],
         bf16: bool,
         layer_done: &(dyn Fn(usize) + Sync),
@@ -439,6 +448,7 @@ impl Model {
         }];
         let observer = Observer {
             ranges,
+            hidden,
             bf16,
             layer_done,
         };
@@ -483,32 +493,63 @@ impl Model {
                 tables.push(s.blocks);
             }
         }
-        let mut x = vec![0.0f32; n * h];
-        for (row, &id) in x.chunks_exact_mut(h).zip(&tokens) {
-            if id as usize >= c.vocab_size {
-                return Err(NativeError::Internal(format!(
-                    "token id {id} is outside the vocabulary"
-                )));
+        let mut x = match observe.as_mut() {
+            // A calibration pass from a later layer: the hidden states an earlier one left.
+            Some(seen) if self.first_layer > 0 => {
+                if seen.hidden.len() != n * h {
+                    return Err(NativeError::Internal(format!(
+                        "{} hidden values enter layer {} for {n} tokens of {h}",
+                        seen.hidden.len(),
+                        self.first_layer
+                    )));
+                }
+                std::mem::take(seen.hidden)
             }
-            self.embed.row(id as usize, row);
-        }
-        let mut normed = vec![0.0f32; n * h];
+            _ => {
+                let mut x = vec![0.0f32; n * h];
+                for (row, &id) in x.chunks_exact_mut(h).zip(&tokens) {
+                    if id as usize >= c.vocab_size {
+                        return Err(NativeError::Internal(format!(
+                            "token id {id} is outside the vocabulary"
+                        )));
+                    }
+                    self.embed.row(id as usize, row);
+                }
+                x
+            }
+        };
+        // The pass's buffers, those of the last pass if no other pass holds them: fresh
+        // ones are fresh pages, faulted in and cleared by the kernel 4 KiB at a time
+        // (about 1 % of a 512-token prefill, and a tenth of a calibration that runs one
+        // layer per pass). Each is zeroed to its length here, as a fresh one would be.
+        let mut scratch = self
+            .scratch
+            .try_lock()
+            .map(|mut kept| std::mem::take(&mut *kept))
+            .unwrap_or_default();
+        let zeroed = |v: &mut Vec<f32>, len: usize| {
+            let mut v = std::mem::take(v);
+            v.clear();
+            v.resize(len, 0.0);
+            v
+        };
+        let mut normed = zeroed(&mut scratch.normed, n * h);
         let (q_len, kv_len) = (c.heads * hd, c.kv_heads * hd);
-        let mut q = vec![0.0f32; n * q_len];
-        let mut attn = vec![0.0f32; n * q_len];
-        let mut act = vec![0.0f32; n * c.intermediate_size];
+        let mut q = zeroed(&mut scratch.q, n * q_len);
+        let mut attn = zeroed(&mut scratch.attn, n * q_len);
+        let mut act = zeroed(&mut scratch.act, n * c.intermediate_size);
         // `bfloat16`: bf16 arithmetic in the products (inputs rounded to bf16).
         let product = match self.precision {
             Precision::Bf16 => gemm::matmul_bf16,
             Precision::Stored => gemm::matmul,
         };
-        // The products' outputs, allocated once per pass (fresh pages for every layer's
-        // products cost more than the norms between them).
+        // The products' outputs, once per pass (fresh pages for every layer's products
+        // cost more than the norms between them).
         let row_len = q_len + 2 * kv_len;
-        let mut qkv = vec![0.0f32; n * row_len];
-        let mut o = vec![0.0f32; n * h];
-        let mut gate_up = vec![0.0f32; n * 2 * c.intermediate_size];
-        let mut down = vec![0.0f32; n * h];
+        let mut qkv = zeroed(&mut scratch.qkv, n * row_len);
+        let mut o = zeroed(&mut scratch.o, n * h);
+        let mut gate_up = zeroed(&mut scratch.gate_up, n * 2 * c.intermediate_size);
+        let mut down = zeroed(&mut scratch.down, n * h);
         // The rows whose logits are asked for.
         let mut rows = Vec::new();
         let mut offset = 0;
@@ -582,7 +623,7 @@ impl Model {
             // asked for matter (a prompt chunk's last token, or none): the rest of the
             // layer runs on those rows alone. Every row's arithmetic is its own, so
             // their bits do not change. (Calibration observes every row.)
-            if li + 1 == self.layers.len() && observe.is_none() && rows.len() < n {
+            if self.first_layer + li + 1 == c.layers && observe.is_none() && rows.len() < n {
                 if rows.is_empty() {
                     break;
                 }
@@ -668,6 +709,23 @@ impl Model {
                 (seen.layer_done)(li);
             }
         }
+        if let Ok(mut kept) = self.scratch.try_lock() {
+            *kept = Scratch {
+                normed,
+                q,
+                attn,
+                act,
+                qkv,
+                o,
+                gate_up,
+                down,
+            };
+        }
+        // A calibration pass hands its hidden states on, for the layers after these.
+        if let Some(seen) = observe {
+            *seen.hidden = x;
+            return Ok(Vec::new());
+        }
         // Final norm and lm_head, only for the rows asked for (after a pruned last
         // layer, the first rows of `x`).
         if pruned {
@@ -685,4 +743,102 @@ impl Model {
         product(&hidden, rows.len(), head, &mut logits);
         Ok(logits)
     }
+}
+
+/// Loads layer `i` of the decoder from `checkpoint`, float weights held in `precision`.
+fn load_layer(
+    config: &ModelConfig,
+    checkpoint: &Checkpoint,
+    precision: Precision,
+    i: usize,
+) -> Result<Layer, NativeError> {
+    let dtype = precision;
+    let stack = |name: String, parts: Vec<Packed>| {
+        Packed::stack(parts).map_err(|e| NativeError::Config {
+            path: name.into(),
+            message: format!("cannot fuse the projections: {e}"),
+        })
+    };
+    let c = config;
+    let (h, hd) = (c.hidden_size, c.head_dim);
+    let p = format!("model.layers.{i}");
+    let q = checkpoint.linear(&format!("{p}.self_attn.q_proj"), [c.heads * hd, h], dtype)?;
+    let kp = checkpoint.linear(&format!("{p}.self_attn.k_proj"), [c.kv_heads * hd, h], dtype)?;
+    let v = checkpoint.linear(&format!("{p}.self_attn.v_proj"), [c.kv_heads * hd, h], dtype)?;
+    let qkv_bias = if c.attention_bias {
+        let mut bias = checkpoint.vector(&format!("{p}.self_attn.q_proj.bias"))?;
+        bias.extend(checkpoint.vector(&format!("{p}.self_attn.k_proj.bias"))?);
+        bias.extend(checkpoint.vector(&format!("{p}.self_attn.v_proj.bias"))?);
+        Some(bias)
+    } else {
+        None
+    };
+    let (q_norm, k_norm) = if c.family == Family::Qwen3 {
+        (
+            Some(checkpoint.vector(&format!("{p}.self_attn.q_norm.weight"))?),
+            Some(checkpoint.vector(&format!("{p}.self_attn.k_norm.weight"))?),
+        )
+    } else {
+        (None, None)
+    };
+    let input_scales = if checkpoint.quantization().activations() {
+        // Fused inputs take the largest of their members' scales, as vLLM does
+        // (`process_weights_after_loading` of its compressed-tensors W4A4
+        // scheme; its ModelOpt one takes the largest `input_scale` and inverts
+        // it); q/k/v and gate/up read one input, so they agree anyway.
+        let modelopt = checkpoint.quantization() == crate::native::weights::Quantization::Nvfp4W4a4ModelOpt;
+        let scale = |modules: &[&str]| -> Result<f32, NativeError> {
+            let mut best = f32::NEG_INFINITY;
+            for m in modules {
+                let name = if modelopt {
+                    "input_scale"
+                } else {
+                    "input_global_scale"
+                };
+                let values = checkpoint.vector(&format!("{p}.{m}.{name}"))?;
+                best = values.iter().copied().fold(best, f32::max);
+            }
+            Ok(if modelopt { 1.0 / best } else { best })
+        };
+        Some([
+            scale(&["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])?,
+            scale(&["self_attn.o_proj"])?,
+            scale(&["mlp.gate_proj", "mlp.up_proj"])?,
+            scale(&["mlp.down_proj"])?,
+        ])
+    } else {
+        None
+    };
+    let gate = checkpoint.linear(&format!("{p}.mlp.gate_proj"), [c.intermediate_size, h], dtype)?;
+    let up = checkpoint.linear(&format!("{p}.mlp.up_proj"), [c.intermediate_size, h], dtype)?;
+    Ok(Layer {
+        input_norm: checkpoint.vector(&format!("{p}.input_layernorm.weight"))?,
+        qkv: stack(format!("{p}.self_attn"), vec![q, kp, v])?,
+        qkv_bias,
+        q_norm,
+        k_norm,
+        o: checkpoint.linear(&format!("{p}.self_attn.o_proj"), [h, c.heads * hd], dtype)?,
+        post_norm: checkpoint.vector(&format!("{p}.post_attention_layernorm.weight"))?,
+        gate_up: stack(format!("{p}.mlp"), vec![gate, up])?,
+        down: checkpoint.linear(&format!("{p}.mlp.down_proj"), [h, c.intermediate_size], dtype)?,
+        input_scales,
+    })
+}
+
+/// Loads `layers` of the decoder, or says which are not in it.
+fn load_layers(
+    config: &ModelConfig,
+    checkpoint: &Checkpoint,
+    precision: Precision,
+    layers: Range<usize>,
+) -> Result<Vec<Layer>, NativeError> {
+    if layers.end > config.layers {
+        return Err(NativeError::Internal(format!(
+            "layers {layers:?} of a model of {} layers",
+            config.layers
+        )));
+    }
+    layers
+        .map(|i| load_layer(config, checkpoint, precision, i))
+        .collect()
 }

@@ -391,6 +391,23 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// Drops the pages of the mapped files from this process's memory (they stay in the
+    /// page cache, and are mapped again from it when next read). Weights already loaded
+    /// are copies and stay; a calibration that loads one layer at a time calls this
+    /// after each, so that it holds one layer, not every layer it has read.
+    #[allow(unsafe_code)]
+    pub fn release_pages(&self) {
+        for (_, map) in &self.maps {
+            // SAFETY: the mappings are read-only and of files never modified in place
+            // (see `map_file`): after MADV_DONTNEED a read faults the same bytes in from
+            // the file, so a slice borrowed from the mapping reads what it read before.
+            // A failure only leaves the pages where they were.
+            let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+    }
+}
+
 /// Maps a whole file read-only.
 #[allow(unsafe_code)]
 fn map_file(file: &File) -> std::io::Result<Mmap> {
