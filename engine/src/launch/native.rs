@@ -13,6 +13,14 @@ use crate::recipe::{EngineKind, Recipe};
 pub const RECIPE_FILE: &str = "native-recipe.toml";
 
 pub(super) fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, super::RenderError> {
+    if let Some(u) = crate::native::unhonoured(recipe) {
+        return Err(super::RenderError::Unsupported {
+            engine: "the native engine".into(),
+            key: u.key.into(),
+            message: u.message,
+            hint: Some(u.hint),
+        });
+    }
     let path = ctx.instance_dir.join(RECIPE_FILE);
     // `[deploy]` is nothing the engine process reads.
     let mut file = recipe.to_file();

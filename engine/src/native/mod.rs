@@ -162,6 +162,12 @@ pub struct Settings {
 impl Settings {
     /// The settings of `recipe`, serving the model in `model_dir`.
     pub fn from_recipe(recipe: &Recipe, model_dir: &Path) -> Result<Settings, NativeError> {
+        if let Some(u) = unhonoured(recipe) {
+            return Err(NativeError::Settings {
+                message: format!("the native engine cannot honour `{}`: {}", u.key, u.message),
+                hint: u.hint,
+            });
+        }
         let s = &recipe.serving;
         // `auto`/`float32`: f32 arithmetic on the checkpoint's own weights (a bf16
         // checkpoint stays bf16: widening is exact, so the numbers are the same and half
@@ -215,6 +221,91 @@ impl Settings {
             log_interval: Duration::from_secs(10),
         })
     }
+}
+
+/// A recipe setting the native engine does not honour: the key, why, and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhonoured {
+    /// The recipe key, e.g. `memory.kv_cache_dtype`.
+    pub key: &'static str,
+    /// Why the engine cannot honour it.
+    pub message: String,
+    /// What to do instead.
+    pub hint: String,
+}
+
+/// The first setting of `recipe` the native engine would otherwise ignore. Each is
+/// refused rather than dropped: a recipe that asks for an fp8 KV cache or a tool-call
+/// parser and silently gets neither would be measured, tuned and deployed as if it had.
+pub fn unhonoured(recipe: &Recipe) -> Option<Unhonoured> {
+    let refuse = |key: &'static str, message: &str, hint: &str| {
+        Some(Unhonoured {
+            key,
+            message: message.into(),
+            hint: hint.into(),
+        })
+    };
+    let (m, s) = (&recipe.memory, &recipe.serving);
+    if let Some(dtype) = m
+        .kv_cache_dtype
+        .filter(|d| *d != crate::recipe::KvCacheDtype::Auto)
+    {
+        return refuse(
+            "memory.kv_cache_dtype",
+            &format!(
+                "the native engine keeps its KV cache in f32 (values rounded to bf16 with `serving.dtype = \"bfloat16\"`), not {}",
+                dtype.as_str()
+            ),
+            "remove `memory.kv_cache_dtype` (or set it to \"auto\"); `memory.kv_cache_bytes` sets the cache's size",
+        );
+    }
+    if m.kv_offload_bytes.is_some() {
+        return refuse(
+            "memory.kv_offload_bytes",
+            "the native engine's KV cache is in host memory already; there is no tier to offload it to",
+            "remove `memory.kv_offload_bytes`, and give `memory.kv_cache_bytes` the memory instead",
+        );
+    }
+    let parallel = [
+        ("serving.tensor_parallel", s.tensor_parallel),
+        ("serving.pipeline_parallel", s.pipeline_parallel),
+        ("serving.data_parallel", s.data_parallel),
+    ];
+    if let Some((key, _)) = parallel.into_iter().find(|(_, n)| n.is_some_and(|n| n > 1)) {
+        return refuse(
+            key,
+            "the native engine is one process on the CPU; it spreads each product over the cores itself",
+            &format!("remove `{key}`; `RAYON_NUM_THREADS` in `[env]` sets how many cores it uses"),
+        );
+    }
+    if s.expert_parallel == Some(true) {
+        return refuse(
+            "serving.expert_parallel",
+            "the native engine serves dense Llama-family models, which have no experts",
+            "remove `serving.expert_parallel`",
+        );
+    }
+    let parsers = [
+        ("serving.reasoning_parser", s.reasoning_parser.is_some()),
+        // `serving.auto_tool_choice` needs a tool-call parser (the recipe checks), so
+        // refusing the parser refuses it too.
+        ("serving.tool_call_parser", s.tool_call_parser.is_some()),
+    ];
+    if let Some((key, _)) = parsers.into_iter().find(|(_, set)| *set) {
+        return refuse(
+            key,
+            "the native engine returns the model's text as it is: it parses no tool calls or reasoning",
+            &format!("remove `{key}`, or serve the model with vLLM or SGLang, which parse them"),
+        );
+    }
+    if s.trust_remote_code == Some(true) {
+        return refuse(
+            "serving.trust_remote_code",
+            "the native engine runs no code from the model's repository; it implements the architectures it serves",
+            "remove `serving.trust_remote_code`",
+        );
+    }
+    None
 }
 
 /// A loaded engine, ready to serve.
