@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark: `sous pull` vs huggingface_hub's `snapshot_download` vs plain `curl`, all
 # fetching the same files from the same `sous hub serve` mirror on loopback, cold cache
-# every run, interleaved so machine noise hits all of them alike. The mirror lists each
+# every run, interleaved (the order turned each round) so machine noise hits all of them
+# alike. The mirror lists each
 # LFS file's Xet hash (--xet-hash), as the Hub does for files in Xet storage; the
 # mirror does not speak the Xet transfer protocol, so huggingface_hub runs with
 # HF_HUB_DISABLE_XET=1 (plain HTTP, as from any mirror). `sous pull` runs three
@@ -64,8 +65,12 @@ bench() {
   # The mirror indexes (hashes) the repository on its first request: not timed.
   curl -sf "$url/api/models/$repo" > /dev/null
   echo "$label bytes $bytes" >> "$work/results"
-  for _ in $(seq "$n"); do
-    for variant in sous sous-sha256 sous-sha256-portable huggingface_hub curl; do
+  local variants=(sous sous-sha256 sous-sha256-portable huggingface_hub curl)
+  for round in $(seq 0 $((n - 1))); do
+    # The order turns each round, so that no tool always runs first or after the same
+    # one: on a shared host a pull's time moves by tens of percent between minutes.
+    local order=("${variants[@]:round % 5}" "${variants[@]:0:round % 5}")
+    for variant in "${order[@]}"; do
       rm -rf "$work/c"; sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
       # The source files stay hot: the mirror serves from the page cache, as a CDN
       # serves from memory; only the client side is measured.
