@@ -66,9 +66,13 @@ fn pull_lands_in_the_hub_cache_and_a_second_pull_is_a_noop() {
         assert!(first[key].as_f64().expect(key) > 0.0, "{key}: {first}");
     }
     assert!(
-        ["download", "verification"].contains(&first["bound"].as_str().expect("bound")),
+        ["download", "verification", "disk"].contains(&first["bound"].as_str().expect("bound")),
         "{first}"
     );
+    // The ranges' time inside writes is measured: a share, above zero (every byte was
+    // written) and at most all of it.
+    let write_share = first["write_share"].as_f64().expect("write_share");
+    assert!(write_share > 0.0 && write_share <= 1.0, "{first}");
     assert!(first["files_at_once"].as_u64().expect("files at once") >= 4);
     // The mirror lists each LFS file's Xet hash, as the Hub does for Xet storage: the
     // three shards are checked with it, the small files with their git sha1.

@@ -141,7 +141,14 @@ pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
                 report.download_mb_per_s,
                 report.verify_mb_per_s,
                 with.join(" and "),
-                report.bound,
+                match report.bound {
+                    // Say why: the writes, not the network, held the ranges.
+                    "disk" => format!(
+                        "the disk: writes took {:.0} % of the download's time",
+                        report.write_share * 100.0
+                    ),
+                    other => other.to_owned(),
+                },
             ),
         );
     }

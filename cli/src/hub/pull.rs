@@ -96,7 +96,14 @@ pub struct PullReport {
     /// Seconds between the last byte on disk and the last digest: what verification
     /// added to the pull.
     pub verify_tail_seconds: f64,
-    /// Which of the two bounded the pull: `download` or `verification`.
+    /// The share of the async runtime's worker time, from the first request to the last
+    /// byte, spent inside writes into the partial files (0 to 1): small while the page
+    /// cache takes the bytes, large when the kernel holds the writers back for its
+    /// writeback to the disk.
+    pub write_share: f64,
+    /// What bounded the pull: `verification` (hashing added more than a tenth to the
+    /// download), `disk` (the workers spent more than half their time writing), else
+    /// `download`.
     pub bound: &'static str,
     /// The SHA-256 implementation and the CPU path it took (`sha2 (SHA-NI)`).
     pub sha256: String,
@@ -285,6 +292,7 @@ pub async fn pull(
         verify_mb_per_s: 0.0,
         verify_mb_per_cpu_s: 0.0,
         verify_tail_seconds: 0.0,
+        write_share: 0.0,
         bound: "download",
         sha256: download::sha256::Backend::current().describe(),
         verified_with: BTreeMap::new(),
@@ -421,6 +429,7 @@ pub async fn pull(
     let mut downloaded = 0;
     let mut resumed = 0;
     let (mut hashed, mut hash_busy) = (0, std::time::Duration::ZERO);
+    let mut write_busy = std::time::Duration::ZERO;
     let (mut downloaded_at, mut verified_at) = (fetch_started, fetch_started);
     let mut verified_with = BTreeMap::new();
     let mut failure = None;
@@ -431,6 +440,7 @@ pub async fn pull(
                 resumed += fetched.resumed;
                 hashed += fetched.hashed;
                 hash_busy += fetched.hash_busy;
+                write_busy += fetched.write_busy;
                 if let Some(check) = fetched.check {
                     *verified_with.entry(check.name()).or_insert(0) += 1;
                 }
@@ -484,6 +494,11 @@ pub async fn pull(
     let download_seconds = (downloaded_at - fetch_started).as_secs_f64();
     let verify_seconds = (verified_at - fetch_started).as_secs_f64();
     let tail = (verified_at - downloaded_at).as_secs_f64();
+    // The writes run on the runtime's workers (a write of one network chunk is too
+    // short to hand to a blocking thread), so their share of the workers' time says
+    // whether the disk held the pull.
+    let workers = tokio::runtime::Handle::current().metrics().num_workers().max(1);
+    let write_share = (write_busy.as_secs_f64() / (download_seconds.max(1e-9) * workers as f64)).min(1.0);
     Ok(PullReport {
         downloaded_bytes: downloaded,
         resumed_bytes: resumed,
@@ -495,7 +510,8 @@ pub async fn pull(
         verify_mb_per_s: rate(hashed, verify_seconds),
         verify_mb_per_cpu_s: rate(hashed, hash_busy.as_secs_f64()),
         verify_tail_seconds: tail,
-        bound: verification_bound(tail, verify_seconds),
+        write_share,
+        bound: bound(tail, verify_seconds, write_share),
         files_at_once: files_at_once_count,
         verified_with,
         up_to_date: false,
@@ -503,11 +519,16 @@ pub async fn pull(
     })
 }
 
-/// Verification bounded a pull when it added more than a tenth to the time the bytes
-/// took to arrive (the hash of the last megabytes always comes after them).
-fn verification_bound(tail: f64, verify_seconds: f64) -> &'static str {
+/// What bounded a pull. Verification, when it added more than a tenth to the time the
+/// bytes took to arrive (the hash of the last megabytes always comes after them); else
+/// the disk, when the workers spent more than half their time inside writes (the kernel
+/// holds writers back once more dirty pages wait for the disk than it allows); else the
+/// download itself: the network, or on loopback the CPU that serves and receives.
+fn bound(tail: f64, verify_seconds: f64, write_share: f64) -> &'static str {
     if tail > 0.1 * (verify_seconds - tail).max(0.0) && tail > 0.05 {
         "verification"
+    } else if write_share > 0.5 {
+        "disk"
     } else {
         "download"
     }
@@ -581,5 +602,21 @@ async fn acquire_lock(path: &Path, job: &FileJob) -> Result<fs::File, PullError>
             path: path.to_path_buf(),
             source: e,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bound;
+
+    #[test]
+    fn the_bound_is_the_hash_then_the_disk_then_the_download() {
+        // Hashing finished 2 s after a 10 s download: verification.
+        assert_eq!(bound(2.0, 12.0, 0.9), "verification");
+        // Hashing kept up; the workers spent 70 % of their time writing: the disk.
+        assert_eq!(bound(0.01, 10.0, 0.7), "disk");
+        // Neither: the download.
+        assert_eq!(bound(0.01, 10.0, 0.05), "download");
+        assert_eq!(bound(0.01, 10.0, 0.5), "download");
     }
 }

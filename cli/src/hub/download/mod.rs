@@ -39,7 +39,7 @@ pub mod xet;
 
 use hash::{Chunks, Hashed, hash_in_order};
 pub use hash::{hash_file, lfs_hashes};
-use ranges::fetch_ranges;
+use ranges::{Timing, fetch_ranges};
 use state::read_state;
 
 use std::collections::HashMap;
@@ -284,6 +284,8 @@ pub struct Fetched {
     pub check: Option<Check>,
     /// Time the hashing thread spent computing (waiting for bytes excluded).
     pub hash_busy: std::time::Duration,
+    /// Time the ranges spent inside writes into the partial file, summed over them.
+    pub write_busy: std::time::Duration,
     /// When the last byte was on disk.
     pub downloaded_at: Option<Instant>,
     /// When the digest was ready.
@@ -375,6 +377,7 @@ pub async fn fetch(
         let verified = counters.verified.clone();
         tokio::task::spawn_blocking(move || hash_in_order(&path, check, size, &chunks, &verified))
     };
+    let timing = Arc::new(Timing::default());
     let result = fetch_ranges(
         client,
         job,
@@ -385,6 +388,7 @@ pub async fn fetch(
         &log,
         &progress,
         &chunks,
+        &timing,
     )
     .await;
     if result.is_err() {
@@ -415,6 +419,7 @@ pub async fn fetch(
         hashed: job.size,
         check: Some(check),
         hash_busy: busy,
+        write_busy: timing.writing(),
         downloaded_at: Some(downloaded_at),
         verified_at: Some(verified_at),
     })

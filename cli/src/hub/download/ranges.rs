@@ -16,7 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use reqwest::{StatusCode, header};
@@ -32,6 +32,23 @@ const RECORD_EVERY: u64 = 1 << 20;
 /// Attempts per range before the pull gives up (and can be resumed).
 const ATTEMPTS: u32 = 5;
 
+/// Time the ranges spent inside writes into the partial file, summed over them, in
+/// nanoseconds. The writes run on the async runtime's worker threads: while the page
+/// cache takes the bytes a write costs microseconds, but once more dirty pages wait for
+/// the disk than the kernel allows, it holds each writer back until its writeback
+/// catches up, and the workers spend their time there instead of reading the network.
+#[derive(Debug, Default)]
+pub(super) struct Timing {
+    writing: AtomicU64,
+}
+
+impl Timing {
+    /// Time inside writes.
+    pub(super) fn writing(&self) -> Duration {
+        Duration::from_nanos(self.writing.load(Ordering::Relaxed))
+    }
+}
+
 /// Runs the ranges: the first alone (it follows the Hub's redirect), then the rest
 /// `per_file` at a time.
 #[allow(clippy::too_many_arguments)]
@@ -45,6 +62,7 @@ pub(super) async fn fetch_ranges(
     log: &Arc<Mutex<File>>,
     progress: &Arc<AtomicU64>,
     chunks: &Arc<Chunks>,
+    timing: &Arc<Timing>,
 ) -> Result<(), DownloadError> {
     let partial = job.partial();
 
@@ -59,7 +77,7 @@ pub(super) async fn fetch_ranges(
             .acquire_owned()
             .await
             .map_err(|_| closed(job))?;
-        fetch_range(client, job, &source, first, file, log, progress, chunks).await?;
+        fetch_range(client, job, &source, first, file, log, progress, chunks, timing).await?;
         drop(permit);
     }
     let mut tasks = tokio::task::JoinSet::new();
@@ -71,7 +89,7 @@ pub(super) async fn fetch_ranges(
             .acquire_owned()
             .await
             .map_err(|_| closed(job))?;
-        let (client, job, source, file, log, progress, chunks) = (
+        let (client, job, source, file, log, progress, chunks, timing) = (
             client.clone(),
             job.clone(),
             source.clone(),
@@ -79,9 +97,13 @@ pub(super) async fn fetch_ranges(
             log.clone(),
             progress.clone(),
             chunks.clone(),
+            timing.clone(),
         );
         tasks.spawn(async move {
-            let result = fetch_range(&client, &job, &source, range, &file, &log, &progress, &chunks).await;
+            let result = fetch_range(
+                &client, &job, &source, range, &file, &log, &progress, &chunks, &timing,
+            )
+            .await;
             drop((permit, file_permit));
             result
         });
@@ -175,6 +197,7 @@ async fn fetch_range(
     log: &Mutex<File>,
     progress: &AtomicU64,
     chunks: &Chunks,
+    timing: &Timing,
 ) -> Result<(), DownloadError> {
     let chunk_start = index * CHUNK;
     let mut offset = from;
@@ -242,12 +265,15 @@ async fn fetch_range(
                 let room = end.saturating_sub(offset) as usize;
                 let piece = &piece[..piece.len().min(room)];
                 // Blocking, but a write of one network chunk into the page cache.
-                file.write_all_at(piece, offset)
-                    .map_err(|source| DownloadError::Io {
-                        action: "writing",
-                        path: job.partial(),
-                        source,
-                    })?;
+                let writing = Instant::now();
+                let written = file.write_all_at(piece, offset);
+                let nanos = writing.elapsed().as_nanos() as u64;
+                timing.writing.fetch_add(nanos, Ordering::Relaxed);
+                written.map_err(|source| DownloadError::Io {
+                    action: "writing",
+                    path: job.partial(),
+                    source,
+                })?;
                 offset += piece.len() as u64;
                 since_record += piece.len() as u64;
                 progress.fetch_add(piece.len() as u64, Ordering::Relaxed);
