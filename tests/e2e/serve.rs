@@ -289,6 +289,8 @@ fn native_engine_runs_as_a_sous_process_and_refuses_what_it_cannot_run() {
         "the resolved recipe is written for the engine process: {stdout}"
     );
 
+    // A recipe written for vLLM, moved to the native engine: its parsers are refused by
+    // key, not dropped.
     let (code, _, stderr) = run(sous().args([
         "serve",
         "--recipe",
@@ -296,29 +298,44 @@ fn native_engine_runs_as_a_sous_process_and_refuses_what_it_cannot_run() {
         "--set",
         "engine.kind=native",
     ]));
-    assert_eq!(code, 1);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("the native engine cannot honour `serving.reasoning_parser`")
+            && stderr.contains("remove `serving.reasoning_parser`"),
+        "{stderr}"
+    );
+
+    // A native recipe whose model is not there.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recipe = dir.path().join("native.toml");
+    let write_recipe = |model: &std::path::Path| {
+        std::fs::write(
+            &recipe,
+            format!(
+                "name = \"native-check\"\n[model]\npath = \"{}\"\n[engine]\nkind = \"native\"\n",
+                model.display()
+            ),
+        )
+        .expect("recipe");
+    };
+    write_recipe(std::path::Path::new("/model"));
+    let (code, _, stderr) = run(sous().args(["serve", "--recipe"]).arg(&recipe));
+    assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains("`model.path` `/model` does not exist"),
         "{stderr}"
     );
 
     // A model of an architecture the native engine does not run: refused by name.
-    let dir = tempfile::tempdir().expect("tempdir");
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).expect("model dir");
     std::fs::write(
-        dir.path().join("config.json"),
+        model.join("config.json"),
         r#"{"architectures": ["Qwen3NextForCausalLM"], "hidden_size": 8}"#,
     )
     .expect("config");
-    let set = format!("model.path={}", dir.path().display());
-    let (code, _, stderr) = run(sous().args([
-        "serve",
-        "--recipe",
-        "recipes/titan/qwen3.8-flash-next.toml",
-        "--set",
-        "engine.kind=native",
-        "--set",
-        &set,
-    ]));
+    write_recipe(&model);
+    let (code, _, stderr) = run(sous().args(["serve", "--recipe"]).arg(&recipe));
     assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains("the native engine cannot run architecture `Qwen3NextForCausalLM`")
