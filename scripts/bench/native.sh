@@ -16,6 +16,14 @@
 #   scripts/bench/native.sh [--precision f32|bf16|q4_0|q4_1] [--peer llama-server|llama-cpp-python|both|none]
 #                           [--no-sous] [--quick] [--threads N] [--wait-quiet SECONDS]
 #                           [--sous-dtype float32|bfloat16] [--sweep] [--isa native|avx2]
+#                           [--rounds N]
+#
+# --rounds N (default 1) measures every server N times, one after another, the order turned
+# each round (sous first in odd rounds, the peer first in even ones), so that a minute of a
+# busy host does not land on one server alone. The table then gives each measure's median
+# over the rounds with its range, the ratio of the medians, and in how many rounds sous was
+# ahead of the peer measured beside it in the same round. Perplexities and --sweep run in
+# the first round only (they do not vary between rounds).
 #
 # --isa avx2 runs both sides on AVX2 (with FMA and F16C) alone, as on a CPU without AVX-512:
 # sous with SOUS_KERNELS_ISA=avx2, llama.cpp from a second build without its AVX-512
@@ -74,6 +82,7 @@ PEER=llama-server
 RUN_SOUS=1
 QUICK=0
 SWEEP=0
+ROUNDS=1
 WAIT_QUIET=0
 THREADS="${THREADS:-$(nproc)}"
 PORT="${PORT:-18400}"
@@ -91,6 +100,7 @@ while [[ $# -gt 0 ]]; do
         --no-sous) RUN_SOUS=0; shift ;;
         --quick) QUICK=1; shift ;;
         --sweep) SWEEP=1; shift ;;
+        --rounds) ROUNDS="$2"; shift 2 ;;
         --threads) THREADS="$2"; shift 2 ;;
         --wait-quiet) WAIT_QUIET="$2"; shift 2 ;;
         --isa) ISA="$2"; shift 2 ;;
@@ -100,6 +110,7 @@ while [[ $# -gt 0 ]]; do
 done
 case "$PRECISION" in f32|bf16|q4_0|q4_1) ;; *) echo "native.sh: --precision is f32, bf16, q4_0 or q4_1" >&2; exit 2 ;; esac
 case "$PEER" in llama-server|llama-cpp-python|both|none) ;; *) echo "native.sh: bad --peer $PEER" >&2; exit 2 ;; esac
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "native.sh: --rounds is a whole number of at least 1, not '$ROUNDS'" >&2; exit 2; }
 case "$ISA" in
     native) ;;
     avx2)
@@ -159,15 +170,6 @@ wait_http_200() {
     return 1
 }
 
-# Runs the client against the server on $PORT; $1 is the label (file name), the rest goes
-# to native_client.py.
-run_client() {
-    local label="$1"; shift
-    python3 scripts/bench/native_client.py --base-url "http://127.0.0.1:$PORT" --model "$MODEL_NAME" \
-        --label "$label" --server-pid "$SERVER_PID" --out "$OUT/$label.json" --markdown "$OUT/$label.md" \
-        "${CLIENT_ARGS[@]}" "$@"
-}
-
 # With --sweep: `sous bench sweep` against the server on $PORT into $OUT/sweep-$1.
 run_sweep() {
     [[ "$SWEEP" == 1 ]] || return 0
@@ -218,30 +220,73 @@ start_llama_cpp_python() {
 
 results=()
 
-# 1. sous (first, so a failure to start shows before the long peer runs).
-if [[ "$RUN_SOUS" == 1 ]]; then
-    say "sous native, bf16 weights ($PRECISION compute)"
+# The results of round $2 of server label $1: `label.json` alone, `label.rN.json` with
+# --rounds.
+result_file() {
+    if [[ "$ROUNDS" == 1 ]]; then echo "$OUT/$1.json"; else echo "$OUT/$1.r$2.json"; fi
+}
+
+# ", round R of N" with --rounds, nothing without.
+of_rounds() {
+    [[ "$ROUNDS" == 1 ]] || echo ", round $1 of $ROUNDS"
+}
+
+# Runs the client against the server on $PORT into round $2's file of label $1; the rest
+# goes to native_client.py.
+run_round_client() {
+    local label="$1" round="$2"; shift 2
+    python3 scripts/bench/native_client.py --base-url "http://127.0.0.1:$PORT" --model "$MODEL_NAME" \
+        --label "$label" --server-pid "$SERVER_PID" --out "$(result_file "$label" "$round")" \
+        --markdown "$(result_file "$label" "$round" | sed 's/\.json$/.md/')" "${CLIENT_ARGS[@]}" "$@"
+    results+=("$(result_file "$label" "$round")")
+}
+
+# 1. sous, round $1 (perplexity and sweep in the first round alone).
+sous_round() {
+    local round="$1" ppl=() nvfp4=()
+    [[ "$round" == 1 ]] && ppl=(--perplexity "$PPL_TEXT")
+    say "sous native, bf16 weights ($PRECISION compute)$(of_rounds "$round")"
     if start_sous recipes/local/smollm2-135m.toml; then
-        run_client "sous-bf16" --perplexity "$PPL_TEXT"
-        run_sweep "sous-bf16"
+        run_round_client "sous-bf16" "$round" "${ppl[@]}"
+        [[ "$round" == 1 ]] && run_sweep "sous-bf16"
         stop_server
-        results+=("$OUT/sous-bf16.json")
         # Beside a 4-bit GGUF the NVFP4 model is measured in full; otherwise its
-        # perplexity only.
-        nvfp4=(--only-perplexity --perplexity "$PPL_TEXT")
-        [[ "$PRECISION" == q4_* ]] && nvfp4=(--perplexity "$PPL_TEXT")
-        say "sous native, NVFP4 weights (${nvfp4[0]})"
+        # perplexity only (first round).
+        if [[ "$PRECISION" == q4_* ]]; then
+            nvfp4=("${ppl[@]}")
+        elif [[ "$round" == 1 ]]; then
+            nvfp4=(--only-perplexity --perplexity "$PPL_TEXT")
+        else
+            return 0
+        fi
+        say "sous native, NVFP4 weights"
         if start_sous recipes/local/smollm2-135m-nvfp4.toml; then
-            run_client "sous-nvfp4" "${nvfp4[@]}"
+            run_round_client "sous-nvfp4" "$round" "${nvfp4[@]}"
             stop_server
-            results+=("$OUT/sous-nvfp4.json")
         fi
     else
         say "sous skipped: it did not start"
     fi
-fi
+}
 
-# 2. llama.cpp.
+# 2. llama.cpp, round $1.
+peer_round() {
+    local round="$1"
+    if [[ "$PEER" == llama-server || "$PEER" == both ]]; then
+        say "llama.cpp llama-server, $PREC_UPPER GGUF, $KV KV cache$(of_rounds "$round")"
+        start_llama_server "$GGUF" "$KV"
+        run_round_client "llama-server-$PRECISION" "$round"
+        [[ "$round" == 1 ]] && run_sweep "llama-server-$PRECISION"
+        stop_server
+    fi
+    if [[ "$PEER" == llama-cpp-python || "$PEER" == both ]]; then
+        say "llama-cpp-python llama_cpp.server, $PREC_UPPER GGUF$(of_rounds "$round")"
+        start_llama_cpp_python "$GGUF" "$OUT/llama-cpp-python.log"
+        run_round_client "llama-cpp-python-$PRECISION" "$round" --no-ignore-eos-field --eos-logit-bias "$EOS_IDS"
+        stop_server
+    fi
+}
+
 if [[ "$PEER" != none ]]; then
     setup="$(scripts/bench/llamacpp-setup.sh)" || die "llama.cpp set-up failed"
     eval "$setup"
@@ -252,21 +297,21 @@ if [[ "$PEER" != none ]]; then
         q4_1) GGUF="$GGUF_Q4_1"; KV=f32 ;;
     esac
     PREC_UPPER="$(echo "$PRECISION" | tr a-z A-Z)"
-    if [[ "$PEER" == llama-server || "$PEER" == both ]]; then
-        say "llama.cpp llama-server, $PREC_UPPER GGUF, $KV KV cache"
-        start_llama_server "$GGUF" "$KV"
-        run_client "llama-server-$PRECISION"
-        run_sweep "llama-server-$PRECISION"
-        stop_server
-        results+=("$OUT/llama-server-$PRECISION.json")
+fi
+
+# sous first in odd rounds (so a failure to start shows before the long peer runs), the
+# peer first in even ones.
+for ((round = 1; round <= ROUNDS; round++)); do
+    if ((round % 2 == 1)); then
+        [[ "$RUN_SOUS" == 1 ]] && sous_round "$round"
+        [[ "$PEER" != none ]] && peer_round "$round"
+    else
+        [[ "$PEER" != none ]] && peer_round "$round"
+        [[ "$RUN_SOUS" == 1 ]] && sous_round "$round"
     fi
-    if [[ "$PEER" == llama-cpp-python || "$PEER" == both ]]; then
-        say "llama-cpp-python llama_cpp.server, $PREC_UPPER GGUF"
-        start_llama_cpp_python "$GGUF" "$OUT/llama-cpp-python.log"
-        run_client "llama-cpp-python-$PRECISION" --no-ignore-eos-field --eos-logit-bias "$EOS_IDS"
-        stop_server
-        results+=("$OUT/llama-cpp-python-$PRECISION.json")
-    fi
+done
+
+if [[ "$PEER" != none ]]; then
     # llama.cpp's perplexity over the same text, in-process (no llama.cpp server returns
     # correct prompt logprobs for a BOS-less prompt: see llamacpp_perplexity.py).
     say "llama.cpp perplexity ($PREC_UPPER GGUF, llama-cpp-python with logits_all)"
@@ -277,7 +322,10 @@ fi
 
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.txt"
 [[ ${#results[@]} -gt 0 ]] || die "nothing was measured"
-python3 scripts/bench/native_compare.py --machine "$OUT/machine.txt" "${results[@]}" | tee "$OUT/summary.md"
+compare=(--machine "$OUT/machine.txt")
+# Beside a 4-bit GGUF the ratios are the NVFP4 model's.
+[[ "$PRECISION" == q4_* ]] && compare+=(--sous sous-nvfp4)
+python3 scripts/bench/native_compare.py "${compare[@]}" "${results[@]}" | tee "$OUT/summary.md"
 if [[ "$SWEEP" == 1 && -f "$OUT/sweep-sous-bf16/sweep.json" && -f "$OUT/sweep-llama-server-$PRECISION/sweep.json" ]]; then
     "$SOUS" bench compare "$OUT/sweep-llama-server-$PRECISION/sweep.json" "$OUT/sweep-sous-bf16/sweep.json" \
         | tee "$OUT/sweep-compare.md"
