@@ -275,7 +275,9 @@ pub fn model(files: &ModelFiles, recipe: &Recipe) -> Result<Model, ModelError> {
         .then(|| {
             sous_engine::native::config::ModelConfig::parse(&config.to_string(), Path::new("config.json"))
                 .ok()
-                .map(|c| sous_engine::native::model::kv_bytes_per_token(&c))
+                .map(|c| {
+                    sous_engine::native::model::kv_bytes_per_token(&c, sous_engine::native::kv_dtype(recipe))
+                })
         })
         .flatten();
     Ok(Model {

@@ -32,6 +32,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok("q8_0") => Embeddings::Q8_0,
         _ => Embeddings::Stored,
     };
+    // `KV=bf16`: as `memory.kv_cache_dtype = "bfloat16"`.
+    let kv_dtype = match std::env::var("KV").as_deref() {
+        Ok("bf16") => sous_engine::native::KvDtype::Bf16,
+        _ => sous_engine::native::KvDtype::F32,
+    };
     let model = Model::load_with(config, &checkpoint, precision, embeddings, 4096)?;
     if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.tuning_matrix()) {
         println!("{calibration}");
@@ -48,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     // `BATCH=N`: N sequences decoding side by side, one token each per step.
     let batch_size: usize = std::env::var("BATCH").map_or(Ok(1), |s| s.parse())?;
-    let mut cache = KvCache::new(&model, 64 * batch_size, 16);
+    let mut cache = KvCache::with_dtype(&model, 64 * batch_size, 16, kv_dtype);
     let tables: Vec<Vec<u32>> = (0..batch_size as u32)
         .map(|b| (64 * b..64 * (b + 1)).collect())
         .collect();
@@ -94,7 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     // One prompt chunk of 512 tokens (a prefill), timed the same way.
     let prompt: Vec<u32> = (0..512u32).map(|i| 100 + i * 7 % 4000).collect();
-    let mut cache = KvCache::new(&model, 64, 16);
+    let mut cache = KvCache::with_dtype(&model, 64, 16, kv_dtype);
     for round in 0..if prefill_only { 10 } else { 3 } {
         let started = Instant::now();
         let batch = [BatchSeq {
@@ -122,6 +127,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         served_name: "m".into(),
         precision,
         embeddings,
+        kv_dtype,
         max_model_len: Some(4096),
         max_num_seqs: batch_size.max(8),
         max_batched_tokens: 512,

@@ -87,25 +87,17 @@ impl Loop {
         speculative: Option<Ngram>,
         precision: Precision,
     ) -> Loop {
-        let settings = Settings {
-            model_dir: dir.to_owned(),
-            served_name: "smollm2".into(),
-            precision,
-            embeddings: Default::default(),
-            max_model_len: Some(2048),
+        Loop::launch(settings(
+            dir,
+            prefix_caching,
             max_num_seqs,
             max_batched_tokens,
-            prefix_caching,
-            chunked_prefill: true,
             speculative,
-            kv_cache_bytes: Some(256 << 20),
-            memory_fraction: None,
-            host: "127.0.0.1".into(),
-            port: 0,
-            api_key: None,
-            stop_grace: Duration::from_secs(1),
-            log_interval: Duration::from_secs(3600),
-        };
+            precision,
+        ))
+    }
+
+    fn launch(settings: Settings) -> Loop {
         let engine =
             Engine::load(settings, Arc::new(sous_engine::reporter::Silent)).expect("the engine loads");
         let (tx, rx) = unbounded_channel();
@@ -177,6 +169,37 @@ impl Drop for Loop {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The engine settings the tests run with (a 256 MiB KV cache, 2,048 tokens a sequence).
+fn settings(
+    dir: &std::path::Path,
+    prefix_caching: bool,
+    max_num_seqs: usize,
+    max_batched_tokens: usize,
+    speculative: Option<Ngram>,
+    precision: Precision,
+) -> Settings {
+    Settings {
+        model_dir: dir.to_owned(),
+        served_name: "smollm2".into(),
+        precision,
+        embeddings: Default::default(),
+        kv_dtype: Default::default(),
+        max_model_len: Some(2048),
+        max_num_seqs,
+        max_batched_tokens,
+        prefix_caching,
+        chunked_prefill: true,
+        speculative,
+        kv_cache_bytes: Some(256 << 20),
+        memory_fraction: None,
+        host: "127.0.0.1".into(),
+        port: 0,
+        api_key: None,
+        stop_grace: Duration::from_secs(1),
+        log_interval: Duration::from_secs(3600),
     }
 }
 
@@ -436,6 +459,15 @@ fn prompt_logprobs(engine: &Loop, prompt: &[u32]) -> Vec<f32> {
     panic!("no prompt logprobs")
 }
 
+/// The mean absolute difference of two runs' log-probabilities.
+fn mean_gap(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| f64::from((x - y).abs()))
+        .sum::<f64>()
+        / a.len() as f64
+}
+
 #[test]
 fn bf16_arithmetic_stays_close_to_f32_over_a_long_prompt() {
     let Some(dir) = model_dir() else { return };
@@ -454,12 +486,7 @@ fn bf16_arithmetic_stays_close_to_f32_over_a_long_prompt() {
     assert_eq!(f32s.len(), text.len() - 1);
     assert_eq!(bf16.len(), f32s.len());
     let mean = |v: &[f32]| v.iter().map(|x| f64::from(*x)).sum::<f64>() / v.len() as f64;
-    let gap: f64 = f32s
-        .iter()
-        .zip(&bf16)
-        .map(|(a, b)| f64::from((a - b).abs()))
-        .sum::<f64>()
-        / f32s.len() as f64;
+    let gap = mean_gap(&f32s, &bf16);
     // Different arithmetic (bf16 inputs), the same model: per-token log-probabilities
     // within a few hundredths of a nat on average, and the same mean to 1 %.
     assert!(
@@ -472,6 +499,74 @@ fn bf16_arithmetic_stays_close_to_f32_over_a_long_prompt() {
         "{} vs {}",
         mean(&bf16),
         mean(&f32s)
+    );
+}
+
+/// `memory.kv_cache_dtype = "bfloat16"`: keys and values rounded to bf16 in the cache. The
+/// same budget holds twice the tokens, the log-probabilities stay within a few
+/// thousandths of a nat of the f32 cache's, and greedy decoding of the fixture prompts
+/// keeps almost every token (a rounding can tip a near tie).
+#[test]
+fn a_bf16_kv_cache_holds_twice_the_tokens_and_keeps_the_numbers_close() {
+    use sous_engine::native::KvDtype;
+    let Some(dir) = model_dir() else { return };
+    let fixture = fixture();
+    let text: Vec<u32> = greedy_prompts(&fixture)
+        .into_iter()
+        .flat_map(|(_, input, _)| input)
+        .collect();
+    let text = [text.clone(), text].concat();
+    let f32s = Loop::start(&dir, false, 4, 128);
+    let bf16 = Loop::launch(Settings {
+        kv_dtype: KvDtype::Bf16,
+        ..settings(&dir, false, 4, 128, None, Precision::Stored)
+    });
+    let info = |engine: &Loop| {
+        let text = engine.metrics.render();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("vllm:cache_config_info{"))
+            .map(str::to_owned);
+        line.unwrap_or_else(|| panic!("no cache_config_info in {text}"))
+    };
+    let blocks = |line: &str| -> u64 {
+        let at = line.find("num_cpu_blocks=\"").expect("num_cpu_blocks") + "num_cpu_blocks=\"".len();
+        line[at..]
+            .split('"')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("a number")
+    };
+    let (info32, info16) = (info(&f32s), info(&bf16));
+    assert!(info32.contains("cache_dtype=\"float32\""), "{info32}");
+    assert!(info16.contains("cache_dtype=\"bfloat16\""), "{info16}");
+    assert_eq!(blocks(&info16), 2 * blocks(&info32), "{info32}\n{info16}");
+
+    let (a, b) = (prompt_logprobs(&f32s, &text), prompt_logprobs(&bf16, &text));
+    assert_eq!(a.len(), b.len());
+    let gap = mean_gap(&a, &b);
+    assert!(
+        gap > 0.0,
+        "the bf16 cache gave the f32 numbers exactly: was it used?"
+    );
+    assert!(gap < 0.01, "mean |Δ logprob| {gap}");
+
+    let (mut same, mut total) = (0, 0);
+    for (name, input, _) in greedy_prompts(&fixture) {
+        let (want, _) = f32s.generate(input.clone(), greedy(24));
+        let (got, _) = bf16.generate(input, greedy(24));
+        // Up to the first difference, the tokens are the f32 cache's.
+        let agree = want.iter().zip(&got).take_while(|(x, y)| x == y).count();
+        eprintln!(
+            "{name}: {agree} of {} tokens before the first difference",
+            want.len()
+        );
+        same += agree;
+        total += want.len();
+    }
+    assert!(
+        same * 10 >= total * 8,
+        "{same} of {total} greedy tokens before the first difference"
     );
 }
 

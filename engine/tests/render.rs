@@ -102,9 +102,9 @@ fn the_native_engine_refuses_settings_it_cannot_honour() {
     let cases = [
         ("memory.kv_cache_dtype=\"fp8\"", "memory.kv_cache_dtype", "f32"),
         (
-            "memory.kv_cache_dtype=\"bfloat16\"",
+            "memory.kv_cache_dtype=\"float16\"",
             "memory.kv_cache_dtype",
-            "bfloat16",
+            "float16",
         ),
         (
             "memory.kv_offload_bytes=\"4GiB\"",
@@ -158,6 +158,7 @@ fn the_native_engine_refuses_settings_it_cannot_honour() {
     for sets in [
         &[][..],
         &["memory.kv_cache_dtype=\"auto\""],
+        &["memory.kv_cache_dtype=\"bfloat16\""],
         &["serving.tensor_parallel=1", "serving.data_parallel=1"],
         &["serving.expert_parallel=false", "serving.trust_remote_code=false"],
         &["serving.auto_tool_choice=false"],
@@ -196,10 +197,18 @@ fn the_native_engine_process_refuses_them_too() {
         .expect_err("an fp8 KV cache is refused");
     assert!(err.to_string().contains("`memory.kv_cache_dtype`"), "{err}");
     assert!(
-        err.hint().is_some_and(|h| h.contains("kv_cache_bytes")),
+        err.hint().is_some_and(|h| h.contains("\"bfloat16\"")),
         "{:?}",
         err.hint()
     );
+    // A bf16 cache it does hold.
+    let mut bf16 = Overrides::new();
+    bf16.set("memory.kv_cache_dtype=\"bfloat16\"")
+        .expect("a valid --set");
+    let recipe = recipe::load(&path, &bf16).expect("loads").recipe;
+    let settings =
+        sous_engine::native::Settings::from_recipe(&recipe, Path::new("/models/m")).expect("a bf16 cache");
+    assert_eq!(settings.kv_dtype, sous_engine::native::KvDtype::Bf16);
     let plain = recipe::load(&path, &Overrides::new()).expect("loads").recipe;
     sous_engine::native::Settings::from_recipe(&plain, Path::new("/models/m"))
         .expect("the shipped recipe is honoured");

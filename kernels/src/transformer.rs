@@ -403,6 +403,31 @@ impl KvShape {
             }
         }
     }
+
+    /// [`KvShape::store`] into caches held in bf16: each value rounded to the nearest
+    /// bf16 (ties to even), as PyTorch's `.to(torch.bfloat16)` rounds what vLLM writes
+    /// into a bf16 cache. Same layout, half the bytes.
+    pub fn store_bf16(
+        &self,
+        k_cache: &mut [u16],
+        v_cache: &mut [u16],
+        blocks: &[u32],
+        position: usize,
+        k: &[f32],
+        v: &[f32],
+    ) {
+        let bits = |x: f32| half::bf16::from_f32(x).to_bits();
+        let at = self.slot_offset(blocks, position);
+        for (dst, &x) in v_cache[at..at + self.slot_len()].iter_mut().zip(v) {
+            *dst = bits(x);
+        }
+        for (h, key) in k.chunks_exact(self.head_dim).enumerate() {
+            let start = self.key_offset(blocks, position, h);
+            for (d, &x) in key.iter().enumerate() {
+                k_cache[start + d * self.block_size] = bits(x);
+            }
+        }
+    }
 }
 
 /// The tokens of one sequence in a batch: consecutive rows of the query matrix at
@@ -450,7 +475,117 @@ pub fn attention(
     v_cache: &[f32],
     out: &mut [f32],
 ) {
-    attention_with(q, spans, heads, shape, k_cache, v_cache, out, Kernels::Fastest);
+    let cache = Cache::F32 {
+        k: k_cache,
+        v: v_cache,
+    };
+    attention_with(q, spans, heads, shape, cache, out, Kernels::Fastest);
+}
+
+/// [`attention`] over caches held in bf16 ([`KvShape::store_bf16`]). Each tile widens
+/// the blocks it reads, for its KV head, into f32 (exactly: a bf16 is the top half of an
+/// f32) and runs [`attention`]'s kernels on them, so the results are bit for bit those of
+/// [`attention`] over an f32 cache holding the same rounded values, while the cache
+/// itself, which a batch of decodes streams from memory once per layer, takes half the
+/// bytes.
+pub fn attention_bf16_cache(
+    q: &[f32],
+    spans: &[Span],
+    heads: usize,
+    shape: KvShape,
+    k_cache: &[u16],
+    v_cache: &[u16],
+    out: &mut [f32],
+) {
+    let cache = Cache::Bf16 {
+        k: k_cache,
+        v: v_cache,
+    };
+    attention_with(q, spans, heads, shape, cache, out, Kernels::Fastest);
+}
+
+/// A layer's keys and values as the cache holds them.
+#[derive(Debug, Clone, Copy)]
+enum Cache<'a> {
+    F32 { k: &'a [f32], v: &'a [f32] },
+    Bf16 { k: &'a [u16], v: &'a [u16] },
+}
+
+/// A tile of one token over a bf16 cache by the AVX-512 decode kernel, which widens the
+/// keys and values as it loads them: a decode step's attention streams every sequence's
+/// cache once, and reading it in bf16 is what halves its bytes (widened into a buffer
+/// first, a step of sixteen 900-token sequences saved nothing). The same operations as
+/// `attend_tile`'s for such a tile, so the same bits. False, doing nothing, where that
+/// kernel does not run (several tokens, no AVX-512, another head or block size).
+fn decode_bf16(
+    q: &[f32],
+    tile: &Tile,
+    heads: usize,
+    shape: KvShape,
+    k: &[u16],
+    v: &[u16],
+    o: &mut [f32],
+) -> bool {
+    let (hd, bs) = (shape.head_dim, shape.block_size);
+    if tile.count != 1 || bs != 16 {
+        return false;
+    }
+    let group = heads / shape.kv_heads;
+    let head = scores::Head {
+        keys: k,
+        values: v,
+        blocks: tile.span.blocks,
+        key_offset: tile.kv_head * hd * bs,
+        offset: tile.kv_head * hd,
+        slot: shape.slot_len(),
+    };
+    let token = tile.span.row + tile.first;
+    let at = (token * heads + tile.kv_head * group + tile.heads.start) * hd;
+    let qs: Vec<&[f32]> = q[at..at + tile.heads.len() * hd].chunks_exact(hd).collect();
+    let mut outs: Vec<&mut [f32]> = o.chunks_exact_mut(hd).collect();
+    let scale = 1.0 / (hd as f32).sqrt();
+    scores::rows(&qs, &head, tile.span.start + tile.first, scale, &mut outs)
+}
+
+/// A tile's blocks widened from a bf16 cache ([`Widened::fill`]), kept per thread so
+/// that its memory is reused from tile to tile (fresh for every tile, the buffers of a
+/// long sequence went back to the OS and faulted in again each time).
+#[derive(Default)]
+struct Widened {
+    table: Vec<u32>,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+thread_local! {
+    static WIDENED: std::cell::RefCell<Widened> = std::cell::RefCell::default();
+}
+
+impl Widened {
+    /// The blocks `tile` reads from a bf16 cache, for its KV head, widened to f32 and
+    /// laid out as a cache of one KV head whose blocks are numbered from 0 in the span's
+    /// order: the block table for it, its keys and its values.
+    fn fill(&mut self, tile: &Tile, shape: KvShape, k: &[u16], v: &[u16]) {
+        let (hd, bs, slot) = (shape.head_dim, shape.block_size, shape.slot_len());
+        let widen = |src: &[u16], dst: &mut Vec<f32>| {
+            dst.extend(src.iter().map(|&b| f32::from_bits(u32::from(b) << 16)))
+        };
+        let last = tile.span.start + tile.first + tile.count - 1;
+        let used = tile.span.blocks.len().min(last / bs + 1);
+        self.keys.clear();
+        self.values.clear();
+        for &block in &tile.span.blocks[..used] {
+            let start = block as usize * bs * slot;
+            let key_start = start + tile.kv_head * hd * bs;
+            widen(&k[key_start..key_start + hd * bs], &mut self.keys);
+            for j in 0..bs {
+                let at = start + j * slot + tile.kv_head * hd;
+                widen(&v[at..at + hd], &mut self.values);
+            }
+        }
+        self.table.clear();
+        self.table.extend(0..used as u32);
+    }
 }
 
 /// Which kernels [`attention_with`]'s tiles may take: tests force the narrower ones to
@@ -473,8 +608,7 @@ fn attention_with(
     spans: &[Span],
     heads: usize,
     shape: KvShape,
-    k_cache: &[f32],
-    v_cache: &[f32],
+    cache: Cache,
     out: &mut [f32],
     kernels: Kernels,
 ) {
@@ -532,7 +666,33 @@ fn attention_with(
         .par_iter()
         .map(|tile| {
             let mut o = vec![0.0f32; tile.count * tile.heads.len() * hd];
-            attend_tile(q, tile, heads, shape, k_cache, v_cache, &mut o, kernels);
+            match cache {
+                Cache::F32 { k, v } => {
+                    let layout = Layout {
+                        shape,
+                        kv_head: tile.kv_head,
+                    };
+                    attend_tile(q, tile, heads, shape, layout, k, v, &mut o, kernels);
+                }
+                Cache::Bf16 { k, v }
+                    if kernels == Kernels::Fastest && decode_bf16(q, tile, heads, shape, k, v, &mut o) => {}
+                Cache::Bf16 { k, v } => WIDENED.with_borrow_mut(|widened| {
+                    widened.fill(tile, shape, k, v);
+                    let local = Tile {
+                        span: Span {
+                            blocks: &widened.table,
+                            ..tile.span
+                        },
+                        ..tile.clone()
+                    };
+                    let layout = Layout {
+                        shape: KvShape { kv_heads: 1, ..shape },
+                        kv_head: 0,
+                    };
+                    let (keys, values) = (&widened.keys, &widened.values);
+                    attend_tile(q, &local, heads, shape, layout, keys, values, &mut o, kernels);
+                }),
+            }
             o
         })
         .collect();
@@ -557,7 +717,16 @@ struct Tile<'a> {
     heads: std::ops::Range<usize>,
 }
 
-/// One tile into `o` (`[token][head of the tile][head_dim]`).
+/// Where a tile's keys and values are in the cache it reads: the cache's shape and the
+/// tile's KV head in it (the model's, or one widened for the tile alone).
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    shape: KvShape,
+    kv_head: usize,
+}
+
+/// One tile into `o` (`[token][head of the tile][head_dim]`): its queries are laid out by
+/// `shape` and `tile.kv_head`, its keys and values by `layout`.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma"))]
 #[allow(clippy::too_many_arguments)]
 fn attend_tile(
@@ -565,13 +734,14 @@ fn attend_tile(
     tile: &Tile,
     heads: usize,
     shape: KvShape,
+    layout: Layout,
     k: &[f32],
     v: &[f32],
     o: &mut [f32],
     kernels: Kernels,
 ) {
     let fma = multiversion::target::selected_target!().supports_feature_str("fma");
-    let (hd, bs, slot) = (shape.head_dim, shape.block_size, shape.slot_len());
+    let (hd, bs, slot) = (shape.head_dim, shape.block_size, layout.shape.slot_len());
     let group = heads / shape.kv_heads;
     let (span, first, count, kv_head) = (tile.span, tile.first, tile.count, tile.kv_head);
     let tile_heads = tile.heads.len();
@@ -579,7 +749,7 @@ fn attend_tile(
     let scale = 1.0 / (hd as f32).sqrt();
     // This head's keys in a block (transposed: `hd` runs of `bs`), and its values in a
     // block's first slot, from the block's start.
-    let offsets = (kv_head * hd * bs, kv_head * hd);
+    let offsets = (layout.kv_head * hd * bs, layout.kv_head * hd);
     let head = scores::Head {
         keys: k,
         values: v,
@@ -1049,7 +1219,11 @@ mod tests {
             let q: Vec<f32> = (0..71 * heads * hd).map(|i| value(i, 0.29)).collect();
             let run = |kernels| {
                 let mut out = vec![f32::NAN; q.len()];
-                attention_with(&q, &spans, heads, shape, &k_cache, &v_cache, &mut out, kernels);
+                let cache = Cache::F32 {
+                    k: &k_cache,
+                    v: &v_cache,
+                };
+                attention_with(&q, &spans, heads, shape, cache, &mut out, kernels);
                 out
             };
             let tiles = run(Kernels::TileLoop);
@@ -1064,6 +1238,101 @@ mod tests {
                     .count();
                 assert_eq!(same, got.len(), "head size {hd}, {kernels:?}");
             }
+        }
+    }
+
+    #[test]
+    fn a_bf16_cache_gives_the_bits_of_an_f32_cache_holding_its_values() {
+        for hd in [64, 128] {
+            let shape = KvShape {
+                block_size: 16,
+                kv_heads: 3,
+                head_dim: hd,
+            };
+            let (heads, blocks_total) = (9, 40);
+            let value = |i: usize, salt: f32| ((i as f32 * salt).sin() * 3.0).tan().clamp(-8.0, 8.0);
+            let len = blocks_total * shape.block_size * shape.slot_len();
+            let (mut k16, mut v16) = (vec![0u16; len], vec![0u16; len]);
+            let (mut k32, mut v32) = (vec![0.0f32; len], vec![0.0f32; len]);
+            // Three sequences: a 70-token chunk after 23 cached tokens, a decode step, and
+            // a step verifying three drafted tokens; NaN in every slot past a sequence's
+            // last position.
+            let tables: [&[u32]; 3] = [&[7, 2, 9, 0, 11, 4, 5], &[3, 8, 1], &[12, 30, 22, 17]];
+            let ends = [93, 41, 52];
+            let rounded = |x: f32| half::bf16::from_f32(x).to_f32();
+            for (s, table) in tables.iter().enumerate() {
+                for position in 0..table.len() * shape.block_size {
+                    let (k, v): (Vec<f32>, Vec<f32>) = if position < ends[s] {
+                        let at = (s * 1000 + position) * shape.slot_len();
+                        (0..shape.slot_len())
+                            .map(|i| (value(at + i, 0.37), value(at + i, 0.11)))
+                            .unzip()
+                    } else {
+                        (vec![f32::NAN; shape.slot_len()], vec![f32::NAN; shape.slot_len()])
+                    };
+                    shape.store_bf16(&mut k16, &mut v16, table, position, &k, &v);
+                    let (k, v): (Vec<f32>, Vec<f32>) = (
+                        k.into_iter().map(rounded).collect(),
+                        v.into_iter().map(rounded).collect(),
+                    );
+                    shape.store(&mut k32, &mut v32, table, position, &k, &v);
+                }
+            }
+            let spans = [
+                Span {
+                    blocks: tables[0],
+                    start: 23,
+                    len: 70,
+                    row: 0,
+                },
+                Span {
+                    blocks: tables[1],
+                    start: 40,
+                    len: 1,
+                    row: 70,
+                },
+                Span {
+                    blocks: tables[2],
+                    start: 48,
+                    len: 4,
+                    row: 71,
+                },
+            ];
+            let q: Vec<f32> = (0..75 * heads * hd).map(|i| value(i, 0.29)).collect();
+            for kernels in [Kernels::Fastest, Kernels::Avx2, Kernels::TileLoop] {
+                let run = |cache| {
+                    let mut out = vec![f32::NAN; q.len()];
+                    attention_with(&q, &spans, heads, shape, cache, &mut out, kernels);
+                    out
+                };
+                let want = run(Cache::F32 { k: &k32, v: &v32 });
+                let got = run(Cache::Bf16 { k: &k16, v: &v16 });
+                assert!(want.iter().all(|x| x.is_finite()), "head size {hd}, {kernels:?}");
+                assert_same_bits(&got, &want, &format!("head size {hd}, {kernels:?}"));
+            }
+            // Every row alone too: a decode step of a single sequence splits its tiles by
+            // query head, and each widens the blocks for itself.
+            let mut one = vec![f32::NAN; heads * hd];
+            attention_bf16_cache(
+                &q[70 * heads * hd..71 * heads * hd],
+                &[Span { row: 0, ..spans[1] }],
+                heads,
+                shape,
+                &k16,
+                &v16,
+                &mut one,
+            );
+            let mut want = vec![f32::NAN; heads * hd];
+            attention(
+                &q[70 * heads * hd..71 * heads * hd],
+                &[Span { row: 0, ..spans[1] }],
+                heads,
+                shape,
+                &k32,
+                &v32,
+                &mut want,
+            );
+            assert_same_bits(&one, &want, &format!("head size {hd}, one decode"));
         }
     }
 

@@ -145,21 +145,20 @@ pub struct Core {
 }
 
 impl Core {
-    /// A loop over `model` with `blocks` cache blocks of `block_size` tokens.
+    /// A loop over `model` with its KV cache, `cache`.
     pub fn new(
         model: Model,
-        blocks: usize,
-        block_size: usize,
+        cache: KvCache,
         prefix_caching: bool,
         limits: Limits,
         metrics: Arc<Metrics>,
         reporter: Arc<dyn Reporter>,
     ) -> Core {
-        let cache = KvCache::new(&model, blocks, block_size);
+        let pool = BlockPool::new(cache.blocks(), cache.block_size(), prefix_caching);
         Core {
             model,
             cache,
-            pool: BlockPool::new(blocks, block_size, prefix_caching),
+            pool,
             limits,
             metrics,
             waiting: VecDeque::new(),

@@ -26,10 +26,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::diagnose::{Class, Diagnose, user_unless};
-use crate::recipe::{EmbeddingDtype, ModelDtype, Recipe};
+use crate::recipe::{EmbeddingDtype, KvCacheDtype, ModelDtype, Recipe};
 use crate::reporter::Reporter;
 use config::ModelConfig;
 use metrics::Metrics;
+pub use model::KvDtype;
 use model::{Embeddings, Model};
 use text::TextModel;
 use weights::{Checkpoint, Precision};
@@ -120,6 +121,15 @@ impl Diagnose for NativeError {
     }
 }
 
+/// How the native engine holds `recipe`'s KV cache: bf16 for `memory.kv_cache_dtype =
+/// "bfloat16"`, else f32 ([`unhonoured`] refuses the dtypes it has no kernels for).
+pub fn kv_dtype(recipe: &Recipe) -> KvDtype {
+    match recipe.memory.kv_cache_dtype {
+        Some(KvCacheDtype::Bfloat16) => KvDtype::Bf16,
+        _ => KvDtype::F32,
+    }
+}
+
 /// The engine's settings, resolved from a recipe.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -131,6 +141,8 @@ pub struct Settings {
     pub precision: Precision,
     /// How the token embedding and a float lm_head are held.
     pub embeddings: Embeddings,
+    /// How the KV cache holds keys and values.
+    pub kv_dtype: KvDtype,
     /// Longest prompt + output; `None`: the model's.
     pub max_model_len: Option<usize>,
     /// Most sequences at once.
@@ -200,6 +212,7 @@ impl Settings {
                 None | Some(EmbeddingDtype::Auto) => Embeddings::Stored,
                 Some(EmbeddingDtype::Q8_0) => Embeddings::Q8_0,
             },
+            kv_dtype: kv_dtype(recipe),
             max_model_len: s.max_model_len.map(|v| v as usize),
             max_num_seqs: s.max_num_seqs.map_or(DEFAULT_MAX_NUM_SEQS, |v| v as usize),
             max_batched_tokens: s
@@ -248,15 +261,15 @@ pub fn unhonoured(recipe: &Recipe) -> Option<Unhonoured> {
     let (m, s) = (&recipe.memory, &recipe.serving);
     if let Some(dtype) = m
         .kv_cache_dtype
-        .filter(|d| *d != crate::recipe::KvCacheDtype::Auto)
+        .filter(|d| !matches!(d, KvCacheDtype::Auto | KvCacheDtype::Bfloat16))
     {
         return refuse(
             "memory.kv_cache_dtype",
             &format!(
-                "the native engine keeps its KV cache in f32 (values rounded to bf16 with `serving.dtype = \"bfloat16\"`), not {}",
+                "the native engine holds its KV cache in f32 (`auto`) or bf16 (`bfloat16`), not {}",
                 dtype.as_str()
             ),
-            "remove `memory.kv_cache_dtype` (or set it to \"auto\"); `memory.kv_cache_bytes` sets the cache's size",
+            "set `memory.kv_cache_dtype` to \"bfloat16\" for half the bytes per token, or remove it for f32",
         );
     }
     if m.kv_offload_bytes.is_some() {
@@ -467,7 +480,7 @@ impl Engine {
         {
             log(format!("bf16 products: {calibration}"));
         }
-        let per_token = model::kv_bytes_per_token(model.config());
+        let per_token = model::kv_bytes_per_token(model.config(), settings.kv_dtype);
         let budget = kv_budget(
             settings.kv_cache_bytes,
             settings.memory_fraction,
@@ -512,7 +525,7 @@ impl Engine {
         ));
         let cache_info = vec![
             ("block_size".to_owned(), BLOCK_SIZE.to_string()),
-            ("cache_dtype".to_owned(), "float32".to_owned()),
+            ("cache_dtype".to_owned(), settings.kv_dtype.name().to_owned()),
             (
                 "enable_prefix_caching".to_owned(),
                 if settings.prefix_caching { "True" } else { "False" }.to_owned(),
@@ -538,10 +551,10 @@ impl Engine {
             eos: text.eos.clone(),
             log_interval: settings.log_interval,
         };
+        let cache = model::KvCache::with_dtype(&model, blocks, BLOCK_SIZE, settings.kv_dtype);
         let core = core::Core::new(
             model,
-            blocks,
-            BLOCK_SIZE,
+            cache,
             settings.prefix_caching,
             limits,
             metrics.clone(),

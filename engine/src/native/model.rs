@@ -105,47 +105,103 @@ impl std::fmt::Debug for Model {
     }
 }
 
+/// How the KV cache holds keys and values (`memory.kv_cache_dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// f32, the products' own output (`auto`).
+    #[default]
+    F32,
+    /// bf16, each value rounded to nearest when stored (`bfloat16`): half the bytes per
+    /// token, so twice the tokens in a budget and half the bytes a decode step's
+    /// attention reads.
+    Bf16,
+}
+
+impl KvDtype {
+    /// Bytes per value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::Bf16 => 2,
+        }
+    }
+
+    /// The name vLLM's logs and metrics use (`cache_dtype`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "float32",
+            KvDtype::Bf16 => "bfloat16",
+        }
+    }
+}
+
+/// One layer's keys and values, as the cache holds them.
+enum Held {
+    F32 { k: Vec<f32>, v: Vec<f32> },
+    Bf16 { k: Vec<u16>, v: Vec<u16> },
+}
+
 /// The KV cache of every layer: `blocks × block_size` token slots of keys and values.
 pub struct KvCache {
     shape: KvShape,
     blocks: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    dtype: KvDtype,
+    layers: Vec<Held>,
+}
+
+/// `len` values of `T`, every 4 KiB page written once, in parallel (see [`KvCache::new`]).
+fn committed<T: Copy + Default + Send + Sync>(len: usize) -> Vec<T> {
+    let mut v = vec![T::default(); len];
+    // One write per 4 KiB page. The value is opaque to the compiler, so the store is
+    // not dropped as redundant on memory it knows to be zero.
+    let zero = std::hint::black_box(T::default());
+    let page = 4096 / std::mem::size_of::<T>().max(1);
+    v.par_chunks_mut(256 * page).for_each(|chunk| {
+        for x in chunk.iter_mut().step_by(page) {
+            *x = zero;
+        }
+    });
+    v
 }
 
 impl KvCache {
-    /// A cache of `blocks` blocks for `model`, its memory committed now: every page is
-    /// written once, in parallel, as vLLM's CPU backend (`torch.zeros`) and llama.cpp
-    /// (`ggml_backend_buffer_clear`) do with theirs. Left to the OS to fault in page by
-    /// page, a fresh block's first write zeroed its pages inside the request: 6 % of a
-    /// 512-token prefill's time went to `clear_page_erms` until the whole budget had
+    /// A cache of `blocks` blocks for `model`, held in f32, its memory committed now:
+    /// every page is written once, in parallel, as vLLM's CPU backend (`torch.zeros`) and
+    /// llama.cpp (`ggml_backend_buffer_clear`) do with theirs. Left to the OS to fault in
+    /// page by page, a fresh block's first write zeroed its pages inside the request: 6 %
+    /// of a 512-token prefill's time went to `clear_page_erms` until the whole budget had
     /// been used once, which with prefix caching (fresh blocks first) is hundreds of
     /// requests. A budget larger than the machine can hold also fails here, at start-up,
     /// rather than in the middle of serving.
     pub fn new(model: &Model, blocks: usize, block_size: usize) -> KvCache {
+        KvCache::with_dtype(model, blocks, block_size, KvDtype::F32)
+    }
+
+    /// [`KvCache::new`], holding its values as `dtype`.
+    pub fn with_dtype(model: &Model, blocks: usize, block_size: usize, dtype: KvDtype) -> KvCache {
         let shape = KvShape {
             block_size,
             kv_heads: model.config.kv_heads,
             head_dim: model.config.head_dim,
         };
         let len = blocks * block_size * shape.slot_len();
-        let committed = || {
-            let mut v = vec![0.0f32; len];
-            // One write per 4 KiB page. The value is opaque to the compiler, so the
-            // store is not dropped as redundant on memory it knows to be zero.
-            let zero = std::hint::black_box(0.0f32);
-            v.par_chunks_mut(1 << 20).for_each(|chunk| {
-                for x in chunk.iter_mut().step_by(1024) {
-                    *x = zero;
-                }
-            });
-            v
-        };
+        let layers = (0..model.layers.len())
+            .map(|_| match dtype {
+                KvDtype::F32 => Held::F32 {
+                    k: committed(len),
+                    v: committed(len),
+                },
+                KvDtype::Bf16 => Held::Bf16 {
+                    k: committed(len),
+                    v: committed(len),
+                },
+            })
+            .collect();
         KvCache {
             shape,
             blocks,
-            k: (0..model.layers.len()).map(|_| committed()).collect(),
-            v: (0..model.layers.len()).map(|_| committed()).collect(),
+            dtype,
+            layers,
         }
     }
 
@@ -158,11 +214,16 @@ impl KvCache {
     pub fn block_size(&self) -> usize {
         self.shape.block_size
     }
+
+    /// How it holds its values.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
 }
 
-/// Bytes of KV cache one token takes in every layer, in f32.
-pub fn kv_bytes_per_token(config: &ModelConfig) -> u64 {
-    (config.layers * 2 * config.kv_heads * config.head_dim * 4) as u64
+/// Bytes of KV cache one token takes in every layer, held as `dtype`.
+pub fn kv_bytes_per_token(config: &ModelConfig, dtype: KvDtype) -> u64 {
+    (config.layers * 2 * config.kv_heads * config.head_dim * dtype.bytes()) as u64
 }
 
 /// One scheduled sequence in a batch.
@@ -610,14 +671,16 @@ impl Model {
                     .zip(positions.iter())
                     .for_each(rotate);
             }
-            let (k_cache, v_cache) = (&mut cache.k[li], &mut cache.v[li]);
+            let shape = cache.shape;
+            let held = &mut cache.layers[li];
             for (t, row) in qkv.chunks_exact(row_len).enumerate() {
                 let (qr, rest) = row.split_at(q_len);
                 let (kr, vr) = rest.split_at(kv_len);
                 q[t * q_len..(t + 1) * q_len].copy_from_slice(qr);
-                cache
-                    .shape
-                    .store(k_cache, v_cache, tables[t], positions[t], kr, vr);
+                match held {
+                    Held::F32 { k, v } => shape.store(k, v, tables[t], positions[t], kr, vr),
+                    Held::Bf16 { k, v } => shape.store_bf16(k, v, tables[t], positions[t], kr, vr),
+                }
             }
             // Past the last layer's keys and values, only the rows whose logits are
             // asked for matter (a prompt chunk's last token, or none): the rest of the
@@ -658,10 +721,17 @@ impl Model {
                 }
                 (n, pruned) = (m, true);
             }
-            if bf16 {
-                k::attention_eager_bf16(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
-            } else {
-                k::attention(&q, &spans, c.heads, cache.shape, k_cache, v_cache, &mut attn);
+            match held {
+                Held::F32 { k, v } if bf16 => {
+                    k::attention_eager_bf16(&q, &spans, c.heads, shape, k, v, &mut attn)
+                }
+                Held::F32 { k, v } => k::attention(&q, &spans, c.heads, shape, k, v, &mut attn),
+                Held::Bf16 { .. } if bf16 => {
+                    return Err(NativeError::Internal(
+                        "calibration's bf16 attention reads an f32 cache".into(),
+                    ));
+                }
+                Held::Bf16 { k, v } => k::attention_bf16_cache(&q, &spans, c.heads, shape, k, v, &mut attn),
             }
             if let Some(seen) = observe.as_mut() {
                 LayerInputs::raise(&mut seen.ranges[li].o, &attn);

@@ -216,6 +216,9 @@ fn native(
             cap.tokens,
             gib(per_token * max_model_len)
         ));
+        if crate::native::kv_dtype(recipe) == crate::native::KvDtype::F32 {
+            advice.push("set `memory.kv_cache_dtype = \"bfloat16\"`: half the bytes per token".into());
+        }
     }
     Ok(Plan {
         engine: "native".into(),
@@ -234,8 +237,9 @@ fn native(
             let n = |v: u64| crate::dialect::log::vllm::thousands(v as usize);
             vec![
                 format!(
-                    "{layers} layers: {} B per token in f32 (the native engine computes in f32)",
-                    n(per_token)
+                    "{layers} layers: {} B per token in {} (`memory.kv_cache_dtype`)",
+                    n(per_token),
+                    crate::native::kv_dtype(recipe).name()
                 ),
                 format!(
                     "{} B / ({} B × {} tokens a block) = {} blocks = {} tokens",

@@ -140,17 +140,54 @@ pub(super) fn pairs16(pairs: &[(&[f32], &[f32])], scale: f32, out: &mut [[f32; L
 /// numbers blocks of `16 · slot` values in `keys` and in `values`; in each block this
 /// head's keys start at `key_offset` (transposed: `[d][slot]`), its values at `offset` in
 /// every slot.
+///
+/// The cache holds `T`: f32, or bf16 bits (`u16`) that [`rows`] widens as it loads them;
+/// the other kernels read f32 alone.
 #[derive(Clone, Copy)]
-pub(super) struct Head<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
+pub(super) struct Head<'a, T = f32> {
+    pub keys: &'a [T],
+    pub values: &'a [T],
     pub blocks: &'a [u32],
     pub key_offset: usize,
     pub offset: usize,
     pub slot: usize,
 }
 
-impl Head<'_> {
+/// A value of a KV cache as the AVX-512 decode kernel loads it: sixteen at a time,
+/// widened to f32 (exactly).
+pub(super) trait Held: Copy {
+    /// Sixteen values from `p` as f32.
+    ///
+    /// # Safety
+    /// AVX-512F present; sixteen values readable at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl Held for f32 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's promise.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+}
+
+/// bf16 bits: the top half of an f32.
+impl Held for u16 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const u16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's promise (AVX-512F, 32 bytes readable).
+        unsafe {
+            let half = _mm256_loadu_si256(p.cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(half)))
+        }
+    }
+}
+
+impl<T> Head<'_, T> {
     /// Panics unless every block up to `last`'s holds a whole block of keys (this head's
     /// `hd × 16` from `key_offset`) and of values: the kernels read them unchecked.
     #[cfg(target_arch = "x86_64")]
@@ -173,7 +210,13 @@ impl Head<'_> {
 /// false, doing nothing, where there is no such kernel: it needs AVX-512 and a head size
 /// of 64 or 128.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn rows(qs: &[&[f32]], head: &Head, position: usize, scale: f32, outs: &mut [&mut [f32]]) -> bool {
+pub(super) fn rows<T: Held>(
+    qs: &[&[f32]],
+    head: &Head<T>,
+    position: usize,
+    scale: f32,
+    outs: &mut [&mut [f32]],
+) -> bool {
     #[cfg(target_arch = "x86_64")]
     if x86::avx512() {
         let hd = qs.first().map_or(0, |q| q.len());
@@ -191,7 +234,13 @@ pub(super) fn rows(qs: &[&[f32]], head: &Head, position: usize, scale: f32, outs
                     // SAFETY: the features are present and every block's keys and values
                     // are in the caches, the rows and outputs `hd` long (checked above).
                     unsafe {
-                        x86::rows512::<$c, $r, $g>(std::array::from_fn(|i| q[i]), head, position, scale, out)
+                        x86::rows512::<$c, $r, $g, T>(
+                            std::array::from_fn(|i| q[i]),
+                            head,
+                            position,
+                            scale,
+                            out,
+                        )
                     }
                 };
             }
@@ -422,7 +471,7 @@ mod x86 {
     /// # Safety
     /// The block is in the caches (`Head::check`).
     #[inline(always)]
-    unsafe fn block_start(head: &Head, block: u32) -> (*const f32, *const f32) {
+    unsafe fn block_start<T>(head: &Head<T>, block: u32) -> (*const T, *const T) {
         let start = block as usize * LANES * head.slot;
         // SAFETY: the block's `16 · slot` values are in both caches (the caller's
         // promise), and the offsets are within a block.
@@ -447,9 +496,9 @@ mod x86 {
     /// (checked by the caller: `Head::check`).
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-    pub(super) unsafe fn rows512<const C: usize, const R: usize, const G: usize>(
+    pub(super) unsafe fn rows512<const C: usize, const R: usize, const G: usize, T: super::Held>(
         qs: [&[f32]; R],
-        head: &Head,
+        head: &Head<T>,
         position: usize,
         scale: f32,
         outs: &mut [&mut [f32]],
@@ -468,10 +517,10 @@ mod x86 {
             let count = G.min(used - first);
             let mut group = [[_mm512_setzero_ps(); R]; G];
             unsafe {
-                let k: [*const f32; G] =
+                let k: [*const T; G] =
                     std::array::from_fn(|g| block_start(head, blocks[first + g.min(count - 1)]).0);
                 for d in 0..hd {
-                    let kd: [__m512; G] = std::array::from_fn(|g| _mm512_loadu_ps(k[g].add(d * LANES)));
+                    let kd: [__m512; G] = std::array::from_fn(|g| T::load16(k[g].add(d * LANES)));
                     for i in 0..R {
                         let x = _mm512_set1_ps(*qs[i].get_unchecked(d));
                         for g in 0..G {
@@ -513,7 +562,7 @@ mod x86 {
                     }
                     for j in 0..seen {
                         for c in 0..C {
-                            let value = _mm512_loadu_ps(v.add(j * slot + c * LANES));
+                            let value = T::load16(v.add(j * slot + c * LANES));
                             for i in 0..R {
                                 o[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[i][j]), value, o[i][c]);
                             }
