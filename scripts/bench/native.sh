@@ -16,7 +16,9 @@
 #   scripts/bench/native.sh [--precision f32|bf16|q4_0|q4_1] [--peer llama-server|llama-cpp-python|both|none]
 #                           [--no-sous] [--quick] [--threads N] [--wait-quiet SECONDS]
 #                           [--sous-dtype float32|bfloat16] [--sweep] [--isa native|avx2]
-#                           [--rounds N]
+#                           [--rounds N] [--sous-set KEY=VALUE]...
+#
+# --sous-set passes `--set KEY=VALUE` to every `sous serve` (e.g. memory.kv_cache_dtype=bfloat16).
 #
 # --rounds N (default 1) measures every server N times, one after another, the order turned
 # each round (sous first in odd rounds, the peer first in even ones), so that a minute of a
@@ -83,6 +85,7 @@ RUN_SOUS=1
 QUICK=0
 SWEEP=0
 ROUNDS=1
+SOUS_SETS=()
 WAIT_QUIET=0
 THREADS="${THREADS:-$(nproc)}"
 PORT="${PORT:-18400}"
@@ -101,6 +104,7 @@ while [[ $# -gt 0 ]]; do
         --quick) QUICK=1; shift ;;
         --sweep) SWEEP=1; shift ;;
         --rounds) ROUNDS="$2"; shift 2 ;;
+        --sous-set) SOUS_SETS+=(--set "$2"); shift 2 ;;
         --threads) THREADS="$2"; shift 2 ;;
         --wait-quiet) WAIT_QUIET="$2"; shift 2 ;;
         --isa) ISA="$2"; shift 2 ;;
@@ -139,7 +143,7 @@ say "results in $OUT"
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
-    echo "precision: $PRECISION${SOUS_DTYPE:+ (sous: $SOUS_DTYPE)}, threads: $THREADS"
+    echo "precision: $PRECISION${SOUS_DTYPE:+ (sous: $SOUS_DTYPE)}, threads: $THREADS${SOUS_SETS[*]:+, sous: ${SOUS_SETS[*]}}, rounds: $ROUNDS"
     echo "instructions: $ISA ($(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_vnni|avx512_bf16|amx_tile)$' | tr '\n' ' ')on this CPU)"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$OUT/machine.txt"
@@ -193,7 +197,7 @@ start_sous() {
     local dtype=float32
     [[ "$PRECISION" == bf16 ]] && dtype=bfloat16
     [[ -n "$SOUS_DTYPE" ]] && dtype="$SOUS_DTYPE"
-    "$SOUS" serve --recipe "$recipe" --set server.port="$PORT" --set serving.dtype="$dtype" \
+    "$SOUS" serve --recipe "$recipe" --set server.port="$PORT" --set serving.dtype="$dtype" "${SOUS_SETS[@]}" \
         > "$OUT/sous-$(basename "$recipe" .toml).log" 2>&1 &
     SERVER_PID=$!
     wait_http_200 "http://127.0.0.1:$PORT/health" 600 || { say "sous did not come up (log: $OUT/sous-*.log)"; stop_server; return 1; }
