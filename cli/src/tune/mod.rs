@@ -188,6 +188,12 @@ pub fn default_levers(recipe: &Recipe) -> Vec<Lever> {
         EngineKind::Native => {
             levers.push(one("serving.max_num_seqs", &["4", "16"]));
             levers.push(one("memory.kv_cache_bytes", &["\"256MiB\"", "\"1GiB\""]));
+            // bf16 arithmetic and a bf16 KV cache pay on some CPUs and not on others
+            // (AVX512-BF16's dot products; the AVX-512 decode kernel reading the cache in
+            // bf16), so they are measured here rather than assumed by the recipes, which
+            // keep f32's numbers.
+            levers.push(one("serving.dtype", &["\"bfloat16\""]));
+            levers.push(one("memory.kv_cache_dtype", &["\"bfloat16\""]));
             if recipe.serving.speculative.is_none() {
                 levers.push(spec("3"));
             }
@@ -760,6 +766,33 @@ mod tests {
         };
         let ids: Vec<String> = first_pass(&levers, current).into_iter().map(|t| t.id).collect();
         assert_eq!(ids, ["baseline", "serving.prefix_caching=true"]);
+    }
+
+    #[test]
+    fn the_native_engine_s_default_levers_include_bf16_arithmetic_and_cache() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/local/smollm2-135m.toml");
+        let recipe = sous_engine::recipe::load(&path, &sous_engine::recipe::Overrides::new())
+            .expect("the shipped recipe loads")
+            .recipe;
+        let levers = default_levers(&recipe);
+        for key in ["serving.dtype", "memory.kv_cache_dtype"] {
+            let lever = levers
+                .iter()
+                .find(|l| l.key == key)
+                .unwrap_or_else(|| panic!("no {key} lever"));
+            assert_eq!(
+                lever.values,
+                [vec![Setting {
+                    key: key.into(),
+                    value: "\"bfloat16\"".into()
+                }]]
+            );
+        }
+        // Neither is offered for a GPU engine's recipe (vLLM computes in the model's dtype).
+        let mut vllm = recipe.clone();
+        vllm.engine.kind = EngineKind::Vllm;
+        assert!(!default_levers(&vllm).iter().any(|l| l.key == "serving.dtype"));
     }
 
     #[test]
