@@ -394,14 +394,7 @@ impl KvShape {
         k: &[f32],
         v: &[f32],
     ) {
-        let at = self.slot_offset(blocks, position);
-        v_cache[at..at + self.slot_len()].copy_from_slice(v);
-        for (h, key) in k.chunks_exact(self.head_dim).enumerate() {
-            let start = self.key_offset(blocks, position, h);
-            for (d, &x) in key.iter().enumerate() {
-                k_cache[start + d * self.block_size] = x;
-            }
-        }
+        self.store_as(k_cache, v_cache, blocks, position, k, v, |x| x);
     }
 
     /// [`KvShape::store`] into caches held in bf16: each value rounded to the nearest
@@ -416,15 +409,30 @@ impl KvShape {
         k: &[f32],
         v: &[f32],
     ) {
-        let bits = |x: f32| half::bf16::from_f32(x).to_bits();
+        let bits = |x: f32| (crate::formats::bf16::round_bf16(x).to_bits() >> 16) as u16;
+        self.store_as(k_cache, v_cache, blocks, position, k, v, bits);
+    }
+
+    /// [`KvShape::store`] of the values as `held` turns them into the cache's type.
+    #[allow(clippy::too_many_arguments)]
+    fn store_as<T>(
+        &self,
+        k_cache: &mut [T],
+        v_cache: &mut [T],
+        blocks: &[u32],
+        position: usize,
+        k: &[f32],
+        v: &[f32],
+        held: impl Fn(f32) -> T,
+    ) {
         let at = self.slot_offset(blocks, position);
         for (dst, &x) in v_cache[at..at + self.slot_len()].iter_mut().zip(v) {
-            *dst = bits(x);
+            *dst = held(x);
         }
         for (h, key) in k.chunks_exact(self.head_dim).enumerate() {
             let start = self.key_offset(blocks, position, h);
             for (d, &x) in key.iter().enumerate() {
-                k_cache[start + d * self.block_size] = bits(x);
+                k_cache[start + d * self.block_size] = held(x);
             }
         }
     }
@@ -568,7 +576,7 @@ impl Widened {
     fn fill(&mut self, tile: &Tile, shape: KvShape, k: &[u16], v: &[u16]) {
         let (hd, bs, slot) = (shape.head_dim, shape.block_size, shape.slot_len());
         let widen = |src: &[u16], dst: &mut Vec<f32>| {
-            dst.extend(src.iter().map(|&b| f32::from_bits(u32::from(b) << 16)))
+            dst.extend(src.iter().map(|&b| crate::formats::bf16::bf16_to_f32(b)))
         };
         let last = tile.span.start + tile.first + tile.count - 1;
         let used = tile.span.blocks.len().min(last / bs + 1);
@@ -1259,7 +1267,7 @@ mod tests {
             // last position.
             let tables: [&[u32]; 3] = [&[7, 2, 9, 0, 11, 4, 5], &[3, 8, 1], &[12, 30, 22, 17]];
             let ends = [93, 41, 52];
-            let rounded = |x: f32| half::bf16::from_f32(x).to_f32();
+            let rounded = crate::formats::bf16::round_bf16;
             for (s, table) in tables.iter().enumerate() {
                 for position in 0..table.len() * shape.block_size {
                     let (k, v): (Vec<f32>, Vec<f32>) = if position < ends[s] {

@@ -145,7 +145,6 @@ enum Held {
 pub struct KvCache {
     shape: KvShape,
     blocks: usize,
-    dtype: KvDtype,
     layers: Vec<Held>,
 }
 
@@ -200,7 +199,6 @@ impl KvCache {
         KvCache {
             shape,
             blocks,
-            dtype,
             layers,
         }
     }
@@ -213,11 +211,6 @@ impl KvCache {
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.shape.block_size
-    }
-
-    /// How it holds its values.
-    pub fn dtype(&self) -> KvDtype {
-        self.dtype
     }
 }
 
