@@ -37,7 +37,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok("bf16") => sous_engine::native::KvDtype::Bf16,
         _ => sous_engine::native::KvDtype::F32,
     };
-    let model = Model::load_with(config, &checkpoint, precision, embeddings, 4096)?;
+    let mut model = Model::load_with(config, &checkpoint, precision, embeddings, 4096)?;
+    // As the engine does (`SOUS_HUGE_PAGES=off`: not).
+    if let Some(placement) = model.place_in_huge_pages()? {
+        println!("{placement}");
+    }
     if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.tuning_matrix()) {
         println!("{calibration}");
     }

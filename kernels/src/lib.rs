@@ -27,6 +27,7 @@ pub mod cuda;
 pub mod fast;
 pub mod formats;
 pub mod gemm;
+pub mod pages;
 pub mod reference;
 pub mod scale;
 pub mod stats;

@@ -448,7 +448,7 @@ impl Engine {
         let text = TextModel::load(dir, &config.eos_token_ids)?;
         let checkpoint = Checkpoint::open(dir, &config)?;
         let quantization = checkpoint.quantization();
-        let model = Model::load_with(
+        let mut model = Model::load_with(
             config,
             &checkpoint,
             settings.precision,
@@ -456,6 +456,14 @@ impl Engine {
             max_model_len,
         )?;
         drop(checkpoint);
+        match model.place_in_huge_pages() {
+            Ok(Some(placement)) => log(format!("Weights: {placement}")),
+            Ok(None) => {}
+            // Only slower: the weights stay on the heap, in pages of the system's default size.
+            Err(e) => log(format!(
+                "Weights stay in small pages: mapping them for huge pages failed ({e})"
+            )),
+        }
         let weights = model.weight_bytes();
         log(format!(
             "Model loading took {:.4} GiB memory and {:.6} seconds ({}, weights {:?}, {:?}, embeddings {}, f32 compute, {} kernels)",

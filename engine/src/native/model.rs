@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use rayon::prelude::*;
 use sous_kernels::activation::quantize_dequantize_nvfp4;
 use sous_kernels::gemm::{self, Packed};
+use sous_kernels::pages::{Placement, Plain, Zeroed};
 use sous_kernels::transformer::{self as k, KvShape, Rotary, Span};
 
 use super::NativeError;
@@ -137,8 +138,8 @@ impl KvDtype {
 
 /// One layer's keys and values, as the cache holds them.
 enum Held {
-    F32 { k: Vec<f32>, v: Vec<f32> },
-    Bf16 { k: Vec<u16>, v: Vec<u16> },
+    F32 { k: Zeroed<f32>, v: Zeroed<f32> },
+    Bf16 { k: Zeroed<u16>, v: Zeroed<u16> },
 }
 
 /// The KV cache of every layer: `blocks × block_size` token slots of keys and values.
@@ -148,9 +149,10 @@ pub struct KvCache {
     layers: Vec<Held>,
 }
 
-/// `len` values of `T`, every 4 KiB page written once, in parallel (see [`KvCache::new`]).
-fn committed<T: Copy + Default + Send + Sync>(len: usize) -> Vec<T> {
-    let mut v = vec![T::default(); len];
+/// `len` values of `T`, every page written once, in parallel (see [`KvCache::new`]),
+/// in huge pages where the system gives them ([`Zeroed`]).
+fn committed<T: Plain>(len: usize) -> Zeroed<T> {
+    let mut v = Zeroed::new(len);
     // One write per 4 KiB page. The value is opaque to the compiler, so the store is
     // not dropped as redundant on memory it knows to be zero.
     let zero = std::hint::black_box(T::default());
@@ -433,6 +435,21 @@ impl Model {
     /// The format the token embedding is held in (`bf16`, `f32`, `q8_0`).
     pub fn embedding_format(&self) -> &'static str {
         self.embed.format()
+    }
+
+    /// Moves the weights into one mapping advised for transparent huge pages
+    /// ([`sous_kernels::pages`]): a decode step reads them all, and in 4 KiB pages it
+    /// pays a TLB miss every 4 KiB. `Ok(None)` where `SOUS_HUGE_PAGES=off` or nothing
+    /// moved; an error leaves them where they were.
+    pub fn place_in_huge_pages(&mut self) -> std::io::Result<Option<Placement>> {
+        let mut weights: Vec<&mut Packed> = Vec::with_capacity(4 * self.layers.len() + 2);
+        // A model sharing its embedding (a calibration's) leaves it where it is.
+        weights.extend(Arc::get_mut(&mut self.embed));
+        weights.extend(self.lm_head.as_mut().and_then(Arc::get_mut));
+        for l in &mut self.layers {
+            weights.extend([&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down]);
+        }
+        sous_kernels::pages::place(&mut weights)
     }
 
     /// Bytes the weights take in memory.

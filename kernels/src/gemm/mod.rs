@@ -43,6 +43,7 @@ use rayon::prelude::*;
 
 use crate::KernelError;
 use crate::formats::fp4;
+use crate::pages::{Buf, Movable};
 
 /// Output columns per packed panel.
 pub const NR: usize = 16;
@@ -163,9 +164,9 @@ pub struct Packed {
 
 #[derive(Clone)]
 enum Data {
-    F32(Vec<f32>),
+    F32(Buf<f32>),
     /// Raw bf16 bits.
-    Bf16(Vec<u16>),
+    Bf16(Buf<u16>),
     Nvfp4(Nvfp4),
     Q8(Q8),
 }
@@ -174,8 +175,8 @@ enum Data {
 /// column `j` in lane `j`) and `k/32` rows of 16 f16 scale bits.
 #[derive(Clone)]
 struct Q8 {
-    codes: Vec<i8>,
-    scales: Vec<u16>,
+    codes: Buf<i8>,
+    scales: Buf<u16>,
 }
 
 /// NVFP4 panels: per panel, `k/8` rows of 16 little-endian u32 (lane `j` holds column
@@ -184,8 +185,8 @@ struct Q8 {
 /// lanes right by four between lookups instead of widening bytes to lanes.
 #[derive(Clone)]
 struct Nvfp4 {
-    codes: Vec<u8>,
-    scales: Vec<u8>,
+    codes: Buf<u8>,
+    scales: Buf<u8>,
     /// What a block with scale byte `s` multiplies its FP4 values by, per stacked
     /// member: `(first panel, table)`, in panel order (one entry unless
     /// [`Packed::stack`]ed from tensors with different global scales).
@@ -294,7 +295,7 @@ impl Packed {
         Ok(Packed {
             n,
             k,
-            data: Data::F32(pack_panels(w, n, k)),
+            data: Data::F32(pack_panels(w, n, k).into()),
         })
     }
 
@@ -304,7 +305,7 @@ impl Packed {
         Ok(Packed {
             n,
             k,
-            data: Data::Bf16(pack_pairs(w, n, k)),
+            data: Data::Bf16(pack_pairs(w, n, k).into()),
         })
     }
 
@@ -353,8 +354,8 @@ impl Packed {
             n,
             k,
             data: Data::Nvfp4(Nvfp4 {
-                codes: packed_codes,
-                scales: packed_scales,
+                codes: packed_codes.into(),
+                scales: packed_scales.into(),
                 divisors: vec![(0, Box::new(std::array::from_fn(|s| divisor(s as u8))))],
             }),
         })
@@ -406,7 +407,10 @@ impl Packed {
         Ok(Packed {
             n,
             k,
-            data: Data::Q8(Q8 { codes, scales }),
+            data: Data::Q8(Q8 {
+                codes: codes.into(),
+                scales: scales.into(),
+            }),
         })
     }
 
@@ -469,11 +473,11 @@ impl Packed {
             }
             let first_panel = panels(out.n);
             match (&mut out.data, part.data) {
-                (Data::F32(a), Data::F32(b)) => a.extend(b),
-                (Data::Bf16(a), Data::Bf16(b)) => a.extend(b),
+                (Data::F32(a), Data::F32(b)) => a.vec_mut().extend_from_slice(&b),
+                (Data::Bf16(a), Data::Bf16(b)) => a.vec_mut().extend_from_slice(&b),
                 (Data::Nvfp4(a), Data::Nvfp4(b)) => {
-                    a.codes.extend(b.codes);
-                    a.scales.extend(b.scales);
+                    a.codes.vec_mut().extend_from_slice(&b.codes);
+                    a.scales.vec_mut().extend_from_slice(&b.scales);
                     for (first, table) in b.divisors {
                         if a.divisors.last().is_some_and(|(_, t)| **t == *table) {
                             continue;
@@ -482,14 +486,41 @@ impl Packed {
                     }
                 }
                 (Data::Q8(a), Data::Q8(b)) => {
-                    a.codes.extend(b.codes);
-                    a.scales.extend(b.scales);
+                    a.codes.vec_mut().extend_from_slice(&b.codes);
+                    a.scales.vec_mut().extend_from_slice(&b.scales);
                 }
                 _ => unreachable!("formats compared above"),
             }
             out.n += part.n;
         }
         Ok(out)
+    }
+
+    /// The first byte of the matrix's (first) buffer (tests).
+    #[cfg(test)]
+    pub(crate) fn first_byte(&self) -> *const u8 {
+        match &self.data {
+            Data::F32(v) => v.as_ptr().cast(),
+            Data::Bf16(v) => v.as_ptr().cast(),
+            Data::Nvfp4(q) => q.codes.as_ptr(),
+            Data::Q8(q) => q.codes.as_ptr().cast(),
+        }
+    }
+
+    /// Hands each of the matrix's buffers to `f` ([`crate::pages::place`]).
+    pub(crate) fn for_each_buf(&mut self, f: &mut dyn FnMut(&mut dyn Movable)) {
+        match &mut self.data {
+            Data::F32(v) => f(v),
+            Data::Bf16(v) => f(v),
+            Data::Nvfp4(q) => {
+                f(&mut q.codes);
+                f(&mut q.scales);
+            }
+            Data::Q8(q) => {
+                f(&mut q.codes);
+                f(&mut q.scales);
+            }
+        }
     }
 
     /// Row `r` of the matrix as f32 (an embedding lookup): the values the product uses.

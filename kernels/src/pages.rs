@@ -1,0 +1,482 @@
+//! A model's packed weights in one mapping of transparent huge pages.
+//!
+//! A decode step reads every weight of the model once, front to back, and is bound by
+//! how fast memory streams them. In 4 KiB pages that is a TLB miss and a page walk
+//! every 4 KiB (66,000 of them a step for SmolLM2-135M's 270 MB of bf16), and the
+//! hardware prefetchers stop at every page boundary. Most distributions set Linux's
+//! transparent huge pages to `madvise`, so memory from the allocator stays in 4 KiB
+//! pages unless asked otherwise. On two cores of a Zen 4 EPYC (AVX-512) a plain read
+//! of 270 MB in 121 steps, as a decode step reads it, took 9.3–12.2 ms in 4 KiB pages
+//! and 6.7–9.4 ms in 2 MiB pages. SmolLM2's one-stream decode steps, six runs each
+//! alternating, went from a median of 87 to 99 tok/s (81–90 to 90–127), and 16 streams
+//! 800 positions in, where the KV cache is read as much as the weights, from 214–229 to
+//! 246–269 tok/s (`BENCHMARKS.md`, issue 16).
+//!
+//! A matrix of a layer (0.6–3.5 MB for SmolLM2) is too small to hold a 2 MiB-aligned
+//! page of its own, so [`place`] copies all of a model's weights into one anonymous
+//! mapping, 2 MiB-aligned and advised `MADV_HUGEPAGE`, one matrix at a time (each
+//! heap copy is freed as soon as it is copied, so the peak is one matrix above the
+//! weights). Whether the kernel backs it with huge pages depends on the system
+//! (`/sys/kernel/mm/transparent_hugepage/enabled`: `never` turns them off, and
+//! fragmented memory may leave part of it in small pages); [`Placement`] reports what
+//! it got. The values are the same bytes either way, so no result changes.
+//!
+//! `SOUS_HUGE_PAGES=off` leaves the weights where they are (for measuring the
+//! difference, or on a system where compaction at load costs more than it saves).
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+/// Element types a [`Buf`] or [`Zeroed`] may hold: plain values with no padding, for
+/// which every bit pattern (all zeros included) is a value, so their bytes can be
+/// copied and viewed as they are. Sealed: implemented for `u8`, `i8`, `u16` and `f32`.
+pub trait Plain: sealed::Sealed + Copy + Default + Send + Sync + 'static {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u8 {}
+    impl Sealed for i8 {}
+    impl Sealed for u16 {}
+    impl Sealed for f32 {}
+}
+
+impl Plain for u8 {}
+impl Plain for i8 {}
+impl Plain for u16 {}
+impl Plain for f32 {}
+
+/// Alignment of the mapping: one huge page on x86-64 and most aarch64 kernels.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Alignment of every buffer inside the mapping (a cache line, and more than any
+/// element needs).
+const ALIGN: usize = 64;
+
+/// One anonymous mapping, 2 MiB-aligned and advised for huge pages: the buffers of many
+/// matrices, or one [`Zeroed`] buffer.
+pub(crate) struct Region {
+    map: memmap2::MmapMut,
+    /// Offset of the first 2 MiB-aligned byte in `map`.
+    base: usize,
+}
+
+impl Region {
+    /// A zeroed mapping of at least `len` bytes starting on a 2 MiB boundary, advised
+    /// for huge pages. Its pages are not touched yet: the advice must come before the
+    /// first write faults them in.
+    fn new(len: usize) -> std::io::Result<Region> {
+        let map = memmap2::MmapMut::map_anon(len + HUGE_PAGE)?;
+        let base = (map.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - map.as_ptr() as usize;
+        #[cfg(target_os = "linux")]
+        map.advise_range(memmap2::Advice::HugePage, base, len)?;
+        Ok(Region { map, base })
+    }
+
+    /// The first byte the buffers may use.
+    fn start(&self) -> *const u8 {
+        self.map[self.base..].as_ptr()
+    }
+}
+
+/// A weight buffer: on the heap as it was packed, or in a [`Region`] after [`place`].
+#[derive(Clone)]
+pub(crate) enum Buf<T: Plain> {
+    Heap(Vec<T>),
+    Placed {
+        region: Arc<Region>,
+        /// Byte offset from the region's start (a multiple of [`ALIGN`]).
+        offset: usize,
+        len: usize,
+    },
+}
+
+impl<T: Plain> Buf<T> {
+    /// The buffer as a vector to append to (a placed one is copied back to the heap:
+    /// only [`crate::gemm::Packed::stack`] appends, and it runs before placement).
+    pub(crate) fn vec_mut(&mut self) -> &mut Vec<T> {
+        if let Buf::Placed { .. } = self {
+            *self = Buf::Heap(self.to_vec());
+        }
+        match self {
+            Buf::Heap(v) => v,
+            Buf::Placed { .. } => unreachable!("replaced by a heap copy above"),
+        }
+    }
+}
+
+impl<T: Plain> From<Vec<T>> for Buf<T> {
+    fn from(v: Vec<T>) -> Buf<T> {
+        Buf::Heap(v)
+    }
+}
+
+impl<T: Plain> Deref for Buf<T> {
+    type Target = [T];
+
+    #[allow(unsafe_code)]
+    fn deref(&self) -> &[T] {
+        match self {
+            Buf::Heap(v) => v,
+            // SAFETY: `place` wrote `len` values of `T` at `offset` (a multiple of 64 from
+            // a 2 MiB boundary, so aligned for `T`) before creating this variant, and
+            // nothing writes to those bytes again; the `Arc` keeps the mapping alive
+            // as long as the slice's borrow of `self`. `T: Plain` has no invalid bit
+            // patterns.
+            Buf::Placed { region, offset, len } => unsafe {
+                std::slice::from_raw_parts(region.start().add(*offset).cast::<T>(), *len)
+            },
+        }
+    }
+}
+
+/// A buffer [`place`] can move: the packed weights' visitor hands each one over as this.
+pub(crate) trait Movable {
+    /// Bytes it takes.
+    fn byte_len(&self) -> usize;
+    /// Copies its bytes into `dst` (exactly [`Movable::byte_len`] long) and frees its
+    /// heap copy, leaving it empty until [`Movable::settle`].
+    fn move_out(&mut self, dst: &mut [u8]);
+    /// Points it at its bytes in `region`, at `offset`.
+    fn settle(&mut self, region: &Arc<Region>, offset: usize, len: usize);
+    /// Elements it holds.
+    fn elements(&self) -> usize;
+}
+
+impl<T: Plain> Movable for Buf<T> {
+    fn byte_len(&self) -> usize {
+        std::mem::size_of_val::<[T]>(self)
+    }
+
+    #[allow(unsafe_code)]
+    fn move_out(&mut self, dst: &mut [u8]) {
+        let values: &[T] = self;
+        // SAFETY: `T: Plain` has no padding, so its values are initialised bytes;
+        // the view covers exactly the slice's memory and lives only for this copy.
+        let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), dst.len()) };
+        dst.copy_from_slice(bytes);
+        *self = Buf::Heap(Vec::new());
+    }
+
+    fn settle(&mut self, region: &Arc<Region>, offset: usize, len: usize) {
+        *self = Buf::Placed {
+            region: Arc::clone(region),
+            offset,
+            len,
+        };
+    }
+
+    fn elements(&self) -> usize {
+        self.len()
+    }
+}
+
+/// A zeroed buffer of its own, in a mapping advised for huge pages where
+/// `SOUS_HUGE_PAGES` allows and the mapping can be made, on the heap otherwise: the
+/// native engine's KV cache, whose every byte a long decode step may read.
+pub struct Zeroed<T: Plain>(Held<T>);
+
+enum Held<T> {
+    /// In a mapping of its own.
+    Mapped { region: Region, len: usize },
+    /// On the heap.
+    Heap(Vec<T>),
+}
+
+impl<T: Plain> Zeroed<T> {
+    /// `len` zeros (the pages are not touched: each is faulted in by its first write).
+    pub fn new(len: usize) -> Zeroed<T> {
+        let bytes = len * std::mem::size_of::<T>();
+        if disabled() || bytes < HUGE_PAGE {
+            return Zeroed(Held::Heap(vec![T::default(); len]));
+        }
+        match Region::new(bytes) {
+            Ok(region) => Zeroed(Held::Mapped { region, len }),
+            Err(_) => Zeroed(Held::Heap(vec![T::default(); len])),
+        }
+    }
+}
+
+impl<T: Plain> Deref for Zeroed<T> {
+    type Target = [T];
+
+    #[allow(unsafe_code)]
+    fn deref(&self) -> &[T] {
+        match &self.0 {
+            Held::Heap(v) => v,
+            // SAFETY: the region holds `len` values of `T` from its 2 MiB-aligned start
+            // (`Region::new` made it that long), zeroed by the kernel, and a zero `T` is a
+            // value (`Plain`); it lives as long as `self`.
+            Held::Mapped { region, len } => unsafe {
+                std::slice::from_raw_parts(region.start().cast::<T>(), *len)
+            },
+        }
+    }
+}
+
+impl<T: Plain> std::ops::DerefMut for Zeroed<T> {
+    #[allow(unsafe_code)]
+    fn deref_mut(&mut self) -> &mut [T] {
+        match &mut self.0 {
+            Held::Heap(v) => v,
+            // SAFETY: as in `deref`; `&mut self` makes this the only view.
+            Held::Mapped { region, len } => unsafe {
+                std::slice::from_raw_parts_mut(region.map[region.base..].as_mut_ptr().cast::<T>(), *len)
+            },
+        }
+    }
+}
+
+/// What [`place`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// Bytes of weights now in the mapping.
+    pub bytes: u64,
+    /// How much of the mapping the kernel backs with huge pages, as
+    /// `/proc/self/smaps` says (`None` where it cannot be read).
+    pub huge_bytes: Option<u64>,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        write!(
+            f,
+            "{:.0} MiB of weights in one mapping advised for huge pages",
+            mib(self.bytes)
+        )?;
+        match self.huge_bytes {
+            Some(huge) => write!(f, " ({:.0} MiB of it in huge pages)", mib(huge)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Whether `SOUS_HUGE_PAGES=off` asked to leave the weights where they are.
+pub fn disabled() -> bool {
+    std::env::var("SOUS_HUGE_PAGES").is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "false"))
+}
+
+/// Moves every buffer of `weights` into one mapping advised for huge pages (see the
+/// module's documentation). Nothing moves, and `Ok(None)` comes back, where
+/// `SOUS_HUGE_PAGES=off` says so or there is nothing to move. An error (the mapping
+/// could not be made) leaves every buffer where it was.
+pub fn place(weights: &mut [&mut crate::gemm::Packed]) -> std::io::Result<Option<Placement>> {
+    if disabled() {
+        return Ok(None);
+    }
+    place_all(weights)
+}
+
+/// [`place`], whatever `SOUS_HUGE_PAGES` says.
+fn place_all(weights: &mut [&mut crate::gemm::Packed]) -> std::io::Result<Option<Placement>> {
+    let mut total = 0usize;
+    for w in weights.iter_mut() {
+        w.for_each_buf(&mut |b| total += b.byte_len().next_multiple_of(ALIGN));
+    }
+    if total == 0 {
+        return Ok(None);
+    }
+    let mut region = Region::new(total)?;
+    let base = region.base;
+    // First every buffer's bytes into the mapping, each heap copy freed as it goes;
+    // then, with the mapping shared, every buffer pointed at its bytes, in the same
+    // order.
+    let mut spans = Vec::new();
+    let mut offset = 0;
+    for w in weights.iter_mut() {
+        w.for_each_buf(&mut |b| {
+            let len = b.byte_len();
+            spans.push((offset, b.elements()));
+            b.move_out(&mut region.map[base + offset..base + offset + len]);
+            offset += len.next_multiple_of(ALIGN);
+        });
+    }
+    let region = Arc::new(region);
+    let mut spans = spans.into_iter();
+    for w in weights.iter_mut() {
+        w.for_each_buf(&mut |b| {
+            if let Some((offset, len)) = spans.next() {
+                b.settle(&region, offset, len);
+            }
+        });
+    }
+    Ok(Some(Placement {
+        bytes: total as u64,
+        huge_bytes: huge_bytes(region.start(), total),
+    }))
+}
+
+/// Bytes of huge pages backing the mapping that holds `start` (its `AnonHugePages` in
+/// `/proc/self/smaps`), or `None` where that cannot be read (not Linux).
+fn huge_bytes(start: *const u8, len: usize) -> Option<u64> {
+    let kb = smaps_field(start, "AnonHugePages")?;
+    let kb: u64 = kb.trim_end_matches("kB").trim().parse().ok()?;
+    Some((kb * 1024).min(len as u64))
+}
+
+/// The value of `field` for the mapping that holds `at`, from `/proc/self/smaps`.
+pub(crate) fn smaps_field(at: *const u8, field: &str) -> Option<String> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let at = at as usize;
+    let mut inside = false;
+    for line in smaps.lines() {
+        // A mapping's first line starts with its address range: `lo-hi perms ...`.
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((lo, hi)) = range.split_once('-')
+            && let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        {
+            inside = lo <= at && at < hi;
+            continue;
+        }
+        if inside
+            && let Some((name, value)) = line.split_once(':')
+            && name == field
+        {
+            return Some(value.trim().to_string());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::{Packed, matmul};
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    fn bf16(v: &[f32]) -> Vec<u16> {
+        v.iter().map(|x| (x.to_bits() >> 16) as u16).collect()
+    }
+
+    /// Every format, sizes that are not multiples of anything in particular (odd panel
+    /// counts, a bf16 `k` that needs a pair partner), and enough bytes that the mapping
+    /// spans more than one huge page.
+    fn matrices() -> Vec<Packed> {
+        let nvfp4 = |n: usize, k: usize, seed: usize| {
+            let codes: Vec<u8> = (0..n * k / 2).map(|i| ((i * 37 + seed) % 251) as u8).collect();
+            let scales: Vec<u8> = (0..n * k / 16).map(|i| 0x30 + ((i + seed) % 16) as u8).collect();
+            Packed::from_nvfp4(&codes, &scales, |s| f32::from(s) * 1e-3, n, k).expect("block-aligned")
+        };
+        vec![
+            Packed::from_bf16(&bf16(&values(2048 * 576, 1)), 2048, 576).expect("sizes"),
+            Packed::from_f32(&values(40 * 33, 2), 40, 33).expect("sizes"),
+            Packed::from_bf16(&bf16(&values(24 * 35, 3)), 24, 35).expect("sizes"),
+            nvfp4(48, 64, 4),
+            Packed::q8_0(&values(40 * 64, 5), 40, 64).expect("sizes"),
+            Packed::from_bf16(&bf16(&values(1024 * 1536, 6)), 1024, 1536).expect("sizes"),
+        ]
+    }
+
+    /// Products of 1 and 7 rows and every row of the matrix, as bits.
+    fn fingerprint(w: &Packed) -> Vec<u32> {
+        let mut bits = Vec::new();
+        for rows in [1, 7] {
+            let x = values(rows * w.k(), 9);
+            let mut out = vec![0.0f32; rows * w.n()];
+            matmul(&x, rows, w, &mut out);
+            bits.extend(out.iter().map(|v| v.to_bits()));
+        }
+        let mut row = vec![0.0f32; w.k()];
+        for r in 0..w.n() {
+            w.row(r, &mut row);
+            bits.extend(row.iter().map(|v| v.to_bits()));
+        }
+        bits
+    }
+
+    #[test]
+    fn placed_weights_give_the_same_products_and_rows() {
+        let mut weights = matrices();
+        let before: Vec<Vec<u32>> = weights.iter().map(fingerprint).collect();
+        let bytes: u64 = weights.iter().map(Packed::bytes).sum();
+        let placement = {
+            let mut refs: Vec<&mut Packed> = weights.iter_mut().collect();
+            place_all(&mut refs)
+                .expect("an anonymous mapping")
+                .expect("bytes to move")
+        };
+        // Each buffer rounded up to a cache line (the NVFP4 tables stay on the heap).
+        assert!(placement.bytes >= bytes - 256 * 4 && placement.bytes < bytes + 12 * 64);
+        for (w, before) in weights.iter().zip(&before) {
+            assert_eq!(
+                &fingerprint(w),
+                before,
+                "a {} matrix changed when placed",
+                w.format()
+            );
+            assert_eq!(w.first_byte() as usize % 64, 0, "a placed buffer is not aligned");
+        }
+        // A clone shares the mapping and outlives the rest.
+        let kept = weights[3].clone();
+        drop(weights);
+        assert_eq!(fingerprint(&kept), before[3]);
+    }
+
+    #[test]
+    fn stacking_placed_weights_copies_them_back() {
+        let parts = || {
+            vec![
+                Packed::from_bf16(&bf16(&values(32 * 40, 1)), 32, 40).expect("sizes"),
+                Packed::from_bf16(&bf16(&values(16 * 40, 2)), 16, 40).expect("sizes"),
+            ]
+        };
+        let expected = fingerprint(&Packed::stack(parts()).expect("stackable"));
+        let mut placed = parts();
+        place_all(&mut placed.iter_mut().collect::<Vec<_>>()).expect("an anonymous mapping");
+        assert_eq!(fingerprint(&Packed::stack(placed).expect("stackable")), expected);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_mapping_is_advised_for_huge_pages_and_reported() {
+        let mut weights = matrices();
+        let placement = place_all(&mut weights.iter_mut().collect::<Vec<_>>())
+            .expect("an anonymous mapping")
+            .expect("bytes to move");
+        let at = weights[0].first_byte();
+        assert_eq!(
+            at as usize % HUGE_PAGE,
+            0,
+            "the first buffer does not start the mapping"
+        );
+        let flags = smaps_field(at, "VmFlags").expect("/proc/self/smaps lists the mapping");
+        assert!(
+            flags.split_whitespace().any(|f| f == "hg"),
+            "the mapping is not advised for huge pages: {flags}"
+        );
+        // Whether the kernel gave huge pages is the system's call, but smaps says.
+        let huge = placement.huge_bytes.expect("smaps has AnonHugePages");
+        assert!(huge <= placement.bytes);
+        assert!(placement.to_string().contains("MiB of weights in one mapping"));
+    }
+
+    #[test]
+    fn a_zeroed_buffer_is_zero_writable_and_advised() {
+        let len = 3 * HUGE_PAGE / 4 + 5;
+        let mut z = Zeroed::<f32>::new(len);
+        assert_eq!(z.len(), len);
+        assert!(z.iter().all(|&v| v == 0.0));
+        for (i, v) in z.iter_mut().enumerate().step_by(1001) {
+            *v = i as f32;
+        }
+        assert_eq!(z[5005], 5005.0);
+        // Index 0 wrote a zero; every other multiple of 1001 below `len` its index.
+        assert_eq!(z.iter().filter(|&&v| v != 0.0).count(), (len - 1) / 1001);
+        #[cfg(target_os = "linux")]
+        {
+            let flags = smaps_field(z.as_ptr().cast(), "VmFlags").expect("smaps lists the mapping");
+            assert!(
+                flags.split_whitespace().any(|f| f == "hg"),
+                "not advised: {flags}"
+            );
+        }
+        // Too small for a huge page: on the heap, zeroed all the same.
+        let small = Zeroed::<u16>::new(100);
+        assert!(small.iter().all(|&v| v == 0));
+    }
+}
