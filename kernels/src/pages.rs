@@ -282,15 +282,21 @@ fn place_all(weights: &mut [&mut crate::gemm::Packed]) -> std::io::Result<Option
     // then, with the mapping shared, every buffer pointed at its bytes, in the same
     // order.
     let mut spans = Vec::new();
-    let mut offset = 0;
+    let (mut offset, mut untrimmed) = (0, 0);
     for w in weights.iter_mut() {
         w.for_each_buf(&mut |b| {
             let len = b.byte_len();
             spans.push((offset, b.elements()));
             b.move_out(&mut region.map[base + offset..base + offset + len]);
             offset += len.next_multiple_of(ALIGN);
+            untrimmed += len;
+            if untrimmed >= TRIM_EVERY {
+                give_back_heap();
+                untrimmed = 0;
+            }
         });
     }
+    give_back_heap();
     let region = Arc::new(region);
     let mut spans = spans.into_iter();
     for w in weights.iter_mut() {
@@ -304,6 +310,24 @@ fn place_all(weights: &mut [&mut crate::gemm::Packed]) -> std::io::Result<Option
         bytes: total as u64,
         huge_bytes: huge_bytes(region.start(), total),
     }))
+}
+
+/// Bytes moved between two [`give_back_heap`]s: the heap copies and the mapping are
+/// both resident for at most this much.
+const TRIM_EVERY: usize = 64 << 20;
+
+/// Returns the heap memory the moved buffers freed to the system. glibc keeps freed
+/// chunks that are not at the top of its heaps (a matrix smaller than its dynamic mmap
+/// threshold, 32 MiB at most, comes from there) for later allocations: without this, a
+/// server held its weights twice, 200 MB more resident for SmolLM2 (1,588 against
+/// 1,383 MB with `SOUS_HUGE_PAGES=off`). Elsewhere the allocator does what it does.
+fn give_back_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[allow(unsafe_code)]
+    // SAFETY: `malloc_trim` takes no pointer and only releases glibc's own free memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Bytes of huge pages backing the mapping that holds `start` (its `AnonHugePages` in
