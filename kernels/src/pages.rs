@@ -1,4 +1,5 @@
-//! A model's packed weights in one mapping of transparent huge pages.
+//! A model's packed weights in one mapping of transparent huge pages, and buffers (the
+//! native engine's KV cache) in mappings of their own.
 //!
 //! A decode step reads every weight of the model once, front to back, and is bound by
 //! how fast memory streams them. In 4 KiB pages that is a TLB miss and a page walk
@@ -14,9 +15,9 @@
 //!
 //! A matrix of a layer (0.6–3.5 MB for SmolLM2) is too small to hold a 2 MiB-aligned
 //! page of its own, so [`place`] copies all of a model's weights into one anonymous
-//! mapping, 2 MiB-aligned and advised `MADV_HUGEPAGE`, one matrix at a time (each
-//! heap copy is freed as soon as it is copied, so the peak is one matrix above the
-//! weights). Whether the kernel backs it with huge pages depends on the system
+//! mapping, 2 MiB-aligned and advised `MADV_HUGEPAGE`, one matrix at a time, each
+//! heap copy freed once copied and the freed heap given back to the system every
+//! 64 MiB (so at most that much is held twice). Whether the kernel backs it with huge pages depends on the system
 //! (`/sys/kernel/mm/transparent_hugepage/enabled`: `never` turns them off, and
 //! fragmented memory may leave part of it in small pages); [`Placement`] reports what
 //! it got. The values are the same bytes either way, so no result changes.
