@@ -228,13 +228,15 @@ impl<T: Plain> std::ops::DerefMut for Zeroed<T> {
 }
 
 /// What [`place`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
     /// Bytes of weights now in the mapping.
     pub bytes: u64,
     /// How much of the mapping the kernel backs with huge pages, as
     /// `/proc/self/smaps` says (`None` where it cannot be read).
     pub huge_bytes: Option<u64>,
+    /// The system's mode ([`system_mode`]), which says why there are none.
+    pub mode: Option<String>,
 }
 
 impl std::fmt::Display for Placement {
@@ -245,11 +247,34 @@ impl std::fmt::Display for Placement {
             "{:.0} MiB of weights in one mapping advised for huge pages",
             mib(self.bytes)
         )?;
-        match self.huge_bytes {
-            Some(huge) => write!(f, " ({:.0} MiB of it in huge pages)", mib(huge)),
-            None => Ok(()),
+        match (self.huge_bytes, self.mode.as_deref()) {
+            (Some(0), Some(mode)) => write!(f, " (none of it in huge pages: THP is `{mode}` here)"),
+            (Some(huge), _) => write!(f, " ({:.0} MiB of it in huge pages)", mib(huge)),
+            (None, _) => Ok(()),
         }
     }
+}
+
+/// The system's transparent huge page mode (`always`, `madvise` or `never`), from
+/// `/sys/kernel/mm/transparent_hugepage/enabled`; `None` where the kernel does not say
+/// (not Linux, or built without THP).
+pub fn system_mode() -> Option<String> {
+    let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    mode_in(&enabled).map(str::to_owned)
+}
+
+/// The selected mode in the kernel's list, the bracketed word: `always [madvise] never`
+/// is `madvise`.
+pub fn mode_in(enabled: &str) -> Option<&str> {
+    enabled
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
+}
+
+/// Whether the native engine's weights and KV cache get huge pages here: the mode
+/// allows an advised mapping (`always` or `madvise`) and `SOUS_HUGE_PAGES` is not off.
+pub fn in_use(mode: Option<&str>) -> bool {
+    !disabled() && matches!(mode, Some("always" | "madvise"))
 }
 
 /// Whether `SOUS_HUGE_PAGES=off` asked to leave the weights where they are.
@@ -310,6 +335,7 @@ fn place_all(weights: &mut [&mut crate::gemm::Packed]) -> std::io::Result<Option
     Ok(Some(Placement {
         bytes: total as u64,
         huge_bytes: huge_bytes(region.start(), total),
+        mode: system_mode(),
     }))
 }
 
@@ -443,6 +469,15 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_selected_mode_of_the_kernel_list() {
+        assert_eq!(mode_in("always [madvise] never\n"), Some("madvise"));
+        assert_eq!(mode_in("[always] madvise never\n"), Some("always"));
+        assert_eq!(mode_in("always madvise [never]\n"), Some("never"));
+        assert_eq!(mode_in(""), None);
+        assert!(!in_use(Some("never")) && !in_use(None));
+    }
+
+    #[test]
     fn stacking_placed_weights_copies_them_back() {
         let parts = || {
             vec![
@@ -478,6 +513,15 @@ mod tests {
         let huge = placement.huge_bytes.expect("smaps has AnonHugePages");
         assert!(huge <= placement.bytes);
         assert!(placement.to_string().contains("MiB of weights in one mapping"));
+        let none = Placement {
+            huge_bytes: Some(0),
+            mode: Some("never".into()),
+            ..placement.clone()
+        };
+        assert!(
+            none.to_string()
+                .ends_with("(none of it in huge pages: THP is `never` here)")
+        );
     }
 
     #[test]

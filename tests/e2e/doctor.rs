@@ -167,6 +167,17 @@ fn on_a_cpu_machine_only_the_native_recipes_can_run() {
     let spark = recipe(&json, SPARK);
     assert_eq!(spark["reasons"][1], "vLLM is not installed: `vllm` not on PATH");
 
+    // Whether the native engine gets huge pages here, and the kernel's mode as its file
+    // says it (the test machine's own, read the way `sous doctor` should read it).
+    let pages = &json["engines"]["native"]["cpu"]["huge_pages"];
+    assert!(pages["used"].is_boolean(), "{pages}");
+    let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok();
+    let mode = enabled.as_deref().and_then(|e| {
+        e.split_whitespace()
+            .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
+    });
+    assert_eq!(pages["mode"].as_str(), mode, "{pages}");
+
     // The machine-dependent values, and sous's own version, replaced.
     let mut json = json;
     json["engines"]["native"]["cpu"] = "[this CPU]".into();

@@ -171,8 +171,8 @@ fn render(report: &Report) -> String {
         "native".to_owned(),
         e.native.version.to_owned(),
         format!(
-            "built in: {} ({}), {} threads{memory}, {} kernels",
-            cpu.model, cpu.arch, cpu.threads, cpu.kernels
+            "built in: {} ({}), {} threads{memory}, {} kernels, {}",
+            cpu.model, cpu.arch, cpu.threads, cpu.kernels, cpu.huge_pages
         ),
     ]);
     section(&mut out, "Engines", &columns(&rows));

@@ -86,6 +86,30 @@ pub struct Cpu {
     pub instruction_sets: Vec<&'static str>,
     /// The kernel `sous quantize` uses on the CPU.
     pub quantize_kernel: &'static str,
+    /// Transparent huge pages, where the native engine keeps its weights and KV cache.
+    pub huge_pages: HugePages,
+}
+
+/// Transparent huge pages on this machine, as the native engine uses them.
+#[derive(Debug, Clone, Serialize)]
+pub struct HugePages {
+    /// The kernel's mode (`always`, `madvise`, `never`), or `null` where it does not say.
+    pub mode: Option<String>,
+    /// Whether the weights and KV cache go into huge pages: the mode allows it and
+    /// `SOUS_HUGE_PAGES` is not `off`.
+    pub used: bool,
+}
+
+impl std::fmt::Display for HugePages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.used, self.mode.as_deref()) {
+            (true, Some(mode)) => write!(f, "huge pages (THP {mode})"),
+            (false, Some("never")) => write!(f, "no huge pages (THP never: decode is slower)"),
+            (false, None) => write!(f, "no huge pages (THP not available)"),
+            (false, Some(_)) => write!(f, "no huge pages (SOUS_HUGE_PAGES=off)"),
+            (true, None) => write!(f, "huge pages"),
+        }
+    }
 }
 
 /// The engines, probed concurrently.
@@ -234,6 +258,13 @@ pub fn native() -> Native {
                 .map(|isa| isa.name())
                 .collect(),
             quantize_kernel: sous_kernels::fast::Kernel::detect().name(),
+            huge_pages: {
+                let mode = sous_kernels::pages::system_mode();
+                HugePages {
+                    used: sous_kernels::pages::in_use(mode.as_deref()),
+                    mode,
+                }
+            },
         },
     }
 }
@@ -252,6 +283,24 @@ pub fn cpu_model(cpuinfo: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn says_whether_the_native_engine_gets_huge_pages_and_why_not() {
+        let say = |mode: Option<&str>, used| {
+            HugePages {
+                mode: mode.map(str::to_owned),
+                used,
+            }
+            .to_string()
+        };
+        assert_eq!(say(Some("madvise"), true), "huge pages (THP madvise)");
+        assert_eq!(
+            say(Some("never"), false),
+            "no huge pages (THP never: decode is slower)"
+        );
+        assert_eq!(say(Some("always"), false), "no huge pages (SOUS_HUGE_PAGES=off)");
+        assert_eq!(say(None, false), "no huge pages (THP not available)");
+    }
 
     #[test]
     fn finds_the_version_after_log_lines() {
