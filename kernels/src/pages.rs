@@ -77,6 +77,11 @@ impl Region {
     fn start(&self) -> *const u8 {
         self.map[self.base..].as_ptr()
     }
+
+    /// [`Region::start`], to write through.
+    fn start_mut(&mut self) -> *mut u8 {
+        self.map[self.base..].as_mut_ptr()
+    }
 }
 
 /// A weight buffer: on the heap as it was packed, or in a [`Region`] after [`place`].
@@ -221,7 +226,7 @@ impl<T: Plain> std::ops::DerefMut for Zeroed<T> {
             Held::Heap(v) => v,
             // SAFETY: as in `deref`; `&mut self` makes this the only view.
             Held::Mapped { region, len } => unsafe {
-                std::slice::from_raw_parts_mut(region.map[region.base..].as_mut_ptr().cast::<T>(), *len)
+                std::slice::from_raw_parts_mut(region.start_mut().cast::<T>(), *len)
             },
         }
     }
