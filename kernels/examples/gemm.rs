@@ -33,7 +33,19 @@ fn main() {
             _ => {
                 let codes: Vec<u8> = (0..n * k / 2).map(|i| (i * 37 % 251) as u8).collect();
                 let scales: Vec<u8> = (0..n * k / 16).map(|i| 0x30 + (i % 16) as u8).collect();
-                Packed::from_nvfp4(&codes, &scales, |s| f32::from(s) * 1e-3, n, k)
+                // As the engine packs a compressed-tensors checkpoint: the block factors
+                // computed from the scale bytes (`SOUS_GEMM_TABLE=1`: looked up in the
+                // table instead, as for a tensor whose scales the computation misses).
+                let scale = sous_kernels::TensorScale::from_value(
+                    sous_kernels::Flavor::CompressedTensors,
+                    sous_kernels::Dtype::Bf16,
+                    1e3,
+                );
+                if std::env::var_os("SOUS_GEMM_TABLE").is_some() {
+                    Packed::from_nvfp4(&codes, &scales, |s| scale.divisor(s), n, k)
+                } else {
+                    Packed::from_nvfp4_scale(&codes, &scales, &scale, n, k)
+                }
             }
         }
         .expect("shapes are block-aligned")

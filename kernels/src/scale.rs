@@ -142,6 +142,12 @@ impl TensorScale {
         }
     }
 
+    /// Whether [`TensorScale::divisor`] divides the E4M3 value by [`TensorScale::value`]
+    /// (compressed-tensors) rather than multiplying it (ModelOpt).
+    pub fn divides(&self) -> bool {
+        matches!(self.flavor, Flavor::CompressedTensors)
+    }
+
     /// The stored value: `weight_global_scale` or `weight_scale_2`.
     pub fn value(&self) -> f32 {
         self.value

@@ -382,7 +382,7 @@ impl Checkpoint {
             });
         }
         let scale = TensorScale::from_value(flavor, self.source, global[0]);
-        Packed::from_nvfp4(codes.data(), scales.data(), |s| scale.divisor(s), out, inp).map_err(|e| {
+        Packed::from_nvfp4_scale(codes.data(), scales.data(), &scale, out, inp).map_err(|e| {
             NativeError::Config {
                 path: path.to_owned(),
                 message: format!("NVFP4 weight `{prefix}`: {e}"),

@@ -45,6 +45,8 @@ fn weight(panels: &Panels, p: usize, kk: usize, j: usize, table: &[f32; 16]) -> 
             scales,
             scale_stride,
             divisors,
+            // The table: the form, where there is one, gives the same bits.
+            ..
         } => {
             let byte = codes[p * code_stride + super::fp4_byte(kk, j)];
             let code = if kk.is_multiple_of(2) {

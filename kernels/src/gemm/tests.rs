@@ -122,18 +122,38 @@ fn nvfp4_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Res
             // Tasks of several row tiles (the weights widened once per pass).
             (200, 40, 544),
         ] {
-            let w = values(n * k, 3);
+            let mut w = values(n * k, 3);
+            // A block of zeros and blocks of tiny values (E4M3 subnormal scale bytes,
+            // which the computed factors take through an f32 subnormal).
+            w[..16].fill(0.0);
+            for (i, v) in w[16..64].iter_mut().enumerate() {
+                *v *= [1e-3, 1e-4, 1e-5][i / 16];
+            }
             let bytes: Vec<u8> = bf16_bits(&w).iter().flat_map(|b| b.to_le_bytes()).collect();
             let matrix = Matrix::new(Dtype::Bf16, n, k, &bytes)?;
             let scale = TensorScale::from_amax(flavor, Dtype::Bf16, reference::amax(&matrix));
             let q = reference::quantize(&matrix, &scale);
             let dequantized = reference::dequantize(&q.packed, &q.scales, &scale);
-            let fp4 = Packed::from_nvfp4(&q.packed, &q.scales, |s| scale.divisor(s), n, k)?;
+            if k >= 64 {
+                let subnormal = |b: &u8| b & 0x78 == 0 && b & 7 != 0;
+                assert!(
+                    q.scales.iter().any(subnormal),
+                    "{flavor:?}: no subnormal scale byte"
+                );
+            }
+            // The factors computed from the scale bytes, and looked up in the table.
+            let fp4 = Packed::from_nvfp4_scale(&q.packed, &q.scales, &scale, n, k)?;
+            assert!(fp4.computes_factors(), "{flavor:?} {rows}x{n}x{k}");
+            let table = Packed::from_nvfp4(&q.packed, &q.scales, |s| scale.divisor(s), n, k)?;
+            assert!(!table.computes_factors());
             let f32s = Packed::from_f32(&dequantized, n, k)?;
             let x = values(rows * k, 4);
             for isa in Isa::available() {
-                let (a, b) = (product(isa, &x, rows, &fp4), product(isa, &x, rows, &f32s));
-                assert!(bits_eq(&a, &b), "{flavor:?} {isa:?} {rows}x{n}x{k}");
+                let b = product(isa, &x, rows, &f32s);
+                for (how, fp4) in [("computed", &fp4), ("table", &table)] {
+                    let a = product(isa, &x, rows, fp4);
+                    assert!(bits_eq(&a, &b), "{flavor:?} {isa:?} {how} {rows}x{n}x{k}");
+                }
             }
             let mut row = vec![0.0f32; k];
             for r in [0, n / 2, n - 1] {
@@ -142,6 +162,50 @@ fn nvfp4_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Res
             }
             // Kept packed: 4.5 bits a weight and the divisor table.
             assert_eq!(fp4.bytes(), (panels(n) * NR * k * 9 / 16 + 1024) as u64);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn scale_bytes_the_computed_factors_miss_keep_the_table() -> Result {
+    let (n, k) = (32, 64);
+    let codes: Vec<u8> = (0..n * k / 2).map(|i| (i * 37 % 251) as u8).collect();
+    let scale = TensorScale::from_value(Flavor::CompressedTensors, Dtype::Bf16, 2688.0);
+    let x = values(3 * k, 5);
+    // Positive E4M3 bytes, subnormals among them: computed.
+    let plain: Vec<u8> = (0..n * k / 16).map(|i| (i * 13 % 0x7F) as u8).collect();
+    // A negative scale (0xB8, -1.0) and the NaN byte: what the shift into an f32 does
+    // not give, so the table stays.
+    for (bytes, computed) in [
+        (plain.clone(), true),
+        ([&[0xB8u8][..], &plain[1..]].concat(), false),
+    ] {
+        let packed = Packed::from_nvfp4_scale(&codes, &bytes, &scale, n, k)?;
+        assert_eq!(packed.computes_factors(), computed);
+        let table = Packed::from_nvfp4(&codes, &bytes, |s| scale.divisor(s), n, k)?;
+        for isa in Isa::available() {
+            let (a, b) = (product(isa, &x, 3, &packed), product(isa, &x, 3, &table));
+            assert!(bits_eq(&a, &b), "{isa:?} computed {computed}");
+        }
+    }
+    let nan = [&[0x7Fu8][..], &plain[1..]].concat();
+    assert!(!Packed::from_nvfp4_scale(&codes, &nan, &scale, n, k)?.computes_factors());
+    // Every byte but the NaN ones, in both flavors: the form is the table.
+    for flavor in [Flavor::CompressedTensors, Flavor::ModelOptGpu] {
+        let scale = TensorScale::from_value(flavor, Dtype::Bf16, 0.37);
+        let form = Form {
+            divide: scale.divides(),
+            value: scale.value(),
+        };
+        for s in (0..=0x7Eu8).chain(0x80..=0xFE) {
+            let want = scale.divisor(s);
+            let got = form.apply(s);
+            if s & 0x80 == 0 {
+                assert_eq!(got.to_bits(), want.to_bits(), "{flavor:?} byte {s:#04x}");
+            } else {
+                assert_ne!(got.to_bits(), want.to_bits(), "{flavor:?} byte {s:#04x}");
+            }
         }
     }
     Ok(())
@@ -268,7 +332,12 @@ fn stacked_matrices_with_their_own_scales_multiply_as_separate_ones() -> Result 
         let matrix = Matrix::new(Dtype::Bf16, n, k, &bytes)?;
         let scale = TensorScale::from_amax(Flavor::CompressedTensors, Dtype::Bf16, reference::amax(&matrix));
         let q = reference::quantize(&matrix, &scale);
-        let part = Packed::from_nvfp4(&q.packed, &q.scales, |s| scale.divisor(s), n, k)?;
+        // The middle member looks its factors up in the table; the others compute them.
+        let part = if i == 1 {
+            Packed::from_nvfp4(&q.packed, &q.scales, |s| scale.divisor(s), n, k)?
+        } else {
+            Packed::from_nvfp4_scale(&q.packed, &q.scales, &scale, n, k)?
+        };
         want.push(product(Isa::current(), &x, 9, &part));
         parts.push(part);
     }

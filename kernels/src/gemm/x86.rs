@@ -5,7 +5,8 @@
 //! Weights are widened in registers: bf16 by zero-extension and a 16-bit shift;
 //! NVFP4 by a table lookup of each code's FP4 value (`vpermps`: 16 entries in one
 //! AVX-512 register; on AVX2 the 8 magnitudes and the sign bit, as
-//! `crate::fast::x86::codes::decode` does), times the block's divisor gathered from the
+//! `crate::fast::x86::codes::decode` does), times the block's divisor, computed from the
+//! scale byte where the weight's [`Form`] allows and otherwise gathered from the
 //! tensor's 256-entry table; Q8_0 by sign-extending each code to 32 bits, converting
 //! it to f32 and multiplying by the block's f16 scale, widened once per 32 values.
 
@@ -16,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{NR, Panels, Tile, fp4_table};
+use super::{E4M3_UNBIAS, Form, NR, Panels, Tile, fp4_table};
 
 /// Whether AVX-512F (with AVX2 and FMA) is there.
 pub(super) fn avx512() -> bool {
@@ -112,6 +113,7 @@ unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
                 scales,
                 scale_stride,
                 divisors,
+                form,
             } => {
                 let table = fp4_table();
                 let lut = _mm512_loadu_ps(table.as_ptr());
@@ -121,7 +123,7 @@ unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
                     for p in 0..NP {
                         let idx =
                             _mm512_cvtepu8_epi32(_mm_loadu_si128(s.add(p * scale_stride + kb * NR).cast()));
-                        f[p] = _mm512_i32gather_ps::<4>(idx, d);
+                        f[p] = factors16(idx, d, form);
                     }
                     // Two rows of lanes per block, eight codes per lane each.
                     for half in 0..2 {
@@ -305,13 +307,14 @@ unsafe fn widen512(panels: Panels, np: usize, kc: usize, out: *mut f32) {
                     scales,
                     scale_stride,
                     divisors,
+                    form,
                 } => {
                     let lut = _mm512_loadu_ps(lut.as_ptr());
                     let q = codes.as_ptr().add(p * code_stride);
                     let s = scales.as_ptr().add(p * scale_stride);
                     for kb in 0..kc / crate::BLOCK {
                         let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(s.add(kb * NR).cast()));
-                        let f = _mm512_i32gather_ps::<4>(idx, divisors.as_ptr());
+                        let f = factors16(idx, divisors.as_ptr(), form);
                         for half in 0..2 {
                             let k8 = kb * crate::BLOCK + 8 * half;
                             let mut v = _mm512_loadu_si512(q.add(k8 / 2 * NR).cast());
@@ -387,6 +390,7 @@ unsafe fn widen256(panels: Panels, np: usize, kc: usize, out: *mut f32) {
                     scales,
                     scale_stride,
                     divisors,
+                    form,
                 } => {
                     let grid = _mm256_loadu_ps(crate::formats::fp4::GRID.as_ptr());
                     let (q, s, d) = (
@@ -395,7 +399,7 @@ unsafe fn widen256(panels: Panels, np: usize, kc: usize, out: *mut f32) {
                         divisors.as_ptr(),
                     );
                     for kb in 0..kc / crate::BLOCK {
-                        let f = fp4_divisors16(s, d, kb);
+                        let f = fp4_divisors16(s, d, kb, form);
                         for half in 0..2 {
                             let k8 = kb * crate::BLOCK + 8 * half;
                             let mut v = fp4_codes16(q, k8);
@@ -459,18 +463,55 @@ unsafe fn q8x8(p: *const i8, d: __m256) -> __m256 {
     _mm256_mul_ps(_mm256_cvtepi32_ps(codes), d)
 }
 
-/// The divisors of NVFP4 block `kb`'s sixteen columns (0-7, then 8-15), gathered
-/// from the tensor's table `d` by the panel's scale bytes `s`.
+/// The divisors of NVFP4 block `kb`'s sixteen columns (0-7, then 8-15) with the
+/// panel's scale bytes `s`: computed by `form`, or gathered from the tensor's table `d`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn fp4_divisors16(s: *const u8, d: *const f32, kb: usize) -> [__m256; 2] {
+unsafe fn fp4_divisors16(s: *const u8, d: *const f32, kb: usize, form: Option<Form>) -> [__m256; 2] {
     // SAFETY: the caller's panel holds the block's sixteen scale bytes, and every byte
     // indexes the 256-entry table.
-    unsafe {
-        [
-            _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR))),
-            _mm256_i32gather_ps::<4>(d, bytes8(s.add(kb * NR + 8))),
-        ]
+    let (lo, hi) = unsafe { (bytes8(s.add(kb * NR)), bytes8(s.add(kb * NR + 8))) };
+    match form {
+        Some(form) => {
+            let v = _mm256_set1_ps(form.value);
+            let factor = |idx: __m256i| {
+                let e4m3 = _mm256_mul_ps(
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<20>(idx)),
+                    _mm256_set1_ps(E4M3_UNBIAS),
+                );
+                if form.divide {
+                    _mm256_div_ps(e4m3, v)
+                } else {
+                    _mm256_mul_ps(e4m3, v)
+                }
+            };
+            [factor(lo), factor(hi)]
+        }
+        // SAFETY: as above.
+        None => unsafe { [_mm256_i32gather_ps::<4>(d, lo), _mm256_i32gather_ps::<4>(d, hi)] },
+    }
+}
+
+/// The divisors of sixteen NVFP4 blocks, one per lane, with scale bytes `idx`: computed
+/// by `form` ([`Form::apply`]'s arithmetic), or gathered from the tensor's table `d`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn factors16(idx: __m512i, d: *const f32, form: Option<Form>) -> __m512 {
+    match form {
+        Some(form) => {
+            let e4m3 = _mm512_mul_ps(
+                _mm512_castsi512_ps(_mm512_slli_epi32::<20>(idx)),
+                _mm512_set1_ps(E4M3_UNBIAS),
+            );
+            let v = _mm512_set1_ps(form.value);
+            if form.divide {
+                _mm512_div_ps(e4m3, v)
+            } else {
+                _mm512_mul_ps(e4m3, v)
+            }
+        }
+        // SAFETY: every lane of `idx` is a byte, an index into the 256-entry table.
+        None => unsafe { _mm512_i32gather_ps::<4>(idx, d) },
     }
 }
 
@@ -573,12 +614,13 @@ unsafe fn k256<const MR: usize>(t: &mut Tile) {
                 codes,
                 scales,
                 divisors,
+                form,
                 ..
             } => {
                 let grid = _mm256_loadu_ps(crate::formats::fp4::GRID.as_ptr());
                 let (q, s, d) = (codes.as_ptr(), scales.as_ptr(), divisors.as_ptr());
                 for kb in 0..kc / crate::BLOCK {
-                    let f = fp4_divisors16(s, d, kb);
+                    let f = fp4_divisors16(s, d, kb, form);
                     // Two rows of lanes per block, eight codes per lane each.
                     for half in 0..2 {
                         let k8 = kb * crate::BLOCK + 8 * half;
