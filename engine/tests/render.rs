@@ -209,7 +209,14 @@ fn the_native_engine_process_refuses_them_too() {
     let settings =
         sous_engine::native::Settings::from_recipe(&recipe, Path::new("/models/m")).expect("a bf16 cache");
     assert_eq!(settings.kv_dtype, sous_engine::native::KvDtype::Bf16);
+    // The shipped recipe serves bf16, so its `auto` cache is bf16 too; in f32, f32.
     let plain = recipe::load(&path, &Overrides::new()).expect("loads").recipe;
-    sous_engine::native::Settings::from_recipe(&plain, Path::new("/models/m"))
+    let settings = sous_engine::native::Settings::from_recipe(&plain, Path::new("/models/m"))
         .expect("the shipped recipe is honoured");
+    assert_eq!(settings.kv_dtype, sous_engine::native::KvDtype::Bf16);
+    let mut f32 = Overrides::new();
+    f32.set("serving.dtype=\"float32\"").expect("a valid --set");
+    let recipe = recipe::load(&path, &f32).expect("loads").recipe;
+    let settings = sous_engine::native::Settings::from_recipe(&recipe, Path::new("/models/m")).expect("f32");
+    assert_eq!(settings.kv_dtype, sous_engine::native::KvDtype::F32);
 }

@@ -42,15 +42,14 @@
 # so --wait-quiet waits up to SECONDS for the 1-minute load average to drop below 0.5
 # first; the load before and after each server's run is in its results either way.
 #
-# Same precision: sous native computes in f32 from bf16 weights (and keeps an f32 KV
-# cache) by default. Its peer is then the F32 GGUF (the same bf16 weights, widened
-# exactly) with an f32 KV cache: --precision f32, the default. --precision bf16 serves the
-# BF16 GGUF with a bf16 KV cache, for comparison with a bf16-compute sous. --sous-dtype
-# overrides sous's side alone (e.g. --precision bf16 --sous-dtype float32: the bf16 recipe
-# as shipped, f32 arithmetic, beside llama.cpp's BF16 GGUF). --precision
-# q4_0 and q4_1 serve a 4-bit GGUF (quantized from the F32 one by llama-quantize) with an
-# f32 KV cache: llama.cpp's 4-bit weights beside sous's NVFP4 model (sous itself runs as
-# with f32).
+# Same precision. --precision f32, the default: sous computes in f32 from the bf16 weights
+# with an f32 KV cache (`--set serving.dtype=float32`) beside the F32 GGUF (the same bf16
+# weights, widened exactly) with an f32 KV cache. --precision bf16: the recipe as shipped
+# (bf16 arithmetic, bf16 KV cache) beside the BF16 GGUF with a bf16 KV cache. --sous-dtype
+# overrides sous's `serving.dtype` alone, its cache following (e.g. --precision bf16
+# --sous-dtype float32: f32 arithmetic and cache beside llama.cpp's BF16 GGUF). --precision q4_0 and q4_1 serve a 4-bit GGUF (quantized from the
+# F32 one by llama-quantize) with a bf16 KV cache: llama.cpp's 4-bit weights beside sous's
+# NVFP4 recipe as shipped (bf16 arithmetic, bf16 KV cache).
 #
 # llama.cpp peers (built by scripts/bench/llamacpp-setup.sh from the llama-cpp-python
 # sdist; the first run compiles llama.cpp, about 10 minutes on 2 cores, and needs
@@ -194,10 +193,10 @@ start_sous() {
     local recipe="${1:-recipes/local/smollm2-135m.toml}"
     [[ -x "$SOUS" ]] || { say "no sous binary at $SOUS (set SOUS=...)"; return 1; }
     start_hub
-    local dtype=float32
-    [[ "$PRECISION" == bf16 ]] && dtype=bfloat16
-    [[ -n "$SOUS_DTYPE" ]] && dtype="$SOUS_DTYPE"
-    "$SOUS" serve --recipe "$recipe" --set server.port="$PORT" --set serving.dtype="$dtype" "${SOUS_SETS[@]}" \
+    local sets=()
+    [[ "$PRECISION" == f32 ]] && sets=(--set serving.dtype=float32)
+    [[ -n "$SOUS_DTYPE" ]] && sets+=(--set serving.dtype="$SOUS_DTYPE")
+    "$SOUS" serve --recipe "$recipe" --set server.port="$PORT" "${sets[@]}" "${SOUS_SETS[@]}" \
         > "$OUT/sous-$(basename "$recipe" .toml).log" 2>&1 &
     SERVER_PID=$!
     wait_http_200 "http://127.0.0.1:$PORT/health" 600 || { say "sous did not come up (log: $OUT/sous-*.log)"; stop_server; return 1; }
@@ -249,7 +248,10 @@ run_round_client() {
 sous_round() {
     local round="$1" ppl=() nvfp4=()
     [[ "$round" == 1 ]] && ppl=(--perplexity "$PPL_TEXT")
-    say "sous native, bf16 weights ($PRECISION compute)$(of_rounds "$round")"
+    local compute="bf16 compute, as shipped"
+    [[ "$PRECISION" == f32 ]] && compute="f32 compute"
+    [[ -n "$SOUS_DTYPE" ]] && compute="serving.dtype $SOUS_DTYPE"
+    say "sous native, bf16 weights ($compute)$(of_rounds "$round")"
     if start_sous recipes/local/smollm2-135m.toml; then
         run_round_client "sous-bf16" "$round" "${ppl[@]}"
         [[ "$round" == 1 ]] && run_sweep "sous-bf16"
@@ -297,8 +299,8 @@ if [[ "$PEER" != none ]]; then
     case "$PRECISION" in
         f32) GGUF="$GGUF_F32"; KV=f32 ;;
         bf16) GGUF="$GGUF_BF16"; KV=bf16 ;;
-        q4_0) GGUF="$GGUF_Q4_0"; KV=f32 ;;
-        q4_1) GGUF="$GGUF_Q4_1"; KV=f32 ;;
+        q4_0) GGUF="$GGUF_Q4_0"; KV=bf16 ;;
+        q4_1) GGUF="$GGUF_Q4_1"; KV=bf16 ;;
     esac
     PREC_UPPER="$(echo "$PRECISION" | tr a-z A-Z)"
 fi

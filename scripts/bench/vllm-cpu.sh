@@ -3,12 +3,14 @@
 # the imported test model), both in fp32, same machine, same run, one server at a time:
 # `sous bench probe` (one stream, a cold ~500-token prompt, 256 tokens at temperature 0 with
 # ignore_eos, RUNS times) against vLLM, then against sous serving
-# recipes/local/smollm2-135m.toml (f32 arithmetic from the bf16 weights), then
+# recipes/local/smollm2-135m.toml set to fp32 (`serving.dtype=float32`: f32 arithmetic from the
+# bf16 weights and an f32 KV cache; the recipe itself serves bf16), then
 # `sous bench compare` of the two reports (TTFT and decode tok/s, sous / vLLM).
 #
 #   scripts/bench/vllm-cpu.sh [--runs N] [--set KEY=VALUE ...]
 #
-# --set goes to sous's side only (e.g. --set serving.dtype=bfloat16).
+# --set goes to sous's side only, after the fp32 setting (e.g. --set serving.dtype=bfloat16:
+# the recipe as shipped).
 #
 # Environment: VLLM (a `vllm` executable of vllm-cpu; required), SOUS (default
 # target/debug/sous), MODELS (the local Hub mirror's root, default target/models, made by
@@ -40,7 +42,7 @@ MODEL_DIR="${MODEL_DIR:-$MODELS/HuggingFaceTB/SmolLM2-135M-Instruct}"
 PORT="${PORT:-18520}"
 CORES="${CORES:-0-$(( $(nproc) - 1 ))}"
 RUNS=5
-SETS=()
+SETS=(--set serving.dtype=float32)
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --runs) RUNS="$2"; shift 2 ;;

@@ -40,9 +40,10 @@ fn mirror() -> Option<Mirror> {
 fn the_native_plan_is_the_line_the_engine_logs_and_serve_shows_both() {
     let Some(mirror) = mirror() else { return };
     let predicted = plan_json(&mirror, &["--recipe", SMOLLM2]);
-    // 30 layers × 2 × 3 KV heads × 64 × 4 bytes (f32) = 46,080 B per token; 1 GiB /
-    // (46,080 × 16) = 1,456 blocks = 23,296 tokens; 8,192-token requests: 2.84x.
-    assert_eq!(predicted["kv_tokens"], 23_296);
+    // 30 layers × 2 × 3 KV heads × 64 × 2 bytes (the recipe's bf16 cache) = 23,040 B per
+    // token; 1 GiB / (23,040 × 16) = 2,912 blocks = 46,592 tokens; 8,192-token requests:
+    // 5.69x.
+    assert_eq!(predicted["kv_tokens"], 46_592);
     assert_eq!(predicted["engine"], "native");
     // The weights were never downloaded: their file was only asked for header ranges.
     let shard: Vec<String> = mirror
@@ -94,7 +95,7 @@ fn the_native_plan_is_the_line_the_engine_logs_and_serve_shows_both() {
         (logged.max_concurrency.expect("concurrency") - concurrency).abs() < 0.01,
         "{log}"
     );
-    assert!(log.contains("KV cache 23296 tokens (plan: 23296)"), "{log}");
+    assert!(log.contains("KV cache 46592 tokens (plan: 46592)"), "{log}");
     assert!(!log.contains("`sous plan` predicted"), "{log}");
     serving.signal("TERM");
     assert_eq!(serving.wait(std::time::Duration::from_secs(30)), Some(0));

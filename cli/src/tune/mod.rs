@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use sous_engine::recipe::{EngineKind, Recipe};
+use sous_engine::recipe::{EngineKind, ModelDtype, Recipe};
 
 /// What a tune maximizes (or, for TPOT, minimizes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -190,10 +190,17 @@ pub fn default_levers(recipe: &Recipe) -> Vec<Lever> {
             levers.push(one("memory.kv_cache_bytes", &["\"256MiB\"", "\"1GiB\""]));
             // bf16 arithmetic and a bf16 KV cache pay on some CPUs and not on others
             // (AVX512-BF16's dot products; the AVX-512 decode kernel reading the cache in
-            // bf16), so they are measured here rather than assumed by the recipes, which
-            // keep f32's numbers.
-            levers.push(one("serving.dtype", &["\"bfloat16\""]));
-            levers.push(one("memory.kv_cache_dtype", &["\"bfloat16\""]));
+            // bf16), so the other side is measured: f32 for a recipe served in bf16 (its
+            // `auto` cache follows), bf16 for one in f32, and a bf16 cache wherever the
+            // cache is f32.
+            if matches!(recipe.serving.dtype, Some(ModelDtype::Bfloat16)) {
+                levers.push(one("serving.dtype", &["\"float32\""]));
+            } else {
+                levers.push(one("serving.dtype", &["\"bfloat16\""]));
+            }
+            if sous_engine::native::kv_dtype(recipe) == sous_engine::native::KvDtype::F32 {
+                levers.push(one("memory.kv_cache_dtype", &["\"bfloat16\""]));
+            }
             if recipe.serving.speculative.is_none() {
                 levers.push(spec("3"));
             }
@@ -769,26 +776,47 @@ mod tests {
     }
 
     #[test]
-    fn the_native_engine_s_default_levers_include_bf16_arithmetic_and_cache() {
+    fn the_native_engine_s_default_levers_move_the_arithmetic_and_cache_to_the_other_dtype() {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/local/smollm2-135m.toml");
         let recipe = sous_engine::recipe::load(&path, &sous_engine::recipe::Overrides::new())
             .expect("the shipped recipe loads")
             .recipe;
-        let levers = default_levers(&recipe);
-        for key in ["serving.dtype", "memory.kv_cache_dtype"] {
-            let lever = levers
-                .iter()
+        let offered = |recipe: &Recipe, key: &str| -> Vec<Vec<Setting>> {
+            default_levers(recipe)
+                .into_iter()
                 .find(|l| l.key == key)
-                .unwrap_or_else(|| panic!("no {key} lever"));
-            assert_eq!(
-                lever.values,
-                [vec![Setting {
-                    key: key.into(),
-                    value: "\"bfloat16\"".into()
-                }]]
-            );
-        }
+                .unwrap_or_else(|| panic!("no {key} lever"))
+                .values
+        };
+        let setting = |key: &str, value: &str| {
+            vec![vec![Setting {
+                key: key.into(),
+                value: value.into(),
+            }]]
+        };
+        // The shipped recipe computes and caches in bf16: f32 is what is tried (the
+        // cache follows the served dtype).
+        assert_eq!(
+            offered(&recipe, "serving.dtype"),
+            setting("serving.dtype", "\"float32\"")
+        );
+        assert!(
+            !default_levers(&recipe)
+                .iter()
+                .any(|l| l.key == "memory.kv_cache_dtype")
+        );
+        // A recipe in f32 is offered bf16 arithmetic and a bf16 cache.
+        let mut f32 = recipe.clone();
+        f32.serving.dtype = Some(ModelDtype::Float32);
+        assert_eq!(
+            offered(&f32, "serving.dtype"),
+            setting("serving.dtype", "\"bfloat16\"")
+        );
+        assert_eq!(
+            offered(&f32, "memory.kv_cache_dtype"),
+            setting("memory.kv_cache_dtype", "\"bfloat16\"")
+        );
         // Neither is offered for a GPU engine's recipe (vLLM computes in the model's dtype).
         let mut vllm = recipe.clone();
         vllm.engine.kind = EngineKind::Vllm;

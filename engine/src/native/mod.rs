@@ -122,10 +122,13 @@ impl Diagnose for NativeError {
 }
 
 /// How the native engine holds `recipe`'s KV cache: bf16 for `memory.kv_cache_dtype =
-/// "bfloat16"`, else f32 ([`unhonoured`] refuses the dtypes it has no kernels for).
+/// "bfloat16"`; for `auto` (or none) the dtype the model is served in, as vLLM's `auto`
+/// is the model's dtype: bf16 with `serving.dtype = "bfloat16"`, else f32 ([`unhonoured`]
+/// refuses the dtypes it has no kernels for).
 pub fn kv_dtype(recipe: &Recipe) -> KvDtype {
-    match recipe.memory.kv_cache_dtype {
-        Some(KvCacheDtype::Bfloat16) => KvDtype::Bf16,
+    match (recipe.memory.kv_cache_dtype, recipe.serving.dtype) {
+        (Some(KvCacheDtype::Bfloat16), _) => KvDtype::Bf16,
+        (None | Some(KvCacheDtype::Auto), Some(ModelDtype::Bfloat16)) => KvDtype::Bf16,
         _ => KvDtype::F32,
     }
 }
