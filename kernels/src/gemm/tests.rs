@@ -395,6 +395,16 @@ fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
                     "{rows}x{n}x{k} dot {dot} [{i}]: {g} vs {w}"
                 );
             }
+            // Each row alone gets the bits it got among the others: the same kernel
+            // whatever the number of rows.
+            for m in [0, rows / 2, rows - 1] {
+                let mut alone = vec![f32::NAN; n];
+                super::matmul_bf16_with(dot, &x[m * k..(m + 1) * k], 1, &packed, &mut alone);
+                assert!(
+                    bits_eq(&alone, &got[m * n..(m + 1) * n]),
+                    "{rows}x{n}x{k} dot {dot}: row {m} alone differs"
+                );
+            }
         }
     }
     assert_eq!(
