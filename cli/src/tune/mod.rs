@@ -193,11 +193,11 @@ pub fn default_levers(recipe: &Recipe) -> Vec<Lever> {
             // bf16), so the other side is measured: f32 for a recipe served in bf16 (its
             // `auto` cache follows), bf16 for one in f32, and a bf16 cache wherever the
             // cache is f32.
-            if matches!(recipe.serving.dtype, Some(ModelDtype::Bfloat16)) {
-                levers.push(one("serving.dtype", &["\"float32\""]));
-            } else {
-                levers.push(one("serving.dtype", &["\"bfloat16\""]));
-            }
+            let other = match recipe.serving.dtype {
+                Some(ModelDtype::Bfloat16) => "\"float32\"",
+                _ => "\"bfloat16\"",
+            };
+            levers.push(one("serving.dtype", &[other]));
             if sous_engine::native::kv_dtype(recipe) == sous_engine::native::KvDtype::F32 {
                 levers.push(one("memory.kv_cache_dtype", &["\"bfloat16\""]));
             }

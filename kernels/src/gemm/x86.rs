@@ -470,25 +470,33 @@ unsafe fn q8x8(p: *const i8, d: __m256) -> __m256 {
 unsafe fn fp4_divisors16(s: *const u8, d: *const f32, kb: usize, form: Option<Form>) -> [__m256; 2] {
     // SAFETY: the caller's panel holds the block's sixteen scale bytes, and every byte
     // indexes the 256-entry table.
-    let (lo, hi) = unsafe { (bytes8(s.add(kb * NR)), bytes8(s.add(kb * NR + 8))) };
+    unsafe {
+        [
+            factors8(bytes8(s.add(kb * NR)), d, form),
+            factors8(bytes8(s.add(kb * NR + 8)), d, form),
+        ]
+    }
+}
+
+/// [`factors16`] for eight blocks, on AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn factors8(idx: __m256i, d: *const f32, form: Option<Form>) -> __m256 {
     match form {
         Some(form) => {
+            let e4m3 = _mm256_mul_ps(
+                _mm256_castsi256_ps(_mm256_slli_epi32::<20>(idx)),
+                _mm256_set1_ps(E4M3_UNBIAS),
+            );
             let v = _mm256_set1_ps(form.value);
-            let factor = |idx: __m256i| {
-                let e4m3 = _mm256_mul_ps(
-                    _mm256_castsi256_ps(_mm256_slli_epi32::<20>(idx)),
-                    _mm256_set1_ps(E4M3_UNBIAS),
-                );
-                if form.divide {
-                    _mm256_div_ps(e4m3, v)
-                } else {
-                    _mm256_mul_ps(e4m3, v)
-                }
-            };
-            [factor(lo), factor(hi)]
+            if form.divide {
+                _mm256_div_ps(e4m3, v)
+            } else {
+                _mm256_mul_ps(e4m3, v)
+            }
         }
-        // SAFETY: as above.
-        None => unsafe { [_mm256_i32gather_ps::<4>(d, lo), _mm256_i32gather_ps::<4>(d, hi)] },
+        // SAFETY: every lane of `idx` is a byte, an index into the 256-entry table.
+        None => unsafe { _mm256_i32gather_ps::<4>(d, idx) },
     }
 }
 
