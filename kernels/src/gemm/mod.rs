@@ -851,7 +851,8 @@ impl std::fmt::Display for Bf16DotCalibration {
 
 /// Measures 64-row bf16-arithmetic products of `w` (a layer's bf16 matrix) with
 /// AVX512-BF16's dot product (`vdpbf16ps`) and with the f32 kernels on the rounded
-/// inputs, and keeps the faster for every later [`matmul_bf16`], one row or many (one
+/// inputs, and keeps the faster for every later [`matmul_bf16`] of the process (the first
+/// call decides; later ones return its choice), one row or many (one
 /// kernel for all, so that batching never changes a row's bits; a one-row SmolLM2
 /// decode step took 4.7-5.9 ms with the instruction against 6.0-7.4 with the f32
 /// kernels on a Zen 5);
@@ -869,36 +870,45 @@ pub fn calibrate_bf16_dot(w: &Packed) -> Option<Bf16DotCalibration> {
         if Isa::current() != Isa::Avx512 || !x86::avx512_bf16() || w.bf16_panels().is_none() || w.n == 0 {
             return None;
         }
-        if let Some(choice @ ("on" | "off")) = std::env::var("SOUS_BF16_DOT").ok().as_deref().map(str::trim) {
-            let dot = choice == "on";
-            BF16_DOT.store(dot, Ordering::Relaxed);
-            return Some(Bf16DotCalibration { dot, seconds: None });
-        }
-        let rows = 64;
-        let x: Vec<f32> = (0..rows * w.k).map(|i| ((i % 7) as f32 - 3.0) * 0.01).collect();
-        let mut out = vec![0.0f32; rows * w.n];
-        let mut fastest = |dot: bool| {
-            matmul_bf16_with(dot, &x, rows, w, &mut out);
-            (0..3)
-                .map(|_| {
-                    let started = Instant::now();
-                    matmul_bf16_with(dot, &x, rows, w, &mut out);
-                    started.elapsed().as_secs_f64()
-                })
-                .fold(f64::INFINITY, f64::min)
-        };
-        let (with_dot, with_fma) = (fastest(true), fastest(false));
-        let dot = with_dot <= with_fma;
-        BF16_DOT.store(dot, Ordering::Relaxed);
-        Some(Bf16DotCalibration {
-            dot,
-            seconds: Some((with_dot, with_fma)),
-        })
+        // Once per process: a second engine loaded in it (the tests load many) must not
+        // switch the kernel under the first, whose tokens would then change.
+        static DECIDED: std::sync::OnceLock<Bf16DotCalibration> = std::sync::OnceLock::new();
+        Some(DECIDED.get_or_init(|| measure_bf16_dot(w)).clone())
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = w;
         None
+    }
+}
+
+/// [`calibrate_bf16_dot`]'s choice, made and stored.
+#[cfg(target_arch = "x86_64")]
+fn measure_bf16_dot(w: &Packed) -> Bf16DotCalibration {
+    if let Some(choice @ ("on" | "off")) = std::env::var("SOUS_BF16_DOT").ok().as_deref().map(str::trim) {
+        let dot = choice == "on";
+        BF16_DOT.store(dot, Ordering::Relaxed);
+        return Bf16DotCalibration { dot, seconds: None };
+    }
+    let rows = 64;
+    let x: Vec<f32> = (0..rows * w.k).map(|i| ((i % 7) as f32 - 3.0) * 0.01).collect();
+    let mut out = vec![0.0f32; rows * w.n];
+    let mut fastest = |dot: bool| {
+        matmul_bf16_with(dot, &x, rows, w, &mut out);
+        (0..3)
+            .map(|_| {
+                let started = Instant::now();
+                matmul_bf16_with(dot, &x, rows, w, &mut out);
+                started.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let (with_dot, with_fma) = (fastest(true), fastest(false));
+    let dot = with_dot <= with_fma;
+    BF16_DOT.store(dot, Ordering::Relaxed);
+    Bf16DotCalibration {
+        dot,
+        seconds: Some((with_dot, with_fma)),
     }
 }
 
