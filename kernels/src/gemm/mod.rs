@@ -48,9 +48,32 @@ use crate::pages::{Buf, Movable};
 /// Output columns per packed panel.
 pub const NR: usize = 16;
 
-/// Depth of one pass over the packed weights: a panel's `KC × 16` slice (8 KiB in bf16)
-/// and a block of rows' `KC × MR` inputs stay in L1 across the pass.
-const KC: usize = 256;
+/// Most depth (values of `kk`) of one pass over the packed weights in a product of many
+/// rows; a deeper `k` is split into the fewest equal passes of about this many (rounded
+/// up to a multiple of 32: whole blocks of every format). Each pass loads and stores
+/// the row tiles' outputs once, and adds to them from the second pass on: one chain per
+/// output whatever the depth, so the depth never changes a result.
+///
+/// Why this deep and not BLIS's L1-sized passes: a tile's packed inputs and a panel's
+/// weights are read front to back, which the prefetchers follow from L2, while every
+/// pass costs a load and a store of the tile's outputs and a restart of their chains.
+/// On two cores of a Zen 5 (`BENCHMARKS.md`, issue 16), 512-row products of SmolLM2's
+/// four matrices in one pass ran as fast as in passes of 256 or faster, by up to 11 %
+/// (bf16, f32 and NVFP4 weights, AVX-512 and AVX2; one of the 24, f32 576 × 576, 1 %
+/// slower), and so did deeper ones up to `k` = 8192 with bf16 and f32 weights. NVFP4
+/// weights at 8192, whose pass is widened into a buffer (`widen`) that then outgrows
+/// L2, were fastest in passes of 2048.
+const KC: usize = 2048;
+
+/// The depth of each pass over `k` values of `kk` for a product of many rows (see
+/// [`KC`]): `k` itself up to `KC`, else the equal share of the fewest passes.
+fn pass_depth(k: usize) -> usize {
+    if k <= KC {
+        k
+    } else {
+        k.div_ceil(k.div_ceil(KC)).next_multiple_of(32)
+    }
+}
 
 /// Most rows a product splits by columns among tasks (every weight read once, by one
 /// task); past it, the rows are split (each task then reads every weight, and keeps
@@ -62,8 +85,10 @@ const KC: usize = 256;
 /// 291-303 for 192 tokens, 369-375 against 406-427 for 256).
 const BY_COLUMNS_MAX: usize = 128;
 
-/// Rows per pass over a column panel: their packed inputs (`MC × KC` f32, 384 KiB) stay
-/// in L2 while every panel of a task streams past them.
+/// Rows per pass over a column panel: their packed inputs (`MC` rows of one pass's
+/// depth, 864 KiB of f32 at SmolLM2's 576) stay in L2 while every panel of a task
+/// streams past them. A prompt's rows are split among tasks first (`row_tasks`), so a
+/// task holds more than this many only on one thread past 1,536 rows.
 const MC: usize = 384;
 
 /// The instruction sets a product can run on, widest first.
@@ -1295,7 +1320,7 @@ fn columns(
     let ldc = count * NR;
     // A few rows are bound by reading the weights: one pass over the whole depth reads
     // each panel front to back, which the prefetchers follow best.
-    let depth = if rows <= mr { k } else { KC };
+    let depth = if rows <= mr { k } else { pass_depth(k) };
     // Stored weights widened to f32 once per pass, for every row tile of the pass to
     // read (see `widen`); empty until a pass has two tiles or more.
     let mut wide = Vec::new();
@@ -1349,7 +1374,8 @@ fn columns(
 /// multiply and a shift per sixteen values (a quarter of a 12-row AVX-512 tile's
 /// vector instructions; more on AVX2, which looks up magnitude and sign apart), for
 /// bf16 on AVX2 two integer instructions (14 % of a 6-row tile's). Widened once into a
-/// buffer that stays in L1/L2 (at most `4 · KC · 16` f32, 64 KiB), the cost is paid once
+/// buffer that stays in L2 (`np · depth · 16` f32: 72 KiB for two panels at SmolLM2's
+/// depth of 576, at most 512 KiB for four at [`KC`]), the cost is paid once
 /// per pass instead of once per tile, as BLIS packs its B panels. The weights stay in
 /// their stored precision in memory: this is one pass's slice, never a matrix.
 ///

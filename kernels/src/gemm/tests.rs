@@ -49,7 +49,7 @@ fn product(isa: Isa, x: &[f32], rows: usize, w: &Packed) -> Vec<f32> {
 
 /// Shapes with every edge: one row, rows not a multiple of any tile height, columns
 /// not a multiple of a panel or of a tile, depth past one pass and not a multiple of it.
-const SHAPES: [(usize, usize, usize); 9] = [
+const SHAPES: [(usize, usize, usize); 11] = [
     (1, 16, 16),
     (1, 37, 64),
     (3, 5, 19),
@@ -63,6 +63,10 @@ const SHAPES: [(usize, usize, usize); 9] = [
     // Tasks of several row tiles, whose passes widen the weights once (`widen`), over
     // a depth whose last pass is odd.
     (300, 40, 301),
+    // Deeper than one pass (`KC`): two passes, the second adding to the first's sums
+    // and odd; by columns, then split by rows.
+    (20, 40, 4097),
+    (140, 24, 4130),
 ];
 
 #[test]
@@ -77,6 +81,12 @@ fn float_products_match_the_plain_product_on_every_instruction_set() -> Result {
         let packed32 = Packed::from_f32(&w, n, k)?;
         let packed16 = Packed::from_bf16(&bf16_bits(&w), n, k)?;
         let (want32, want16) = (naive(&x, rows, &w, n, k), naive(&x, rows, &wide, n, k));
+        // An f32 chain of `k` multiply-adds is within `k · ε · Σ|x·w|` of the exact sum.
+        let bound = |i: usize| {
+            let (m, j) = (i / n, i % n);
+            let magnitude: f32 = (0..k).map(|t| (x[m * k + t] * w[j * k + t]).abs()).sum();
+            (k as f32 * f32::EPSILON * magnitude).max(1e-4)
+        };
         let mut first: Option<(Vec<f32>, Vec<f32>)> = None;
         for isa in Isa::available() {
             let (got32, got16) = (
@@ -86,7 +96,7 @@ fn float_products_match_the_plain_product_on_every_instruction_set() -> Result {
             for (got, want) in [(&got32, &want32), (&got16, &want16)] {
                 for (i, (g, w)) in got.iter().zip(want).enumerate() {
                     assert!(
-                        (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                        (g - w).abs() <= bound(i) * (1.0 + w.abs()),
                         "{isa:?} {rows}x{n}x{k} [{i}]: {g} vs {w}"
                     );
                 }
@@ -121,6 +131,8 @@ fn nvfp4_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Res
             (30, 33, 272),
             // Tasks of several row tiles (the weights widened once per pass).
             (200, 40, 544),
+            // Two passes (past `KC`), each widened apart.
+            (140, 20, 4112),
         ] {
             let mut w = values(n * k, 3);
             // A block of zeros and blocks of tiny values (E4M3 subnormal scale bytes,
@@ -223,6 +235,7 @@ fn q8_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Result
         (13, 40, 1536),
         (30, 33, 288),
         (200, 40, 544),
+        (140, 20, 4128),
     ] {
         let mut w = values(n * k, 7);
         // A block of zeros, and one of tiny values (an f16 subnormal scale).
@@ -277,7 +290,7 @@ fn q8_products_equal_products_of_the_dequantized_weights_bit_for_bit() -> Result
 #[test]
 fn a_row_gets_the_same_bits_alone_and_in_any_batch() -> Result {
     // An odd width, and one of whole panels with enough of them for many tasks.
-    for (n, k) in [(70, 600), (4096, 576)] {
+    for (n, k) in [(70, 600), (4096, 576), (40, 4130)] {
         let w = Packed::from_bf16(&bf16_bits(&values(n * k, 5)), n, k)?;
         // 111 rows: blocks of rows whose last one (15 rows) is tiled differently from
         // the others.
@@ -500,4 +513,36 @@ fn batch_products_get_the_same_bits_whatever_the_tile() -> Result {
     matmul_with(Isa::Avx512, &x, 16, &packed, &mut got);
     assert!(bits_eq(&want, &got), "after calibration");
     Ok(())
+}
+
+#[test]
+fn passes_cover_the_depth_in_whole_blocks_of_every_format() {
+    for k in [
+        1,
+        2,
+        15,
+        576,
+        1536,
+        KC,
+        KC + 1,
+        4097,
+        4130,
+        8192,
+        14336,
+        3 * KC + 5,
+    ] {
+        let depth = pass_depth(k);
+        if k <= KC {
+            assert_eq!(depth, k, "k {k} is one pass");
+        } else {
+            assert!(
+                depth.is_multiple_of(32) && depth < KC + 32,
+                "k {k}: a pass of {depth}"
+            );
+            assert!(
+                k.div_ceil(depth) <= k.div_ceil(KC),
+                "k {k}: more passes than needed"
+            );
+        }
+    }
 }
