@@ -825,15 +825,19 @@ fn matmul_bf16_with(dot: bool, x: &[f32], rows: usize, w: &Packed, out: &mut [f3
             row_tasks(x, rows, k, x86::DP_MR, out, n).for_each(|(xs, o)| {
                 let r = xs.len() / k;
                 let a = x86::pack_bf16_pairs(xs, r, k, x86::DP_MR);
-                x86::dot_bf16(&a, r, x86::DP_MR, w, 0, n / NR, o, n);
+                x86::dot_bf16(&a, r, (x86::DP_MR, x86::DP_NP), w, 0, n / NR, o, n);
             });
         } else {
-            // A batch of decodes: one block of rows (tiles of 12 past 16), tasks own
-            // panels.
-            let mr = if rows <= x86::DP_MR_MAX { rows } else { x86::DP_MR };
+            // A batch of decodes: one block of rows (tiles of 8 rows × 3 panels past
+            // 16), tasks own panels.
+            let (mr, np) = if rows <= x86::DP_MR_MAX {
+                (rows, 1)
+            } else {
+                (x86::DP_MR, x86::DP_NP)
+            };
             let a = x86::pack_bf16_pairs(x, rows, k, mr);
-            by_columns(rows, w, 1, out, |first, count, c| {
-                x86::dot_bf16(&a, rows, mr, w, first, count, c, count * NR);
+            by_columns(rows, w, np, out, |first, count, c| {
+                x86::dot_bf16(&a, rows, (mr, np), w, first, count, c, count * NR);
             });
         }
         return;

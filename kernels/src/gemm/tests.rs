@@ -387,8 +387,10 @@ fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
         (40, 48, 577),
         (30, 64, 576),
         (100, 32, 1536),
-        // Past `BY_COLUMNS_MAX`: rows split among tasks.
+        // Past `BY_COLUMNS_MAX`: rows split among tasks; tiles of two panels, and a
+        // last panel alone.
         (150, 32, 576),
+        (150, 48, 577),
     ] {
         let x = values(rows * k, 21);
         let w = values(n * k, 22);
