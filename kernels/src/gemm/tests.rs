@@ -548,3 +548,65 @@ fn passes_cover_the_depth_in_whole_blocks_of_every_format() {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[allow(clippy::print_stderr)]
+fn bf16_pairs_are_packed_with_the_scalar_rounding_bits() {
+    if !super::x86::avx512() {
+        eprintln!("no AVX-512F here: the vector packing is not run");
+        return;
+    }
+    // Ties to even both ways, values that round up into the next exponent, the
+    // largest finite value (rounds to infinity), subnormals, zeros of both signs,
+    // infinities and NaNs (quiet, signalling, negative), among ordinary values.
+    let special = [
+        1.0 + 1.0 / 256.0,
+        1.0 + 3.0 / 256.0,
+        -(1.0 + 1.0 / 256.0),
+        f32::from_bits(0x3FFF_FFFF),
+        f32::MAX,
+        f32::MIN_POSITIVE / 3.0,
+        -f32::MIN_POSITIVE / 7.0,
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::from_bits(0x7F80_0001),
+        f32::from_bits(0xFFC1_2345),
+        // NaNs that rounding would carry into another value (kept as they are).
+        f32::from_bits(0x7FC1_FFFF),
+        f32::from_bits(0xFFFF_FFFF),
+    ];
+    for k in [1, 15, 16, 17, 33, 576, 577] {
+        for (rows, mr) in [(1, 1), (5, 8), (19, 8), (16, 16)] {
+            let mut x = values(rows * k, 31);
+            for (i, v) in x.iter_mut().enumerate() {
+                if i % 5 == 2 {
+                    *v = special[(i / 5) % special.len()];
+                }
+            }
+            let got = super::x86::pack_bf16_pairs(&x, rows, k, mr);
+            let pairs = k.div_ceil(2);
+            let bits = |v: f32| round_bf16(v).to_bits() >> 16;
+            for r in 0..rows {
+                let (b, m) = (r / mr, r % mr);
+                let width = mr.min(rows - b * mr);
+                for t in 0..pairs {
+                    let lo = bits(x[r * k + 2 * t]);
+                    let hi = if 2 * t + 1 < k {
+                        bits(x[r * k + 2 * t + 1])
+                    } else {
+                        0
+                    };
+                    assert_eq!(
+                        got[b * mr * pairs + t * width + m],
+                        lo | (hi << 16),
+                        "k {k}, rows {rows} in blocks of {mr}: row {r}, pair {t}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -695,22 +695,59 @@ pub(super) const DP_MR_MAX: usize = 16;
 /// `x` (`rows × k`) rounded to bf16 (`super::round_bf16`) and packed for [`dot_bf16`]:
 /// blocks of `mr` rows, each `[pair][width]` of bf16 pairs (`kk`, `kk + 1`).
 pub(super) fn pack_bf16_pairs(x: &[f32], rows: usize, k: usize, mr: usize) -> Vec<u32> {
+    assert!(avx512(), "the bf16 packing needs AVX-512F");
+    assert!(x.len() >= rows * k, "x is not rows × k");
     let pairs = k.div_ceil(2);
     let mut a = vec![0u32; rows * pairs];
     for (b, block) in a.chunks_mut(mr * pairs).enumerate() {
         let width = block.len() / pairs;
         for m in 0..width {
             let row = &x[(b * mr + m) * k..(b * mr + m + 1) * k];
-            for t in 0..pairs {
-                let lo = super::round_bf16(row[2 * t]).to_bits() >> 16;
-                let hi = row
-                    .get(2 * t + 1)
-                    .map_or(0, |&v| super::round_bf16(v).to_bits() >> 16);
-                block[t * width + m] = lo | (hi << 16);
-            }
+            // SAFETY: AVX-512F is present (asserted above).
+            unsafe { pack_row(row, block, m, width) };
         }
     }
     a
+}
+
+/// One row of [`pack_bf16_pairs`]: `row`'s values rounded to bf16 (`super::round_bf16`)
+/// in pairs, pair `t` into `block[t * width + m]`. Sixteen values at a time with
+/// AVX-512F, the rounding's integer steps lane by lane (a NaN kept as it is), then
+/// the top halves narrowed to sixteen bf16, which are eight pairs in order; the
+/// values past the last sixteen one by one. The same bits as the scalar steps, which a
+/// test holds it to.
+///
+/// Why vectorized: done one value at a time, the packing took a tenth of a bf16 prefill
+/// of SmolLM2 (11 % of the samples of a 512-token prefill on a Zen 5, against 57 % in
+/// the dot products themselves).
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn pack_row(row: &[f32], block: &mut [u32], m: usize, width: usize) {
+    let pairs = row.len().div_ceil(2);
+    assert!(block.len() >= pairs * width && m < width.max(1));
+    let groups = row.len() / 16;
+    let mut eight = [0u32; 8];
+    for g in 0..groups {
+        // SAFETY: `16 g + 16 ≤ row.len()`; `eight` holds eight u32.
+        unsafe {
+            let v = _mm512_loadu_si512(row.as_ptr().add(16 * g).cast());
+            let f = _mm512_castsi512_ps(v);
+            let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(v), _mm512_set1_epi32(1));
+            let rounded = _mm512_add_epi32(v, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+            let kept = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(f, f), rounded, v);
+            let halves = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(kept));
+            _mm256_storeu_si256(eight.as_mut_ptr().cast(), halves);
+        }
+        for (i, &pair) in eight.iter().enumerate() {
+            block[(8 * g + i) * width + m] = pair;
+        }
+    }
+    for t in 8 * groups..pairs {
+        let lo = super::round_bf16(row[2 * t]).to_bits() >> 16;
+        let hi = row
+            .get(2 * t + 1)
+            .map_or(0, |&v| super::round_bf16(v).to_bits() >> 16);
+        block[t * width + m] = lo | (hi << 16);
+    }
 }
 
 /// `c = x · wᵀ` for panels `first..first + count` of bf16 weights, with `vdpbf16ps`:
