@@ -58,8 +58,8 @@ pub const NR: usize = 16;
 /// weights are read front to back, which the prefetchers follow from L2, while every
 /// pass costs a load and a store of the tile's outputs and a restart of their chains.
 /// On two cores of a Zen 5 (`BENCHMARKS.md`, issue 16), 512-row products of SmolLM2's
-/// four matrices in one pass ran as fast as in passes of 256 or faster, by up to 11 %
-/// (bf16, f32 and NVFP4 weights, AVX-512 and AVX2; one of the 24, f32 576 × 576, 1 %
+/// four matrices ran faster in one pass than in passes of 256, by up to 11 % (bf16, f32
+/// and NVFP4 weights, AVX-512 and AVX2: 21 of 24 products; the other three within 1.2 %
 /// slower), and so did deeper ones up to `k` = 8192 with bf16 and f32 weights. NVFP4
 /// weights at 8192, whose pass is widened into a buffer (`widen`) that then outgrows
 /// L2, were fastest in passes of 2048.
