@@ -689,6 +689,9 @@ pub(super) const DP_MR: usize = 8;
 /// 512-token bf16 prefill of SmolLM2 took 178-196 ms against 200-222.
 pub(super) const DP_NP: usize = 3;
 
+// `dot_bf16` dispatches tiles of `DP_MR` rows × `DP_NP` panels by literals.
+const _: () = assert!(DP_MR == 8 && DP_NP == 3);
+
 /// The most rows one tile of the bf16 dot-product kernel holds (16 accumulators).
 pub(super) const DP_MR_MAX: usize = 16;
 
@@ -806,6 +809,7 @@ pub(super) fn dot_bf16(
                     }
                 };
             }
+            // The literals are `DP_NP` and `DP_MR` (checked at compile time below).
             if np == 1 {
                 rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
             } else {
@@ -830,9 +834,13 @@ unsafe fn dp512<const MR: usize, const NP: usize>(
     let mut acc = [[_mm512_setzero_ps(); NP]; MR];
     unsafe {
         for t in 0..pairs {
-            let w: [__m512bh; NP] = std::array::from_fn(|p| {
-                std::mem::transmute(_mm512_loadu_si512(b.add(p * stride + t * 2 * NR).cast()))
-            });
+            // A loop, not `array::from_fn`: a closure has no `target_feature`.
+            let mut w = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); NP];
+            for p in 0..NP {
+                w[p] = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                    b.add(p * stride + t * 2 * NR).cast(),
+                ));
+            }
             for m in 0..MR {
                 let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(t * MR + m) as i32));
                 for p in 0..NP {
