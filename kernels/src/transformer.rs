@@ -824,7 +824,7 @@ fn attend_tile(
         } else {
             scores::Lanes::Widest
         };
-        if scores::lanes(&qs, &positions, &head, scale, o, lanes) {
+        if scores::lanes(&qs, &positions, tile_heads, &head, scale, o, lanes) {
             return;
         }
     }
@@ -1226,13 +1226,14 @@ mod tests {
 
     #[test]
     fn the_vector_kernels_give_the_tile_loop_s_bits() {
-        for hd in [64, 128] {
+        // Groups of 3 query heads per KV head (SmolLM2's: three registers of rows per
+        // call of the AVX-512 lane kernel), of 4 (48 rows and 16), 2 and 1.
+        for (hd, heads, kv_heads) in [(64, 9, 3), (128, 9, 3), (64, 8, 2), (64, 4, 2), (64, 3, 3)] {
             let shape = KvShape {
                 block_size: 16,
-                kv_heads: 3,
+                kv_heads,
                 head_dim: hd,
             };
-            let heads = 9;
             let blocks_total = 12;
             let value = |i: usize, salt: f32| ((i as f32 * salt).sin() * 3.0).tan().clamp(-8.0, 8.0);
             let len = blocks_total * 16 * shape.slot_len();
@@ -1284,7 +1285,11 @@ mod tests {
                     .zip(&tiles)
                     .filter(|(a, b)| a.to_bits() == b.to_bits())
                     .count();
-                assert_eq!(same, got.len(), "head size {hd}, {kernels:?}");
+                assert_eq!(
+                    same,
+                    got.len(),
+                    "head size {hd}, {heads}/{kv_heads} heads, {kernels:?}"
+                );
             }
         }
     }

@@ -266,9 +266,12 @@ pub(super) enum Lanes {
 }
 
 /// Attention of a tile's query rows (`qs[r]` at position `positions[r]`: the query heads
-/// sharing a KV head of several consecutive tokens) over their blocks of sixteen keys,
-/// sixteen rows at a time as the lanes of a register (eight with AVX2), into
-/// `outs` (`qs.len() × head_dim`, row after row). Per row and block the operations are
+/// sharing a KV head of several consecutive tokens, `per_token` rows per token, token
+/// after token) over their blocks of sixteen keys, sixteen rows at a time as the lanes
+/// of a register (eight with AVX2), into `outs` (`qs.len() × head_dim`, row after row).
+/// With AVX-512 the rows go head by head, so that a register's lanes are one head's
+/// consecutive tokens, and up to three registers of rows share every key and value
+/// they load (`by_vectors`). Per row and block the operations are
 /// the tile loop's, in its order (scores, maximum, correction, probabilities, their sum,
 /// then the values key by key), so the bits are the same. Returns false, doing nothing,
 /// where there is no such kernel: it needs AVX-512, or AVX2 with FMA, and a head size
@@ -276,6 +279,7 @@ pub(super) enum Lanes {
 pub(super) fn lanes(
     qs: &[&[f32]],
     positions: &[usize],
+    per_token: usize,
     head: &Head,
     scale: f32,
     outs: &mut [f32],
@@ -298,12 +302,8 @@ pub(super) fn lanes(
         // SAFETY (of every kernel call): the features are present; every block a row
         // sees is in the caches and `qt`, `ot` hold `hd` values per lane (checked above).
         match (wide, hd) {
-            (true, 64) => by_groups::<LANES>(qs, positions, hd, outs, |qt, pos, ot| unsafe {
-                x86::lanes512::<64>(qt, pos, head, scale, ot)
-            }),
-            (true, _) => by_groups::<LANES>(qs, positions, hd, outs, |qt, pos, ot| unsafe {
-                x86::lanes512::<128>(qt, pos, head, scale, ot)
-            }),
+            (true, 64) => unsafe { by_vectors::<64>(qs, positions, per_token, head, scale, outs) },
+            (true, _) => unsafe { by_vectors::<128>(qs, positions, per_token, head, scale, outs) },
             (false, 64) => by_groups::<8>(qs, positions, hd, outs, |qt, pos, ot| unsafe {
                 x86::lanes256::<64>(qt, pos, head, scale, ot)
             }),
@@ -315,8 +315,79 @@ pub(super) fn lanes(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (qs, positions, head, scale, outs, kernel);
+        let _ = (qs, positions, per_token, head, scale, outs, kernel);
         false
+    }
+}
+
+/// Registers of rows that [`by_vectors`] hands the AVX-512 lane kernel at once: 48
+/// rows, a 16-token tile of a KV head shared by three query heads (SmolLM2's groups).
+#[cfg(target_arch = "x86_64")]
+const VECTORS: usize = 3;
+
+/// [`lanes`] on AVX-512: the rows in the order head by head (`qs` has `per_token` rows
+/// per token, token after token), sixteen at a time into the lanes of a register,
+/// transposed (`[d][lane]`), up to [`VECTORS`] registers per call of the kernel, whose
+/// outputs are transposed back into each row's place in `outs`. A last register of
+/// fewer rows repeats its last row in the spare lanes, whose results are dropped.
+/// Head by head, the registers of a full tile's call hold the same tokens, so they see
+/// the same blocks (token by token, a register's tokens would reach a block later than
+/// another's).
+///
+/// # Safety
+/// AVX-512F and FMA present; every block a row sees is in the caches (`Head::check`);
+/// every row holds `HD` values and `outs` `HD` per row.
+#[cfg(target_arch = "x86_64")]
+unsafe fn by_vectors<const HD: usize>(
+    qs: &[&[f32]],
+    positions: &[usize],
+    per_token: usize,
+    head: &Head,
+    scale: f32,
+    outs: &mut [f32],
+) {
+    let n = qs.len();
+    let order: Vec<usize> = if per_token > 1 && n.is_multiple_of(per_token) {
+        let tokens = n / per_token;
+        (0..per_token)
+            .flat_map(|h| (0..tokens).map(move |t| t * per_token + h))
+            .collect()
+    } else {
+        (0..n).collect()
+    };
+    let mut qt = vec![0.0f32; VECTORS * HD * LANES];
+    let mut ot = vec![0.0f32; VECTORS * HD * LANES];
+    for call in order.chunks(VECTORS * LANES) {
+        let mut lane_pos = [[0i32; LANES]; VECTORS];
+        for (v, rows) in call.chunks(LANES).enumerate() {
+            let row = |lane: usize| rows[lane.min(rows.len() - 1)];
+            let src: [&[f32]; LANES] = std::array::from_fn(|lane| &qs[row(lane)][..HD]);
+            for (lane, pos) in lane_pos[v].iter_mut().enumerate() {
+                *pos = i32::try_from(positions[row(lane)]).unwrap_or(i32::MAX);
+            }
+            // Value by value, so that the writes are whole runs of sixteen.
+            for (d, lanes) in qt[v * HD * LANES..(v + 1) * HD * LANES]
+                .chunks_exact_mut(LANES)
+                .enumerate()
+            {
+                for (x, src) in lanes.iter_mut().zip(&src) {
+                    *x = src[d];
+                }
+            }
+        }
+        // SAFETY: the caller's promise; `qt` and `ot` hold `VECTORS · HD · 16` values.
+        match call.len().div_ceil(LANES) {
+            1 => unsafe { x86::lanes512::<HD, 1>(&qt, &[lane_pos[0]], head, scale, &mut ot) },
+            2 => unsafe { x86::lanes512::<HD, 2>(&qt, &[lane_pos[0], lane_pos[1]], head, scale, &mut ot) },
+            _ => unsafe { x86::lanes512::<HD, VECTORS>(&qt, &lane_pos, head, scale, &mut ot) },
+        }
+        for (v, rows) in call.chunks(LANES).enumerate() {
+            for (lane, &r) in rows.iter().enumerate() {
+                for (d, o) in outs[r * HD..(r + 1) * HD].iter_mut().enumerate() {
+                    *o = ot[(v * HD + d) * LANES + lane];
+                }
+            }
+        }
     }
 }
 
@@ -581,108 +652,152 @@ mod x86 {
         }
     }
 
-    /// Sixteen query rows as the lanes of each register (`qt`: `[d][lane]`, lane `l` at
-    /// position `positions[l]`) over their blocks of sixteen keys, into `ot`
-    /// (`[d][lane]`). Per block: one register of scores per key (its value `d`
-    /// broadcast against the rows' `q[d]`, in order over `d`), the lanes' maxima and
-    /// corrections, the probabilities, their sum in `super::sum`'s tree (register by
-    /// register), then the outputs, sixteen of `d` at a time, key by key. Keys past a
-    /// lane's position are masked out of all of it, as the tile loop never reads them.
+    /// `V` vectors of sixteen query rows, the rows as the lanes of each register (`qt`:
+    /// `[v][d][lane]`, lane `l` of vector `v` at position `positions[v][l]`), over their
+    /// blocks of sixteen keys, into `ot` (`[v][d][lane]`). Per block: one register of
+    /// scores per vector and key (the key's value `d` broadcast against the rows' `q[d]`,
+    /// in order over `d`), the lanes' maxima and corrections, the probabilities, their
+    /// sum in `super::sum`'s tree (register by register), then the outputs, key by key.
+    /// Keys past a lane's position are masked out of all of it, as the tile loop never
+    /// reads them; blocks past all of a vector's lanes change none of its bits (their
+    /// probabilities are zeros and their corrections ones).
+    ///
+    /// Every broadcast key value and value feeds one multiply-add per vector, where with
+    /// one vector each multiply-add had a load of its own: the attention of a 512-token
+    /// prefill in SmolLM2's shape (`examples/attention.rs`, one thread of a Zen 5) took
+    /// 78–80 ms one vector at a time and 70–73 ms three at a time. Per lane the
+    /// operations and their order do not depend on `V`, so neither do the bits.
     ///
     /// # Safety
-    /// AVX-512F and FMA present; `qt` and `ot` hold `HD·16` values; for every block `b`
-    /// with `16·b ≤ max(positions)`, the block's keys and values are in the caches
-    /// (checked by the caller: `Head::check`).
+    /// AVX-512F and FMA present; `qt` and `ot` hold `V·HD·16` values; for every block `b`
+    /// with `16·b ≤` the largest position, the block's keys and values are in the
+    /// caches (checked by the caller: `Head::check`).
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-    pub(super) unsafe fn lanes512<const HD: usize>(
+    pub(super) unsafe fn lanes512<const HD: usize, const V: usize>(
         qt: &[f32],
-        positions: &[i32; LANES],
+        positions: &[[i32; LANES]; V],
         head: &Head,
         scale: f32,
         ot: &mut [f32],
     ) {
+        // Keys per pass of the scores, and values of `d` per pass of the outputs: `V ·
+        // KB` accumulators in registers (16 of the 32 for one vector, 24 for three).
+        let kb = if V == 1 { LANES } else { LANES / 2 };
         let (blocks, slot) = (head.blocks, head.slot);
-        let last = positions.iter().copied().max().unwrap_or(0).max(0) as usize;
-        let first = positions.iter().copied().min().unwrap_or(0).max(0) as usize;
+        let mut last = 0usize;
+        let mut first = [usize::MAX; V];
+        for v in 0..V {
+            for &p in &positions[v] {
+                let p = p.max(0) as usize;
+                last = last.max(p);
+                first[v] = first[v].min(p);
+            }
+        }
+        assert!(qt.len() >= V * HD * LANES && ot.len() >= V * HD * LANES);
         let (q, o) = (qt.as_ptr(), ot.as_mut_ptr());
-        ot[..HD * LANES].fill(0.0);
+        ot[..V * HD * LANES].fill(0.0);
         unsafe {
-            let pos = _mm512_loadu_si512(positions.as_ptr().cast());
-            let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
-            let mut sum = _mm512_setzero_ps();
-            let mut p = [0.0f32; LANES * LANES];
+            let mut pos = [_mm512_setzero_si512(); V];
+            for v in 0..V {
+                pos[v] = _mm512_loadu_si512(positions[v].as_ptr().cast());
+            }
+            let mut max = [_mm512_set1_ps(f32::NEG_INFINITY); V];
+            let mut sum = [_mm512_setzero_ps(); V];
+            let mut correction = [_mm512_set1_ps(1.0); V];
+            // A block's scores, then its probabilities, per vector and key.
+            let mut s = [[_mm512_setzero_ps(); LANES]; V];
+            let mut seen = [[0xFFFFu16; LANES]; V];
             for (b, &block) in blocks.iter().enumerate().take_while(|(b, _)| b * LANES <= last) {
-                let (k, v) = block_start(head, block);
-                let mut s = [_mm512_setzero_ps(); LANES];
-                for d in 0..HD {
-                    let qd = _mm512_loadu_ps(q.add(d * LANES));
-                    for j in 0..LANES {
-                        s[j] = _mm512_fmadd_ps(_mm512_set1_ps(*k.add(d * LANES + j)), qd, s[j]);
-                    }
-                }
-                // Which lanes see key `j`: all of them below the first lane's block.
-                let mut seen = [0xFFFFu16; LANES];
-                if (b + 1) * LANES > first + 1 {
-                    for j in 0..LANES {
-                        seen[j] = _mm512_cmp_epi32_mask::<_MM_CMPINT_NLT>(
-                            pos,
-                            _mm512_set1_epi32((b * LANES + j) as i32),
-                        );
-                    }
-                }
-                let mut block_max = _mm512_set1_ps(f32::NEG_INFINITY);
-                for j in 0..LANES {
-                    s[j] = _mm512_mul_ps(s[j], _mm512_set1_ps(scale));
-                    block_max = _mm512_mask_max_ps(block_max, seen[j], block_max, s[j]);
-                }
-                let new = _mm512_max_ps(max, block_max);
-                // "1 where the maximum stayed, else exp", lane by lane.
-                let stayed = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(max, new);
-                let correction =
-                    _mm512_mask_blend_ps(stayed, exp512(_mm512_sub_ps(max, new)), _mm512_set1_ps(1.0));
-                max = new;
-                for j in 0..LANES {
-                    s[j] = _mm512_maskz_mov_ps(seen[j], exp512(_mm512_sub_ps(s[j], new)));
-                }
-                // `super::sum`'s tree: keys j and j + 8, then + 4, + 2, + 1.
-                let mut t = [_mm512_setzero_ps(); 8];
-                for l in 0..8 {
-                    t[l] = _mm512_add_ps(s[l], s[l + 8]);
-                }
-                for width in [4, 2, 1] {
-                    for l in 0..width {
-                        t[l] = _mm512_add_ps(t[l], t[l + width]);
-                    }
-                }
-                sum = _mm512_add_ps(_mm512_mul_ps(sum, correction), t[0]);
-                for j in 0..LANES {
-                    _mm512_storeu_ps(p.as_mut_ptr().add(j * LANES), s[j]);
-                }
-                // The outputs, sixteen values of `d` (one register per `d`) at a time.
-                for c in 0..HD / LANES {
-                    let mut acc = [_mm512_setzero_ps(); LANES];
-                    for dd in 0..LANES {
-                        acc[dd] = _mm512_mul_ps(_mm512_loadu_ps(o.add((c * LANES + dd) * LANES)), correction);
-                    }
-                    for j in 0..LANES {
-                        let pj = _mm512_loadu_ps(p.as_ptr().add(j * LANES));
-                        for dd in 0..LANES {
-                            let value = _mm512_set1_ps(*v.add(j * slot + c * LANES + dd));
-                            acc[dd] = _mm512_mask3_fmadd_ps(pj, value, acc[dd], seen[j]);
+                let (k, val) = block_start(head, block);
+                for k0 in (0..LANES).step_by(kb) {
+                    let mut acc = [[_mm512_setzero_ps(); LANES]; V];
+                    for d in 0..HD {
+                        let mut qd = [_mm512_setzero_ps(); V];
+                        for v in 0..V {
+                            qd[v] = _mm512_loadu_ps(q.add((v * HD + d) * LANES));
+                        }
+                        for j in 0..kb {
+                            let key = _mm512_set1_ps(*k.add(d * LANES + k0 + j));
+                            for v in 0..V {
+                                acc[v][j] = _mm512_fmadd_ps(key, qd[v], acc[v][j]);
+                            }
                         }
                     }
-                    for dd in 0..LANES {
-                        _mm512_storeu_ps(o.add((c * LANES + dd) * LANES), acc[dd]);
+                    for v in 0..V {
+                        for j in 0..kb {
+                            s[v][k0 + j] = acc[v][j];
+                        }
+                    }
+                }
+                for v in 0..V {
+                    // Which lanes see key `j`: all of them below the first lane's block.
+                    seen[v] = [0xFFFF; LANES];
+                    if (b + 1) * LANES > first[v] + 1 {
+                        for j in 0..LANES {
+                            seen[v][j] = _mm512_cmp_epi32_mask::<_MM_CMPINT_NLT>(
+                                pos[v],
+                                _mm512_set1_epi32((b * LANES + j) as i32),
+                            );
+                        }
+                    }
+                    let mut block_max = _mm512_set1_ps(f32::NEG_INFINITY);
+                    for j in 0..LANES {
+                        s[v][j] = _mm512_mul_ps(s[v][j], _mm512_set1_ps(scale));
+                        block_max = _mm512_mask_max_ps(block_max, seen[v][j], block_max, s[v][j]);
+                    }
+                    let new = _mm512_max_ps(max[v], block_max);
+                    // "1 where the maximum stayed, else exp", lane by lane.
+                    let stayed = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(max[v], new);
+                    correction[v] =
+                        _mm512_mask_blend_ps(stayed, exp512(_mm512_sub_ps(max[v], new)), _mm512_set1_ps(1.0));
+                    max[v] = new;
+                    for j in 0..LANES {
+                        s[v][j] = _mm512_maskz_mov_ps(seen[v][j], exp512(_mm512_sub_ps(s[v][j], new)));
+                    }
+                    // `super::sum`'s tree: keys j and j + 8, then + 4, + 2, + 1.
+                    let mut t = [_mm512_setzero_ps(); 8];
+                    for l in 0..8 {
+                        t[l] = _mm512_add_ps(s[v][l], s[v][l + 8]);
+                    }
+                    for width in [4, 2, 1] {
+                        for l in 0..width {
+                            t[l] = _mm512_add_ps(t[l], t[l + width]);
+                        }
+                    }
+                    sum[v] = _mm512_add_ps(_mm512_mul_ps(sum[v], correction[v]), t[0]);
+                }
+                // The outputs, `kb` values of `d` (one register per `d` and vector) at a
+                // time.
+                for c in 0..HD / kb {
+                    let mut acc = [[_mm512_setzero_ps(); LANES]; V];
+                    for v in 0..V {
+                        for dd in 0..kb {
+                            let at = o.add((v * HD + c * kb + dd) * LANES);
+                            acc[v][dd] = _mm512_mul_ps(_mm512_loadu_ps(at), correction[v]);
+                        }
+                    }
+                    for j in 0..LANES {
+                        for dd in 0..kb {
+                            let value = _mm512_set1_ps(*val.add(j * slot + c * kb + dd));
+                            for v in 0..V {
+                                acc[v][dd] = _mm512_mask3_fmadd_ps(s[v][j], value, acc[v][dd], seen[v][j]);
+                            }
+                        }
+                    }
+                    for v in 0..V {
+                        for dd in 0..kb {
+                            _mm512_storeu_ps(o.add((v * HD + c * kb + dd) * LANES), acc[v][dd]);
+                        }
                     }
                 }
             }
-            let inv = _mm512_div_ps(_mm512_set1_ps(1.0), sum);
-            for d in 0..HD {
-                _mm512_storeu_ps(
-                    o.add(d * LANES),
-                    _mm512_mul_ps(_mm512_loadu_ps(o.add(d * LANES)), inv),
-                );
+            for v in 0..V {
+                let inv = _mm512_div_ps(_mm512_set1_ps(1.0), sum[v]);
+                for d in 0..HD {
+                    let at = o.add((v * HD + d) * LANES);
+                    _mm512_storeu_ps(at, _mm512_mul_ps(_mm512_loadu_ps(at), inv));
+                }
             }
         }
     }
@@ -944,5 +1059,60 @@ mod tests {
         let four: Vec<f32> = (0..4).map(|i| eight[i] + eight[i + 4]).collect();
         let want = (four[0] + four[2]) + (four[1] + four[3]);
         assert_eq!(sum(&p).to_bits(), want.to_bits());
+    }
+
+    /// A row's attention has the same bits whatever rows share its call of the lane
+    /// kernel: alone, or with up to 47 others of any positions, whose blocks reach past
+    /// all of its own (blocks a register's lanes do not see must change none of them).
+    #[test]
+    #[allow(clippy::print_stderr)]
+    fn rows_sharing_a_lane_kernel_call_keep_their_bits() {
+        let (hd, slot, blocks) = (64, 2 * 64, 10);
+        let keys = values(blocks * LANES * slot, 3);
+        let vals = values(blocks * LANES * slot, 5);
+        let table: Vec<u32> = (0..blocks as u32).rev().collect();
+        let head = Head {
+            keys: &keys,
+            values: &vals,
+            blocks: &table,
+            key_offset: hd * LANES,
+            offset: hd,
+            slot,
+        };
+        // 40 rows, one per "token": three registers of a call whose positions run from
+        // 0 to 150, the first register's lanes all in the first blocks.
+        let rows = 40;
+        let qs: Vec<Vec<f32>> = (0..rows).map(|r| values(hd, 100 + r as u32)).collect();
+        let refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+        let positions: Vec<usize> = (0..rows).map(|r| (r * r * 3 + r) % 151).collect();
+        for kernel in [Lanes::Widest, Lanes::Avx2] {
+            let mut together = vec![f32::NAN; rows * hd];
+            if !lanes(&refs, &positions, 1, &head, 0.125, &mut together, kernel) {
+                eprintln!("no lane kernel on this CPU ({kernel:?}): nothing to compare");
+                continue;
+            }
+            for r in 0..rows {
+                let mut alone = vec![f32::NAN; hd];
+                assert!(lanes(
+                    &refs[r..=r],
+                    &positions[r..=r],
+                    1,
+                    &head,
+                    0.125,
+                    &mut alone,
+                    kernel
+                ));
+                let got = &together[r * hd..(r + 1) * hd];
+                assert!(alone.iter().all(|x| x.is_finite()), "row {r} alone");
+                for (d, (a, b)) in got.iter().zip(&alone).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{kernel:?}: row {r} (position {}), value {d}",
+                        positions[r]
+                    );
+                }
+            }
+        }
     }
 }
