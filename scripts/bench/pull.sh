@@ -10,8 +10,11 @@
 # extensions), with SOUS_VERIFY=sha256 (the sha256 with what this CPU has: a repository
 # the Hub gives no Xet hash for), and with SOUS_VERIFY=sha256 SOUS_SHA256=portable (the
 # sha256 without CPU extensions: what such a repository costs on a CPU without SHA-NI).
-# Also peak RSS of `sous pull`. Results go to BENCHMARKS.md by hand, with the date and
-# machine.
+# On a CPU with SHA-NI that offers CPUID faulting (`cpuid_fault`), a fourth: with
+# SOUS_VERIFY=sha256 under scripts/bench/no-sha-ni.c (LD_PRELOAD), which hides SHA-NI
+# from CPUID, so that every SHA-256 in the process takes the path of a CPU without it
+# (`ring`'s AVX code, which `sous` picks there) at this core's speed. Also peak RSS of
+# `sous pull`. Results go to BENCHMARKS.md by hand, with the date and machine.
 #
 #   scripts/bench/pull.sh [ROUNDS] [BIG_GIB] [BIG_ROUNDS]
 #
@@ -41,6 +44,15 @@ trap 'kill $mirror_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); SHA-NI: $(grep -qw sha_ni /proc/cpuinfo && echo yes || echo no); $(nproc) cores" >&2
 echo "sous pull hashes with: $("$sous" --version 2>/dev/null | head -1); $(target/debug/examples/sha256_speed 64 1 2>/dev/null | head -1 || true)" >&2
 
+# The no-SHA-NI variant, where it means something and can run.
+no_sha_ni=
+if grep -qw sha_ni /proc/cpuinfo && grep -qw cpuid_fault /proc/cpuinfo && command -v cc > /dev/null; then
+  mkdir -p target/bench
+  cc -O2 -shared -fPIC -o target/bench/no-sha-ni.so scripts/bench/no-sha-ni.c
+  no_sha_ni="$PWD/target/bench/no-sha-ni.so"
+  echo "with SHA-NI hidden: $(LD_PRELOAD="$no_sha_ni" target/debug/examples/sha256_speed 64 1 2>/dev/null | head -1 || true)" >&2
+fi
+
 start_mirror() { # ROOT
   kill $mirror_pid 2>/dev/null || true
   rm -f "$work/url"
@@ -66,10 +78,12 @@ bench() {
   curl -sf "$url/api/models/$repo" > /dev/null
   echo "$label bytes $bytes" >> "$work/results"
   local variants=(sous sous-sha256 sous-sha256-portable huggingface_hub curl)
+  [ -n "$no_sha_ni" ] && variants+=(sous-sha256-no-sha-ni)
+  local count=${#variants[@]}
   for round in $(seq 0 $((n - 1))); do
     # The order turns each round, so that no tool always runs first or after the same
     # one: on a shared host a pull's time moves by tens of percent between minutes.
-    local order=("${variants[@]:round % 5}" "${variants[@]:0:round % 5}")
+    local order=("${variants[@]:round % count}" "${variants[@]:0:round % count}")
     for variant in "${order[@]}"; do
       rm -rf "$work/c"; sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
       # The source files stay hot: the mirror serves from the page cache, as a CDN
@@ -81,6 +95,8 @@ bench() {
         sous-sha256) SOUS_VERIFY=sha256 HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
         sous-sha256-portable)
           SOUS_VERIFY=sha256 SOUS_SHA256=portable HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
+        sous-sha256-no-sha-ni)
+          LD_PRELOAD="$no_sha_ni" SOUS_VERIFY=sha256 HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
         huggingface_hub)
           HF_HUB_DISABLE_XET=1 HF_HUB_CACHE="$work/c" "$python" -c "from huggingface_hub import snapshot_download; snapshot_download('$repo')" > /dev/null 2>&1 ;;
         curl)
@@ -125,10 +141,11 @@ for label, tools in rows.items():
     med = {t: statistics.median(v) for t, v in tools.items()}
     print(f"\n{label}: {size} bytes")
     print(f"{'tool':<21} {'median s':>9} {'min s':>7} {'max s':>7} {'MB/s':>8}")
-    for t in ("sous", "sous-sha256", "sous-sha256-portable", "huggingface_hub", "curl"):
+    variants = ("sous", "sous-sha256", "sous-sha256-portable", "sous-sha256-no-sha-ni", "huggingface_hub", "curl")
+    for t in (t for t in variants if t in tools):
         v = tools[t]
         print(f"{t:<21} {med[t]:>9.3f} {min(v):>7.3f} {max(v):>7.3f} {size / 1e6 / med[t]:>8.0f}")
-    for t in ("sous", "sous-sha256", "sous-sha256-portable"):
+    for t in (t for t in variants[:4] if t in tools):
         print(f"{t} vs huggingface_hub: {med['huggingface_hub'] / med[t]:.2f}x faster; "
               f"vs curl: {med['curl'] / med[t] * 100:.0f}% of curl's throughput")
     r = reports.get(label, {})
