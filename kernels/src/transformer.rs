@@ -102,7 +102,7 @@ fn by_norm_groups(x: &[f32], dim: usize, out: &mut [f32], mut f: impl FnMut(&[f3
 pub fn rms_norm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
     let dim = weight.len();
     for head in x.chunks_exact_mut(dim) {
-        let sum: f32 = head.iter().map(|v| v * v).sum();
+        let sum = sum_of_squares(head);
         let inv = 1.0 / (sum / dim as f32 + eps).sqrt();
         for (v, &w) in head.iter_mut().zip(weight) {
             *v = w * (*v * inv);

@@ -809,7 +809,7 @@ pub(super) fn dot_bf16(
                     }
                 };
             }
-            // The literals are `DP_NP` and `DP_MR` (checked at compile time below).
+            // The literals are `DP_NP` and `DP_MR` (checked at compile time beside them).
             if np == 1 {
                 rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
             } else {
