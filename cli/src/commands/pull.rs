@@ -128,10 +128,15 @@ pub fn exec(args: PullArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         if report.verified_with.contains_key("sha256") || with.is_empty() {
             with.push(format!("sha256 ({})", report.sha256));
         }
+        let direct = match report.direct_files {
+            0 => String::new(),
+            1 => "; 1 file written past the page cache".to_owned(),
+            n => format!("; {n} files written past the page cache"),
+        };
         shell.status(
             "pulled",
             &format!(
-                "{}@{}: {} files, {} downloaded in {:.1} s ({:.0} MB/s; download {:.0} MB/s, verification {:.0} MB/s with {}, bound by {}){resumed}",
+                "{}@{}: {} files, {} downloaded in {:.1} s ({:.0} MB/s; download {:.0} MB/s, verification {:.0} MB/s with {}, bound by {}{direct}){resumed}",
                 report.repo,
                 &report.commit[..12],
                 report.files,

@@ -96,10 +96,11 @@ pub struct PullReport {
     /// Seconds between the last byte on disk and the last digest: what verification
     /// added to the pull.
     pub verify_tail_seconds: f64,
-    /// The share of the async runtime's worker time, from the first request to the last
-    /// byte, spent inside writes into the partial files (0 to 1): small while the page
-    /// cache takes the bytes, large when the kernel holds the writers back for its
-    /// writeback to the disk.
+    /// The share of the time, from the first request to the last byte, spent inside
+    /// writes into the partial files (0 to 1): of the async runtime's worker time for
+    /// writes through the page cache (small while the page cache takes the bytes, large
+    /// when the kernel holds the writers back for its writeback to the disk), of the
+    /// ranges' time for direct writes; the larger of the two.
     pub write_share: f64,
     /// What bounded the pull: `verification` (hashing added more than a tenth to the
     /// download), `disk` (the workers spent more than half their time writing), else
@@ -112,6 +113,8 @@ pub struct PullReport {
     pub verified_with: BTreeMap<&'static str, usize>,
     /// Files fetched (and hashed) at once.
     pub files_at_once: usize,
+    /// Fetched files written with `O_DIRECT`, past the page cache (`SOUS_PULL_IO`).
+    pub direct_files: usize,
     /// Nothing was fetched: the marker said the pull was complete.
     pub up_to_date: bool,
 }
@@ -157,6 +160,9 @@ pub enum PullError {
     /// `SOUS_VERIFY` names no verification sous knows.
     #[error("{0}")]
     Verify(String),
+    /// `SOUS_PULL_IO` names no way of writing sous knows.
+    #[error("{0}")]
+    WriteMode(String),
     /// A local file operation failed.
     #[error("{action} `{}`", path.display())]
     Io {
@@ -200,6 +206,7 @@ impl Diagnose for PullError {
                 Some("run the pull once with the network (without --offline / HF_HUB_OFFLINE)".into())
             }
             PullError::Verify(_) => Some(format!("unset {} or set it to `auto`", download::VERIFY_ENV)),
+            PullError::WriteMode(_) => Some(format!("unset {} or set it to `auto`", download::IO_ENV)),
             _ => None,
         }
     }
@@ -270,6 +277,7 @@ pub async fn pull(
 ) -> Result<PullReport, PullError> {
     let started = Instant::now();
     let verify = download::Verify::from_env().map_err(PullError::Verify)?;
+    let io = download::Io::from_env().map_err(PullError::WriteMode)?;
     let config = client.config();
     let target = match &request.local_dir {
         Some(dir) => Target::Local(dir.clone()),
@@ -297,6 +305,7 @@ pub async fn pull(
         sha256: download::sha256::Backend::current().describe(),
         verified_with: BTreeMap::new(),
         files_at_once: 0,
+        direct_files: 0,
         up_to_date,
     };
 
@@ -372,6 +381,7 @@ pub async fn pull(
             lfs: f.lfs,
             xet_hash: verify.xet_hash(xet_hashes.get(f.path.as_str()).copied()),
             dest: target.dest(f),
+            io,
         })
         .collect();
     let resumable: u64 = jobs.iter().map(FileJob::resumable_bytes).sum();
@@ -429,7 +439,8 @@ pub async fn pull(
     let mut downloaded = 0;
     let mut resumed = 0;
     let (mut hashed, mut hash_busy) = (0, std::time::Duration::ZERO);
-    let mut write_busy = std::time::Duration::ZERO;
+    let (mut write_busy, mut direct_write_busy) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
+    let mut direct_files = 0;
     let (mut downloaded_at, mut verified_at) = (fetch_started, fetch_started);
     let mut verified_with = BTreeMap::new();
     let mut failure = None;
@@ -441,6 +452,8 @@ pub async fn pull(
                 hashed += fetched.hashed;
                 hash_busy += fetched.hash_busy;
                 write_busy += fetched.write_busy;
+                direct_write_busy += fetched.direct_write_busy;
+                direct_files += usize::from(fetched.direct);
                 if let Some(check) = fetched.check {
                     *verified_with.entry(check.name()).or_insert(0) += 1;
                 }
@@ -494,11 +507,18 @@ pub async fn pull(
     let download_seconds = (downloaded_at - fetch_started).as_secs_f64();
     let verify_seconds = (verified_at - fetch_started).as_secs_f64();
     let tail = (verified_at - downloaded_at).as_secs_f64();
-    // The writes run on the runtime's workers (a write of one network chunk is too
-    // short to hand to a blocking thread), so their share of the workers' time says
-    // whether the disk held the pull.
+    // Writes through the page cache run on the runtime's workers (a write of one
+    // network chunk is too short to hand to a blocking thread), so their share of the
+    // workers' time says whether the disk held the pull; a direct write holds its range
+    // while it runs, so its share is of the ranges' time.
     let workers = tokio::runtime::Handle::current().metrics().num_workers().max(1);
-    let write_share = (write_busy.as_secs_f64() / (download_seconds.max(1e-9) * workers as f64)).min(1.0);
+    let share = |busy: std::time::Duration, lanes: usize| {
+        (busy.as_secs_f64() / (download_seconds.max(1e-9) * lanes.max(1) as f64)).min(1.0)
+    };
+    let write_share = share(write_busy, workers).max(share(
+        direct_write_busy,
+        request.connections.min(files_at_once_count * RANGES_PER_FILE),
+    ));
     Ok(PullReport {
         downloaded_bytes: downloaded,
         resumed_bytes: resumed,
@@ -513,6 +533,7 @@ pub async fn pull(
         write_share,
         bound: bound(tail, verify_seconds, write_share),
         files_at_once: files_at_once_count,
+        direct_files,
         verified_with,
         up_to_date: false,
         ..report(&commit, &marker, false)

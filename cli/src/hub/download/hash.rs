@@ -1,21 +1,21 @@
 //! Verification hashes: the Xet hash (files the Hub gave one for, `xet`), the sha256
 //! (other LFS files, with the backend `sha256` picks) or the git blob sha1 (the rest)
 //! of a whole file on disk ([`hash_file`]), or of a partial file read back in order
-//! as the ranges fill it (`hash_in_order`, woken by `Chunks`), so that the digest is
+//! (past the page cache where it was written so) as the ranges fill it (`hash_in_order`, woken by `Chunks`), so that the digest is
 //! ready moments after the last byte arrives. Comparing it with what the Hub
 //! announced, and deleting bad bytes, is `download`'s `fetch`.
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use sha1::{Digest, Sha1};
 
 use super::sha256::{Backend, Sha256};
+use super::sink::{Aligned, BLOCK, Partial, read_block};
 use super::xet::XetHasher;
 use super::{CHUNK, Check};
 
@@ -88,18 +88,56 @@ pub(super) struct Hashed {
 }
 
 /// Hashes the partial file in order as the ranges fill it with `check`'s hash,
-/// counting hashed bytes in `verified`.
+/// counting hashed bytes in `verified`. A reader thread reads the next blocks while
+/// this one hashes: a read past the page cache waits for the disk, and would otherwise
+/// leave the hash idle for it.
 pub(super) fn hash_in_order(
-    path: &Path,
+    file: &Partial,
     check: Check,
     size: u64,
     chunks: &Chunks,
     verified: &AtomicU64,
 ) -> io::Result<Hashed> {
-    let file = File::open(path)?;
     let mut hasher = FileHasher::new(check, size);
-    let mut buffer = vec![0u8; 1 << 20];
+    let (full_tx, full_rx) = mpsc::sync_channel::<(Aligned, usize)>(READ_AHEAD);
+    let (empty_tx, empty_rx) = mpsc::channel::<Aligned>();
+    for _ in 0..READ_AHEAD + 1 {
+        // Aligned, so that a file written past the page cache is read back so.
+        let _ = empty_tx.send(Aligned::new());
+    }
     let mut busy = Duration::ZERO;
+    let read = std::thread::scope(|scope| {
+        let reader = scope.spawn(move || read_in_order(file, size, chunks, &empty_rx, &full_tx));
+        for (block, n) in full_rx {
+            let began = Instant::now();
+            hasher.update(&block.bytes()[..n]);
+            busy += began.elapsed();
+            verified.fetch_add(n as u64, Ordering::Relaxed);
+            let _ = empty_tx.send(block);
+        }
+        reader
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the reading thread panicked")))
+    });
+    read?;
+    Ok(Hashed {
+        hex: hasher.finish_hex(),
+        busy,
+    })
+}
+
+/// Blocks read ahead of the hash.
+const READ_AHEAD: usize = 2;
+
+/// Reads the file in order as the ranges fill it, in blocks taken from `empty` and sent
+/// full to `full`. Returns when the file is read, or the hash stopped taking blocks.
+fn read_in_order(
+    file: &Partial,
+    size: u64,
+    chunks: &Chunks,
+    empty: &mpsc::Receiver<Aligned>,
+    full: &mpsc::SyncSender<(Aligned, usize)>,
+) -> io::Result<()> {
     let count = size.div_ceil(CHUNK).max(1);
     for index in 0..count {
         let (start, end) = (index * CHUNK, ((index + 1) * CHUNK).min(size));
@@ -109,21 +147,20 @@ pub(super) fn hash_in_order(
                 return Err(io::Error::other("download cancelled"));
             };
             let ready = (start + filled).min(end);
-            let began = Instant::now();
             while at < ready {
-                let n = ((ready - at) as usize).min(buffer.len());
-                file.read_exact_at(&mut buffer[..n], at)?;
-                hasher.update(&buffer[..n]);
+                let Ok(mut block) = empty.recv() else {
+                    return Ok(());
+                };
+                let n = ((ready - at) as usize).min(BLOCK);
+                read_block(file, &mut block, n, at)?;
+                if full.send((block, n)).is_err() {
+                    return Ok(());
+                }
                 at += n as u64;
-                verified.fetch_add(n as u64, Ordering::Relaxed);
             }
-            busy += began.elapsed();
         }
     }
-    Ok(Hashed {
-        hex: hasher.finish_hex(),
-        busy,
-    })
+    Ok(())
 }
 
 /// The hash a file is checked with, under way.

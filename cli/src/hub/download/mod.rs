@@ -14,7 +14,8 @@
 //!
 //! Verification: a hash of the whole file against the one the Hub announced, computed
 //! by a thread that follows the ranges in file order as they complete (reading back
-//! from the page cache), so the hash is ready moments after the last byte arrives. For
+//! from the page cache, or from the disk for a file written past it), so the hash is
+//! ready moments after the last byte arrives. For
 //! a file in Xet storage it is the Xet hash of its tree entry ([`xet`]: keyed BLAKE3
 //! over content-defined chunks, 5 times the speed of SHA-256 without SHA extensions,
 //! 1.6 times with them); for another LFS file the sha256 of its etag; for the rest the
@@ -25,21 +26,25 @@
 //! hash on the next pull instead.
 //!
 //! The partial file is preallocated (`fallocate`) where the filesystem allows, so a
-//! disk that cannot hold the file fails before any byte is spent on it.
+//! disk that cannot hold the file fails before any byte is spent on it. A file of 64
+//! MiB or more is written and read back with `O_DIRECT`, past the page cache (`sink`).
 //!
 //! This file holds the job, its errors and [`fetch`], which prepares the partial
-//! file, runs the ranges and verifies the result; `ranges` is the fetch loop, `state`
-//! the resume log and `hash` the hashing.
+//! file, runs the ranges and verifies the result; `ranges` is the fetch loop, `sink`
+//! the writes, `state` the resume log and `hash` the hashing.
 
 mod hash;
 mod ranges;
 pub mod sha256;
+mod sink;
 mod state;
 pub mod xet;
 
 use hash::{Chunks, Hashed, hash_in_order};
 pub use hash::{hash_file, lfs_hashes};
 use ranges::{Timing, fetch_ranges};
+use sink::{ALIGN, Partial};
+pub use sink::{DIRECT_MIN, IO_ENV, Io, takes_direct};
 use state::read_state;
 
 use std::collections::HashMap;
@@ -80,6 +85,8 @@ pub struct FileJob {
     pub xet_hash: Option<String>,
     /// Where the verified file goes.
     pub dest: PathBuf,
+    /// How its bytes are written: through the page cache or directly.
+    pub io: Io,
 }
 
 /// The environment variable that chooses the verification: `auto` (the default: the
@@ -284,12 +291,16 @@ pub struct Fetched {
     pub check: Option<Check>,
     /// Time the hashing thread spent computing (waiting for bytes excluded).
     pub hash_busy: std::time::Duration,
-    /// Time the ranges spent inside writes into the partial file, summed over them.
+    /// Time the ranges spent inside writes through the page cache, summed over them.
     pub write_busy: std::time::Duration,
+    /// Time the ranges waited for direct writes, summed over them.
+    pub direct_write_busy: std::time::Duration,
     /// When the last byte was on disk.
     pub downloaded_at: Option<Instant>,
     /// When the digest was ready.
     pub verified_at: Option<Instant>,
+    /// Its blocks were written with `O_DIRECT`, past the page cache.
+    pub direct: bool,
 }
 
 /// Counters a download bumps as it goes: bytes on disk, bytes verified.
@@ -324,14 +335,8 @@ pub async fn fetch(
     } else {
         let _ = fs::remove_file(&state_path);
     }
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&partial)
-        .map_err(DownloadError::io("creating", &partial))?;
-    if let Err(source) = preallocate(&file, job.size) {
+    let file = Partial::open(&partial, job.io, job.size).map_err(DownloadError::io("creating", &partial))?;
+    if let Err(source) = preallocate(file.file(), job.size) {
         // Nothing of this file is on disk yet (or a resumed file lost nothing): leave
         // no empty partial file behind.
         drop(file);
@@ -359,7 +364,11 @@ pub async fn fetch(
     let chunks = Arc::new(Chunks::new(job.chunks() as usize));
     for index in 0..job.chunks() {
         let (start, end) = job.chunk_range(index);
-        let have = done.get(&index).copied().unwrap_or(0).min(end - start);
+        let mut have = done.get(&index).copied().unwrap_or(0).min(end - start);
+        if file.is_direct() && start + have < end {
+            // Direct writes start on a page: fetch again the few bytes before it.
+            have -= have % ALIGN as u64;
+        }
         resumed += have;
         if start + have < end || job.size == 0 {
             pending.push((index, start + have, end));
@@ -373,9 +382,9 @@ pub async fn fetch(
     let _stop_hasher = CancelOnDrop(chunks.clone());
     let (check, expected) = job.check();
     let hasher = {
-        let (chunks, path, check, size) = (chunks.clone(), partial.clone(), check, job.size);
+        let (chunks, file, check, size) = (chunks.clone(), file.clone(), check, job.size);
         let verified = counters.verified.clone();
-        tokio::task::spawn_blocking(move || hash_in_order(&path, check, size, &chunks, &verified))
+        tokio::task::spawn_blocking(move || hash_in_order(&file, check, size, &chunks, &verified))
     };
     let timing = Arc::new(Timing::default());
     let result = fetch_ranges(
@@ -398,6 +407,7 @@ pub async fn fetch(
     let hashed = hasher.await.map_err(|e| join_error(partial.clone(), e))?;
     let verified_at = Instant::now();
     result?;
+    let direct = file.is_direct();
     drop(file);
     let Hashed { hex: actual, busy } = hashed.map_err(DownloadError::io("reading back", &partial))?;
     if actual != expected {
@@ -419,9 +429,11 @@ pub async fn fetch(
         hashed: job.size,
         check: Some(check),
         hash_busy: busy,
-        write_busy: timing.writing(),
+        write_busy: timing.buffered(),
+        direct_write_busy: timing.direct(),
         downloaded_at: Some(downloaded_at),
         verified_at: Some(verified_at),
+        direct,
     })
 }
 

@@ -1,8 +1,9 @@
 //! The fetch loop: the ranges of one file, the first alone to follow the Hub's
 //! redirect and the rest in parallel against where it led, each retried from the
 //! byte where its last attempt stopped. Bytes go to the partial file at their offset
-//! and into the resume log as they arrive; what happens to the file before and after
-//! is `fetch`'s, in `download`.
+//! (gathered into blocks first where the file is written past the page cache, see
+//! `sink`) and into the resume log once written; what happens to the file before and
+//! after is `fetch`'s, in `download`.
 //!
 //! The Hub redirects LFS files to a CDN with a signed link that expires (an hour on
 //! huggingface.co). A range that gets 403 from such a link goes back to the Hub's
@@ -12,17 +13,17 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use reqwest::{StatusCode, header};
 use tokio::sync::Semaphore;
 
 use super::hash::Chunks;
+use super::sink::{Partial, RangeWriter, Writing};
 use super::state::record;
 use super::{CHUNK, DownloadError, FileJob, join_error};
 use crate::hub::api::{HubClient, HubError, classify, is_retryable};
@@ -33,19 +34,33 @@ const RECORD_EVERY: u64 = 1 << 20;
 const ATTEMPTS: u32 = 5;
 
 /// Time the ranges spent inside writes into the partial file, summed over them, in
-/// nanoseconds. The writes run on the async runtime's worker threads: while the page
-/// cache takes the bytes a write costs microseconds, but once more dirty pages wait for
-/// the disk than the kernel allows, it holds each writer back until its writeback
-/// catches up, and the workers spend their time there instead of reading the network.
+/// nanoseconds. Writes through the page cache run on the async runtime's worker
+/// threads: while the page cache takes the bytes a write costs microseconds, but once
+/// more dirty pages wait for the disk than the kernel allows, it holds each writer back
+/// until its writeback catches up, and the workers spend their time there instead of
+/// reading the network. A direct write runs on a blocking thread while its range waits.
 #[derive(Debug, Default)]
 pub(super) struct Timing {
-    writing: AtomicU64,
+    buffered: AtomicU64,
+    direct: AtomicU64,
 }
 
 impl Timing {
-    /// Time inside writes.
-    pub(super) fn writing(&self) -> Duration {
-        Duration::from_nanos(self.writing.load(Ordering::Relaxed))
+    fn add(&self, writing: Writing) {
+        self.buffered
+            .fetch_add(writing.buffered.as_nanos() as u64, Ordering::Relaxed);
+        self.direct
+            .fetch_add(writing.direct.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Time inside writes through the page cache.
+    pub(super) fn buffered(&self) -> Duration {
+        Duration::from_nanos(self.buffered.load(Ordering::Relaxed))
+    }
+
+    /// Time inside direct writes.
+    pub(super) fn direct(&self) -> Duration {
+        Duration::from_nanos(self.direct.load(Ordering::Relaxed))
     }
 }
 
@@ -58,7 +73,7 @@ pub(super) async fn fetch_ranges(
     per_file: usize,
     connections: Arc<Semaphore>,
     pending: Vec<(u64, u64, u64)>,
-    file: &Arc<File>,
+    file: &Arc<Partial>,
     log: &Arc<Mutex<File>>,
     progress: &Arc<AtomicU64>,
     chunks: &Arc<Chunks>,
@@ -193,7 +208,7 @@ async fn fetch_range(
     job: &FileJob,
     source: &Source,
     (index, from, end): (u64, u64, u64),
-    file: &File,
+    file: &Arc<Partial>,
     log: &Mutex<File>,
     progress: &AtomicU64,
     chunks: &Chunks,
@@ -201,6 +216,9 @@ async fn fetch_range(
 ) -> Result<(), DownloadError> {
     let chunk_start = index * CHUNK;
     let mut offset = from;
+    // Kept across attempts: a retry goes on from the last byte received, gathered or not.
+    let mut writer = RangeWriter::new(file.clone(), from);
+    let mut recorded = from;
     let mut attempt = 1;
     let mut renewals = 0;
     let mut delay = Duration::from_millis(250);
@@ -256,7 +274,11 @@ async fn fetch_range(
                 .into());
             }
             let mut stream = response.bytes_stream();
-            let mut since_record = 0;
+            let failed = |source| DownloadError::Io {
+                action: "writing",
+                path: job.partial(),
+                source,
+            };
             while let Some(piece) = stream.next().await {
                 let piece = piece.map_err(|source| HubError::Http {
                     url: url.to_owned(),
@@ -264,30 +286,30 @@ async fn fetch_range(
                 })?;
                 let room = end.saturating_sub(offset) as usize;
                 let piece = &piece[..piece.len().min(room)];
-                // Blocking, but a write of one network chunk into the page cache.
-                let writing = Instant::now();
-                let written = file.write_all_at(piece, offset);
-                let nanos = writing.elapsed().as_nanos() as u64;
-                timing.writing.fetch_add(nanos, Ordering::Relaxed);
-                written.map_err(|source| DownloadError::Io {
-                    action: "writing",
-                    path: job.partial(),
-                    source,
-                })?;
+                let moved = writer.push(piece).await;
+                timing.add(writer.take_writing());
                 offset += piece.len() as u64;
-                since_record += piece.len() as u64;
                 progress.fetch_add(piece.len() as u64, Ordering::Relaxed);
-                let wake = since_record >= RECORD_EVERY;
-                chunks.fill(index as usize, offset - chunk_start, wake);
-                if wake {
-                    record(log, index, offset - chunk_start);
-                    since_record = 0;
+                if moved.map_err(failed)? {
+                    let written = writer.written();
+                    let wake = written - recorded >= RECORD_EVERY;
+                    chunks.fill(index as usize, written - chunk_start, wake);
+                    if wake {
+                        record(log, index, written - chunk_start);
+                        recorded = written;
+                    }
                 }
                 if offset >= end {
                     break;
                 }
             }
-            record(log, index, offset - chunk_start);
+            if offset >= end {
+                let flushed = writer.flush().await;
+                timing.add(writer.take_writing());
+                flushed.map_err(failed)?;
+            }
+            record(log, index, writer.written() - chunk_start);
+            recorded = writer.written();
             if offset < end {
                 return Err(HubError::Protocol {
                     url: url.to_owned(),

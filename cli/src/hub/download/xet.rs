@@ -217,11 +217,11 @@ pub fn xet_hash(bytes: &[u8]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// The fixtures' generated data: the low byte of each xorshift64 (13, 7, 17) step.
-    fn generated(len: usize, seed: u64) -> Vec<u8> {
+    pub(in crate::hub::download) fn generated(len: usize, seed: u64) -> Vec<u8> {
         let mut x = seed;
         (0..len)
             .map(|_| {
