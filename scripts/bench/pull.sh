@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Benchmark: `sous pull` vs huggingface_hub's `snapshot_download` vs plain `curl`, all
 # fetching the same files from the same `sous hub serve` mirror on loopback, cold cache
-# every run, interleaved (the order turned each round) so machine noise hits all of them
-# alike. The mirror lists each
+# every run, interleaved (each round in another order, see `williams`) so machine noise
+# and what ran before hit all of them alike. The mirror lists each
 # LFS file's Xet hash (--xet-hash), as the Hub does for files in Xet storage; the
 # mirror does not speak the Xet transfer protocol, so huggingface_hub runs with
-# HF_HUB_DISABLE_XET=1 (plain HTTP, as from any mirror). `sous pull` runs three
+# HF_HUB_DISABLE_XET=1 (plain HTTP, as from any mirror). `sous pull` runs four
 # times per round: as a user runs it (checking the Xet hash, which needs no SHA
-# extensions), with SOUS_VERIFY=sha256 (the sha256 with what this CPU has: a repository
-# the Hub gives no Xet hash for), and with SOUS_VERIFY=sha256 SOUS_SHA256=portable (the
-# sha256 without CPU extensions: what such a repository costs on a CPU without SHA-NI).
-# On a CPU with SHA-NI that offers CPUID faulting (`cpuid_fault`), a fourth: with
+# extensions, and writing the weights past the page cache), the same with
+# SOUS_PULL_IO=buffered (every file through the page cache), with SOUS_VERIFY=sha256
+# (the sha256 with what this CPU has: a repository the Hub gives no Xet hash for), and
+# with SOUS_VERIFY=sha256 SOUS_SHA256=portable (the sha256 without CPU extensions: what
+# such a repository costs on a CPU without SHA-NI).
+# On a CPU with SHA-NI that offers CPUID faulting (`cpuid_fault`), a fifth: with
 # SOUS_VERIFY=sha256 under scripts/bench/no-sha-ni.c (LD_PRELOAD), which hides SHA-NI
 # from CPUID, so that every SHA-256 in the process takes the path of a CPU without it
 # (`ring`'s AVX code, which `sous` picks there) at this core's speed. Also peak RSS of
@@ -22,7 +24,7 @@
 # generated repository of BIG_GIB GiB in 4 shards (target/test-hub/acme/bigNg, made
 # by the e2e test helper, ~2 x BIG_GIB of disk while it runs): first the e2e test that
 # kills a pull at half way and resumes it (bytes fetched twice, peak RSS), then
-# BIG_ROUNDS (default 2) interleaved rounds of the five pulls.
+# BIG_ROUNDS (default 2) interleaved rounds of the pulls.
 #
 # Needs: the test model (scripts/fetch-test-model.sh), the Python test environment
 # (scripts/python-env.sh), curl, GNU time.
@@ -63,10 +65,29 @@ start_mirror() { # ROOT
   export HF_ENDPOINT="$url" HF_HUB_DISABLE_TELEMETRY=1
 }
 
+# williams ROUND N: the tools' order in round ROUND, a row of a Williams design for N
+# tools (0, 1, N-1, 2, N-2, ... shifted by the round; with N odd, the second N rounds
+# run reversed): over N rounds (2N when N is odd) each tool runs right after every other
+# one exactly once.
+williams() {
+  local round=$1 n=$2 base=(0) low=1 high=$(($2 - 1)) row=()
+  while [ ${#base[@]} -lt "$n" ]; do
+    base+=($low); low=$((low + 1))
+    [ ${#base[@]} -lt "$n" ] && { base+=($high); high=$((high - 1)); }
+  done
+  for b in "${base[@]}"; do row+=($(((b + round) % n))); done
+  if [ $((n % 2)) -eq 1 ] && [ $((round / n % 2)) -eq 1 ]; then
+    local reversed=()
+    for ((i = n - 1; i >= 0; i--)); do reversed+=("${row[$i]}"); done
+    row=("${reversed[@]}")
+  fi
+  echo "${row[@]}"
+}
+
 now() { date +%s.%N; }
 elapsed() { echo "$2 - $1" | bc -l; }
 
-# bench LABEL ROOT REPO ROUNDS: interleaved rounds of the five pulls into empty caches.
+# bench LABEL ROOT REPO ROUNDS: interleaved rounds of the pulls into empty caches.
 bench() {
   local label=$1 root=$2 repo=$3 n=$4
   start_mirror "$root"
@@ -77,13 +98,16 @@ bench() {
   # The mirror indexes (hashes) the repository on its first request: not timed.
   curl -sf "$url/api/models/$repo" > /dev/null
   echo "$label bytes $bytes" >> "$work/results"
-  local variants=(sous sous-sha256 sous-sha256-portable huggingface_hub curl)
+  local variants=(sous sous-buffered sous-sha256 sous-sha256-portable huggingface_hub curl)
   [ -n "$no_sha_ni" ] && variants+=(sous-sha256-no-sha-ni)
-  local count=${#variants[@]}
   for round in $(seq 0 $((n - 1))); do
-    # The order turns each round, so that no tool always runs first or after the same
-    # one: on a shared host a pull's time moves by tens of percent between minutes.
-    local order=("${variants[@]:round % count}" "${variants[@]:0:round % count}")
+    # Each round runs the tools in another order of a Williams design, so that no tool
+    # always runs first nor always after the same one: what ran before a pull moves its
+    # time (a pull after huggingface_hub's, whose files were just deleted, ran up to
+    # 1.6 times as long on the Zen 5 of BENCHMARKS.md), and so do the host's minutes.
+    local order=()
+    for i in $(williams "$round" ${#variants[@]}); do order+=("${variants[$i]}"); done
+    echo "$label round $((round + 1)): ${order[*]}" >&2
     for variant in "${order[@]}"; do
       rm -rf "$work/c"; sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
       # The source files stay hot: the mirror serves from the page cache, as a CDN
@@ -92,6 +116,7 @@ bench() {
       t0=$(now)
       case $variant in
         sous) HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
+        sous-buffered) SOUS_PULL_IO=buffered HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
         sous-sha256) SOUS_VERIFY=sha256 HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
         sous-sha256-portable)
           SOUS_VERIFY=sha256 SOUS_SHA256=portable HF_HUB_CACHE="$work/c" "$sous" pull "$repo" --quiet > /dev/null ;;
@@ -141,11 +166,12 @@ for label, tools in rows.items():
     med = {t: statistics.median(v) for t, v in tools.items()}
     print(f"\n{label}: {size} bytes")
     print(f"{'tool':<21} {'median s':>9} {'min s':>7} {'max s':>7} {'MB/s':>8}")
-    variants = ("sous", "sous-sha256", "sous-sha256-portable", "sous-sha256-no-sha-ni", "huggingface_hub", "curl")
+    variants = ("sous", "sous-buffered", "sous-sha256", "sous-sha256-portable", "sous-sha256-no-sha-ni",
+                "huggingface_hub", "curl")
     for t in (t for t in variants if t in tools):
         v = tools[t]
         print(f"{t:<21} {med[t]:>9.3f} {min(v):>7.3f} {max(v):>7.3f} {size / 1e6 / med[t]:>8.0f}")
-    for t in (t for t in variants[:4] if t in tools):
+    for t in (t for t in variants[:5] if t in tools):
         print(f"{t} vs huggingface_hub: {med['huggingface_hub'] / med[t]:.2f}x faster; "
               f"vs curl: {med['curl'] / med[t] * 100:.0f}% of curl's throughput")
     r = reports.get(label, {})
