@@ -11,7 +11,13 @@ use serde_json::Value;
 use crate::util::{Mirror, generated_repo, generated_repo_in_shards, run, sha256, sous};
 
 fn pull(mirror: &Mirror, cache: &Path, args: &[&str]) -> (i32, String, String) {
+    pull_with(mirror, cache, args, &[])
+}
+
+/// [`pull`] with more environment variables.
+fn pull_with(mirror: &Mirror, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = sous();
+    cmd.envs(env.iter().copied());
     cmd.env("HF_ENDPOINT", &mirror.url)
         .env("HF_HUB_CACHE", cache)
         .env_remove("HF_TOKEN")
@@ -82,14 +88,8 @@ fn pull_lands_in_the_hub_cache_and_a_second_pull_is_a_noop() {
         "{first}"
     );
     assert!(first["verified_with"].get("sha256").is_none(), "{first}");
-    // The shards (70 MiB each) are written past the page cache where the filesystem
-    // takes direct I/O; the small files never are.
-    let direct = if sous::hub::download::takes_direct(cache.path()) {
-        3
-    } else {
-        0
-    };
-    assert_eq!(first["direct_files"], direct, "{first}");
+    // The shards (70 MiB each) fit in the page cache: written through it by default.
+    assert_eq!(first["direct_files"], 0, "{first}");
     assert!(stderr.contains("verification"), "{stderr}");
     assert!(stderr.contains("with the Xet hash"), "{stderr}");
     let snapshot = PathBuf::from(first["path"].as_str().expect("path"));
@@ -136,9 +136,17 @@ fn dropped_connections_are_resumed_within_the_run() {
         &[],
     );
     let cache = tempfile::tempdir().expect("tempdir");
-    let (code, stdout, stderr) = pull(&mirror, cache.path(), &["acme/shards"]);
+    // Past the page cache: a range cut off inside a block goes on from the byte it
+    // stopped at, the bytes it had gathered kept.
+    let (code, stdout, stderr) = pull_with(&mirror, cache.path(), &["acme/shards"], DIRECT);
     assert_eq!(code, 0, "{stderr}");
-    let snapshot = PathBuf::from(report(&stdout)["path"].as_str().expect("path"));
+    let summary = report(&stdout);
+    assert_eq!(
+        summary["direct_files"],
+        direct_files(cache.path(), 5),
+        "{summary}"
+    );
+    let snapshot = PathBuf::from(summary["path"].as_str().expect("path"));
     assert_same_files(&snapshot, &root.join("acme/shards"));
     let requests = mirror.requests();
     assert!(requests.iter().any(|r| r.ends_with(" 503")), "{requests:?}");
@@ -147,14 +155,27 @@ fn dropped_connections_are_resumed_within_the_run() {
 #[test]
 fn a_killed_pull_resumes_where_it_stopped() {
     // Killed while writing through the page cache (its log may end anywhere) or past it
-    // (its log ends on whole blocks); resumed past it, as files this large are written.
-    for killed in ["buffered", "auto"] {
+    // (its log ends on whole blocks); resumed past it.
+    for killed in ["buffered", "direct"] {
         kill_and_resume(killed);
     }
 }
 
+/// `SOUS_PULL_IO=direct`: every file past the page cache, where the filesystem allows.
+const DIRECT: &[(&str, &str)] = &[("SOUS_PULL_IO", "direct")];
+
+/// How many of `files` a pull with [`DIRECT`] into `dir` writes past the page cache: all,
+/// where the filesystem takes direct I/O.
+fn direct_files(dir: &Path, files: u64) -> u64 {
+    if sous::hub::download::takes_direct(dir) {
+        files
+    } else {
+        0
+    }
+}
+
 /// A pull of acme/shards with `SOUS_PULL_IO=killed`, killed with SIGKILL in flight,
-/// then run again to the end.
+/// then run again to the end past the page cache.
 fn kill_and_resume(killed: &str) {
     let root = generated_repo("shards", 210);
     let cache = tempfile::tempdir().expect("tempdir");
@@ -186,9 +207,14 @@ fn kill_and_resume(killed: &str) {
     );
 
     let fast = Mirror::start(&root, &["--xet-hash"], &[]);
-    let (code, stdout, stderr) = pull(&fast, cache.path(), &["acme/shards"]);
+    let (code, stdout, stderr) = pull_with(&fast, cache.path(), &["acme/shards"], DIRECT);
     assert_eq!(code, 0, "{stderr}");
     let summary = report(&stdout);
+    assert_eq!(
+        summary["direct_files"],
+        direct_files(cache.path(), 3),
+        "{summary}"
+    );
     // The resumed files are checked whole, kept bytes included, with their Xet hash.
     assert_eq!(summary["verified_with"]["xet"], 3, "{summary}");
     let resumed = summary["resumed_bytes"].as_u64().expect("resumed");
@@ -238,10 +264,12 @@ fn corrupt_bytes_never_reach_the_snapshot() {
     ] {
         let mirror = Mirror::start(&root, mirror_args, &[]);
         let cache = tempfile::tempdir().expect("tempdir");
-        let (code, stdout, stderr) = pull(
+        // The Xet case written past the page cache: bad bytes are caught as well there.
+        let (code, stdout, stderr) = pull_with(
             &mirror,
             cache.path(),
             &["acme/shards", "--include", "model-00002-of-00003.safetensors"],
+            if check == "xet" { DIRECT } else { &[] },
         );
         assert_eq!(code, 1, "{check}: {stderr}");
         assert!(stdout.is_empty(), "{check}: {stdout}");

@@ -26,8 +26,9 @@
 //! hash on the next pull instead.
 //!
 //! The partial file is preallocated (`fallocate`) where the filesystem allows, so a
-//! disk that cannot hold the file fails before any byte is spent on it. A file of 64
-//! MiB or more is written and read back with `O_DIRECT`, past the page cache (`sink`).
+//! disk that cannot hold the file fails before any byte is spent on it. A file of a
+//! gigabyte or more is written and read back with `O_DIRECT`, past the page cache
+//! (`sink`).
 //!
 //! This file holds the job, its errors and [`fetch`], which prepares the partial
 //! file, runs the ranges and verifies the result; `ranges` is the fetch loop, `sink`

@@ -5,8 +5,8 @@
 //! more dirty pages wait for the disk than the kernel allows (`vm.dirty_ratio`) it
 //! holds the writer back until writeback catches up. For a model of 40–200 GB that is
 //! all cost and no gain: the pages cannot stay cached anyway, and filling the cache
-//! evicts what the machine had in it. So a file of at least [`DIRECT_MIN`] bytes (the
-//! weights, not the small files beside them) is gathered per range into aligned
+//! evicts what the machine had in it. So a file of at least [`DIRECT_MIN`] bytes (a
+//! shard of a large model) is gathered per range into aligned
 //! blocks of [`BLOCK`] bytes and written with `O_DIRECT`: the disk takes the bytes
 //! from our buffer. The hashing thread reads the blocks back the same way. The last
 //! partial page of a file (a size is rarely a multiple of [`ALIGN`]) goes through the
@@ -31,9 +31,12 @@ use std::time::{Duration, Instant};
 /// `buffered`.
 pub const IO_ENV: &str = "SOUS_PULL_IO";
 
-/// Files at least this large are written with `O_DIRECT` under `auto`: weights, not
-/// the configuration and tokenizer files beside them.
-pub const DIRECT_MIN: u64 = 64 << 20;
+/// Files at least this large are written with `O_DIRECT` under `auto`: the shards of a
+/// large model. A smaller file fits well within the dirty pages the kernel lets a writer
+/// keep, so the page cache takes it at memory speed and the hash reads it back from
+/// memory: the 269 MB SmolLM2 pulled in 0.29 s so and in 0.36 s past the page cache, its
+/// hash waiting on the disk (BENCHMARKS.md).
+pub const DIRECT_MIN: u64 = 1 << 30;
 
 /// Offsets, lengths and buffer addresses of direct I/O are multiples of this: the
 /// largest logical block size of common disks (512 or 4096 bytes).
@@ -67,7 +70,7 @@ impl Io {
             Some("direct") => Ok(Io::Direct),
             Some("buffered") => Ok(Io::Buffered),
             Some(v) => Err(format!(
-                "{IO_ENV}={v} is not a way sous writes: use `auto` (O_DIRECT for files of 64 MiB and more), `direct` or `buffered`"
+                "{IO_ENV}={v} is not a way sous writes: use `auto` (O_DIRECT for files of 1 GiB and more), `direct` or `buffered`"
             )),
         }
     }
@@ -403,7 +406,7 @@ mod tests {
         assert_eq!(writer.written(), bytes.len() as u64);
         assert_eq!(std::fs::read(&path).expect("read"), bytes);
 
-        for (io, size) in [(Io::Buffered, 1 << 30), (Io::Auto, DIRECT_MIN - 1)] {
+        for (io, size) in [(Io::Buffered, DIRECT_MIN), (Io::Auto, DIRECT_MIN - 1)] {
             let path = dir.path().join(format!("{io:?}"));
             let partial = Arc::new(Partial::open(&path, io, size).expect("open"));
             assert!(!partial.is_direct(), "{io:?} of {size} bytes");
