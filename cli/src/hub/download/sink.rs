@@ -21,7 +21,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,12 +105,7 @@ impl Partial {
             .write(true)
             .open(path)?;
         let direct = if io.wants_direct(size) {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(nix::libc::O_DIRECT)
-                .open(path)
-                .ok()
+            open_direct(OpenOptions::new().read(true).write(true), path).ok()
         } else {
             None
         };
@@ -171,16 +166,26 @@ impl Partial {
 /// to a probe file, which is removed.
 pub fn takes_direct(dir: &Path) -> bool {
     let path = dir.join(".sous-direct-probe");
-    let taken = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .custom_flags(nix::libc::O_DIRECT)
-        .open(&path)
+    let taken = open_direct(OpenOptions::new().create(true).truncate(true).write(true), &path)
         .and_then(|file| file.write_all_at(&Aligned::new().bytes()[..ALIGN], 0))
         .is_ok();
     let _ = std::fs::remove_file(&path);
     taken
+}
+
+/// Opens `path` with `options` and `O_DIRECT`, on Linux; elsewhere refuses, and every
+/// file goes through the page cache.
+fn open_direct(options: &mut OpenOptions, path: &Path) -> io::Result<File> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(nix::libc::O_DIRECT).open(path)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (options, path);
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
 }
 
 /// EINVAL from a direct transfer: this filesystem (or this block size) does not take
