@@ -103,7 +103,7 @@ pub struct PullReport {
     /// ranges' time for direct writes; the larger of the two.
     pub write_share: f64,
     /// What bounded the pull: `verification` (hashing added more than a tenth to the
-    /// download), `disk` (the workers spent more than half their time writing), else
+    /// download), `disk` (writes took more than half the time: `write_share`), else
     /// `download`.
     pub bound: &'static str,
     /// The SHA-256 implementation and the CPU path it took (`sha2 (SHA-NI)`).
@@ -542,8 +542,9 @@ pub async fn pull(
 
 /// What bounded a pull. Verification, when it added more than a tenth to the time the
 /// bytes took to arrive (the hash of the last megabytes always comes after them); else
-/// the disk, when the workers spent more than half their time inside writes (the kernel
-/// holds writers back once more dirty pages wait for the disk than it allows); else the
+/// the disk, when more than half the writers' time went inside writes (the kernel holds
+/// writers back once more dirty pages wait for the disk than it allows, and a direct
+/// write waits for the disk itself); else the
 /// download itself: the network, or on loopback the CPU that serves and receives.
 fn bound(tail: f64, verify_seconds: f64, write_share: f64) -> &'static str {
     if tail > 0.1 * (verify_seconds - tail).max(0.0) && tail > 0.05 {

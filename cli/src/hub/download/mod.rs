@@ -15,11 +15,10 @@
 //! Verification: a hash of the whole file against the one the Hub announced, computed
 //! by a thread that follows the ranges in file order as they complete (reading back
 //! from the page cache, or from the disk for a file written past it), so the hash is
-//! ready moments after the last byte arrives. For
-//! a file in Xet storage it is the Xet hash of its tree entry ([`xet`]: keyed BLAKE3
-//! over content-defined chunks, 5 times the speed of SHA-256 without SHA extensions,
-//! 1.6 times with them); for another LFS file the sha256 of its etag; for the rest the
-//! git blob sha1. `SOUS_VERIFY=sha256` checks the sha256 even where a Xet hash is
+//! ready moments after the last byte arrives. For a file in Xet storage it is the Xet
+//! hash of its tree entry ([`xet`]: keyed BLAKE3 over content-defined chunks, 5 times
+//! the speed of SHA-256 without SHA extensions, 1.6 times with them); for another LFS
+//! file the sha256 of its etag; for the rest the git blob sha1. `SOUS_VERIFY=sha256` checks the sha256 even where a Xet hash is
 //! given. A mismatch deletes the partial
 //! file and its state, so bad bytes never reach `blobs/` or `snapshots/`. Like
 //! huggingface_hub, the file is not fsynced: a torn write after a power cut fails the
@@ -307,7 +306,8 @@ pub struct Fetched {
 /// Counters a download bumps as it goes: bytes on disk, bytes verified.
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
-    /// Bytes of the file on disk (resumed ones included).
+    /// Bytes of the file received (resumed ones included): on disk, or in a block a
+    /// range is gathering for a direct write.
     pub written: Arc<AtomicU64>,
     /// Bytes hashed so far.
     pub verified: Arc<AtomicU64>,

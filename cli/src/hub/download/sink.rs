@@ -298,7 +298,10 @@ impl RangeWriter {
     /// for the disk); whether bytes reached the file. Called when a range ends: a block
     /// cut short elsewhere would leave the next ones unaligned.
     pub(super) async fn flush(&mut self) -> io::Result<bool> {
-        let Some(block) = self.block.take().filter(|_| self.len > 0) else {
+        if self.len == 0 {
+            return Ok(false);
+        }
+        let Some(block) = self.block.take() else {
             return Ok(false);
         };
         let (partial, len, offset) = (self.partial.clone(), self.len, self.start);
@@ -379,6 +382,8 @@ mod tests {
             push_all(&partial, &bytes[split..], split as u64, 65_536 + 7),
         );
         assert_eq!(first.written(), split as u64);
+        // The first range ended on a block's end: flushing nothing keeps its block.
+        assert_eq!(first.block.is_some(), partial.is_direct());
         assert_eq!(second.written(), size as u64);
         assert_eq!(std::fs::read(&path).expect("read"), bytes);
         // Where the filesystem takes direct I/O, the file kept it: no write was refused.
