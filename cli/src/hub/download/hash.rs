@@ -1,9 +1,10 @@
 //! Verification hashes: the Xet hash (files the Hub gave one for, `xet`), the sha256
 //! (other LFS files, with the backend `sha256` picks) or the git blob sha1 (the rest)
 //! of a whole file on disk ([`hash_file`]), or of a partial file read back in order
-//! (past the page cache where it was written so) as the ranges fill it (`hash_in_order`, woken by `Chunks`), so that the digest is
-//! ready moments after the last byte arrives. Comparing it with what the Hub
-//! announced, and deleting bad bytes, is `download`'s `fetch`.
+//! (past the page cache where it was written so) as the ranges fill it
+//! (`hash_in_order`, woken by `Chunks`), so that the digest is ready moments after the
+//! last byte arrives. Comparing it with what the Hub announced, and deleting bad
+//! bytes, is `download`'s `fetch`.
 
 use std::fs::File;
 use std::io::{self, Read};

@@ -126,39 +126,45 @@ impl Partial {
         self.direct.is_some() && !self.refused.load(Ordering::Relaxed)
     }
 
-    fn direct_for(&self, data: &[u8], offset: u64) -> Option<&File> {
-        let aligned = (data.as_ptr() as usize).is_multiple_of(ALIGN)
-            && data.len().is_multiple_of(ALIGN)
-            && offset.is_multiple_of(ALIGN as u64);
-        if aligned && !data.is_empty() && !self.refused.load(Ordering::Relaxed) {
-            self.direct.as_ref()
-        } else {
-            None
+    /// Runs `op` on the direct handle when the transfer of `len` bytes at `offset`,
+    /// from or into memory at `address`, is aligned and the file is direct; on the
+    /// page-cache handle otherwise, or when the filesystem refuses it (EINVAL), from
+    /// then on.
+    fn transfer(
+        &self,
+        address: usize,
+        len: usize,
+        offset: u64,
+        mut op: impl FnMut(&File) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let aligned =
+            address.is_multiple_of(ALIGN) && len.is_multiple_of(ALIGN) && offset.is_multiple_of(ALIGN as u64);
+        if let Some(direct) = self.direct.as_ref()
+            && aligned
+            && len > 0
+            && !self.refused.load(Ordering::Relaxed)
+        {
+            match op(direct) {
+                Err(e) if refuses_direct(&e) => self.refused.store(true, Ordering::Relaxed),
+                done => return done,
+            }
         }
+        op(&self.buffered)
     }
 
     /// Writes all of `data` at `offset`: directly when it is an aligned block and the
     /// file is direct, else through the page cache.
     pub(super) fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        if let Some(direct) = self.direct_for(data, offset) {
-            match direct.write_all_at(data, offset) {
-                Err(e) if refuses_direct(&e) => self.refused.store(true, Ordering::Relaxed),
-                done => return done,
-            }
-        }
-        self.buffered.write_all_at(data, offset)
+        self.transfer(data.as_ptr() as usize, data.len(), offset, |file| {
+            file.write_all_at(data, offset)
+        })
     }
 
     /// Fills `data` from `offset`, directly when it is an aligned block and the file is
     /// direct, else from the page cache.
     pub(super) fn read_exact_at(&self, data: &mut [u8], offset: u64) -> io::Result<()> {
-        if let Some(direct) = self.direct_for(data, offset) {
-            match direct.read_exact_at(data, offset) {
-                Err(e) if refuses_direct(&e) => self.refused.store(true, Ordering::Relaxed),
-                done => return done,
-            }
-        }
-        self.buffered.read_exact_at(data, offset)
+        let (address, len) = (data.as_ptr() as usize, data.len());
+        self.transfer(address, len, offset, |file| file.read_exact_at(data, offset))
     }
 }
 
