@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use minijinja::Value;
-use sous_engine::chat::{ChatError, ChatTemplate, RenderOptions, SpecialTokens};
+use sous_engine::chat::{ChatError, ChatTemplate, ChatTemplates, RenderOptions, SpecialTokens};
 
 fn fixture() -> serde_json::Value {
     let path =
@@ -23,6 +23,7 @@ fn special(fixture: &serde_json::Value) -> SpecialTokens {
         eos_token: get("eos_token"),
         unk_token: get("unk_token"),
         pad_token: get("pad_token"),
+        ..SpecialTokens::default()
     }
 }
 
@@ -44,7 +45,7 @@ fn options(case: &serde_json::Value, tools: Option<Value>) -> RenderOptions {
             .as_bool()
             .expect("add_generation_prompt"),
         tools,
-        documents: None,
+        ..RenderOptions::default()
     }
 }
 
@@ -101,4 +102,104 @@ fn key_order_survives_the_round_trip() {
     let direct: Value = serde_json::from_str(r#"{"z": 1, "a": 2}"#).expect("value");
     let keys: Vec<String> = direct.try_iter().expect("iter").map(|k| k.to_string()).collect();
     assert_eq!(keys, ["z", "a"]);
+}
+
+/// Model folders saved by transformers 5.17 itself, each with its template(s) in one of
+/// the places transformers reads them from (`tests/fixtures/chat-templates/`, made by
+/// `scripts/reference/chat_template_folders.py`): the template transformers picks and the
+/// text it renders, with and without tools and with template keyword arguments, or its
+/// refusal when named templates have no `default`.
+#[test]
+fn folders_saved_by_transformers_render_as_it_does() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/chat-templates");
+    let text = std::fs::read_to_string(root.join("cases.json")).expect("cases.json");
+    // Messages and tools as minijinja values, which keep the fixture's key order (the
+    // tool's schema is printed as transformers printed it).
+    let raw: Value = serde_json::from_str(&text).expect("minijinja value");
+    let cases: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let conversations = raw.get_attr("conversations").expect("conversations");
+    let message_of = |name: &str| {
+        conversations
+            .try_iter()
+            .expect("list")
+            .find(|c| c.get_attr("name").ok().as_ref().and_then(Value::as_str) == Some(name))
+            .and_then(|c| c.get_attr("messages").ok())
+            .unwrap_or_else(|| panic!("conversation {name}"))
+    };
+    let weather = raw.get_attr("weather_tool").expect("tool");
+    let folders = cases["folders"].as_object().expect("folders");
+    assert_eq!(folders.len(), 7);
+    for (name, folder) in folders {
+        let dir = root.join(name);
+        let config: Option<serde_json::Value> = std::fs::read(dir.join("tokenizer_config.json"))
+            .ok()
+            .map(|b| serde_json::from_slice(&b).expect("tokenizer_config.json"));
+        let templates = ChatTemplates::load(&dir, config.as_ref()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want_names: Vec<&str> = match folder["chat_template"]["kind"].as_str() {
+            Some("dict") => folder["chat_template"]["names"]
+                .as_array()
+                .expect("names")
+                .iter()
+                .filter_map(|n| n.as_str())
+                .collect(),
+            _ => Vec::new(),
+        };
+        assert_eq!(templates.names(), want_names, "{name}");
+        for case in folder["cases"].as_array().expect("cases") {
+            let label = format!("{name}: {case}");
+            let has_tools = case["tools"].as_bool().expect("tools");
+            let mut options = RenderOptions {
+                add_generation_prompt: true,
+                tools: has_tools.then(|| Value::from_iter([weather.clone()])),
+                ..RenderOptions::default()
+            };
+            for (key, value) in case["kwargs"].as_object().expect("kwargs") {
+                options
+                    .kwargs
+                    .insert(key.clone(), Value::from(minijinja::value::Serde(value)));
+            }
+            let messages = message_of(case["conversation"].as_str().expect("conversation"));
+            let got = templates
+                .select(has_tools)
+                .and_then(|t| t.render(&messages, &options));
+            match (case.get("rendered"), case.get("error")) {
+                (Some(want), _) => assert_eq!(got.expect(&label), want.as_str().expect("text"), "{label}"),
+                (None, Some(error)) => {
+                    let error = error.as_str().expect("error");
+                    assert!(error.contains("no default specified"), "{label}");
+                    assert!(matches!(got, Err(ChatError::NoDefault(_))), "{label}: {got:?}");
+                }
+                (None, None) => panic!("{label}: neither `rendered` nor `error`"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_folder_without_a_template_says_where_it_looked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = serde_json::json!({"eos_token": "</s>"});
+    let err = ChatTemplates::load(dir.path(), Some(&config)).expect_err("no template");
+    let message = err.to_string();
+    assert!(message.contains("chat_template.jinja"), "{message}");
+    assert!(message.contains("tokenizer_config.json"), "{message}");
+    // A processor's file is named, with what to do about it.
+    std::fs::write(
+        dir.path().join("chat_template.json"),
+        r#"{"chat_template": "{{ messages }}"}"#,
+    )
+    .expect("write");
+    let message = ChatTemplates::load(dir.path(), Some(&config))
+        .expect_err("still none")
+        .to_string();
+    assert!(
+        message.contains("chat_template.json is a processor's file"),
+        "{message}"
+    );
+    // A template that does not parse names its file.
+    std::fs::write(dir.path().join("chat_template.jinja"), "{% if %}").expect("write");
+    let message = ChatTemplates::load(dir.path(), Some(&config))
+        .expect_err("bad template")
+        .to_string();
+    assert!(message.contains("chat_template.jinja:"), "{message}");
 }

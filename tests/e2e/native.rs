@@ -615,3 +615,88 @@ fn a_native_engine_is_restarted_when_killed_and_replaced_without_a_gap() {
     new.signal("TERM");
     assert_eq!(new.wait(Duration::from_secs(20)), Some(0), "{}", new.stderr());
 }
+
+/// A model folder as transformers 5 saves it (the template in chat_template.jinja, a
+/// named `tool_use` template in additional_chat_templates/, none in
+/// tokenizer_config.json) is served chat as vLLM serves it: the default template for a
+/// conversation, `tool_use` for one with tools, `chat_template_kwargs` passed to the
+/// template, and a template sent with the request refused. The prompt token counts are
+/// those of the text transformers rendered (`tests/fixtures/chat-templates/cases.json`).
+#[test]
+fn a_folder_saved_by_transformers_5_is_served_chat() {
+    let _cpu = cpu_exclusive();
+    let Some(model) = smollm2() else { return };
+    let cases: Value = serde_json::from_slice(
+        &std::fs::read(root().join("tests/fixtures/chat-templates/cases.json")).expect("cases"),
+    )
+    .expect("cases JSON");
+    let tokenizer = tokenizers::Tokenizer::from_file(model.join("tokenizer.json")).expect("tokenizer");
+    let rendered_tokens = |folder: &str, tools: bool, kwargs: Value| {
+        let case = cases["folders"][folder]["cases"]
+            .as_array()
+            .expect("cases")
+            .iter()
+            .find(|c| c["conversation"] == "user" && c["tools"] == tools && c["kwargs"] == kwargs)
+            .expect("case");
+        let text = case["rendered"].as_str().expect("rendered");
+        tokenizer.encode(text, false).expect("encode").len() as u64
+    };
+    let user = json!([{"role": "user", "content": "What is the capital of France?"}]);
+    // The fixture's tool with its keys in the fixture's order (serde_json's maps sort
+    // them, and the template prints the schema as the client sent it).
+    let weather = r#"{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city, now.", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "e.g. Paris"}}, "required": ["city"]}}}"#;
+    assert_eq!(json_of(weather), cases["weather_tool"]);
+    let rt = runtime();
+    let client = reqwest::Client::new();
+    for folder in ["named", "thinking"] {
+        let saved = crate::util::saved_by_transformers(&model, folder);
+        let server = serve(saved.path(), "[serving]\nmax_model_len = 512", "", &[]);
+        let url = format!("{}/v1/chat/completions", server.url);
+        let ask = |body: Value| rt.block_on(post(&client, &url, &body.to_string(), None));
+        let base = json!({"model": "smollm2", "messages": user, "max_tokens": 4, "temperature": 0});
+
+        let (status, body) = ask(base.clone());
+        assert_eq!(status, 200, "{folder}: {body}");
+        let want = rendered_tokens(folder, false, json!({}));
+        assert_eq!(json_of(&body)["usage"]["prompt_tokens"], want, "{folder}: {body}");
+
+        let with_tools = format!(
+            "{{\"model\": \"smollm2\", \"messages\": {user}, \"max_tokens\": 4, \"temperature\": 0, \"tools\": [{weather}]}}"
+        );
+        let (status, body) = rt.block_on(post(&client, &url, &with_tools, None));
+        assert_eq!(status, 200, "{folder}: {body}");
+        let want = rendered_tokens(folder, true, json!({}));
+        assert_eq!(
+            json_of(&body)["usage"]["prompt_tokens"],
+            want,
+            "{folder} with tools: {body}"
+        );
+
+        let mut thinking_off = base.clone();
+        thinking_off["chat_template_kwargs"] = json!({"enable_thinking": false});
+        let (status, body) = ask(thinking_off);
+        assert_eq!(status, 200, "{folder}: {body}");
+        let want = rendered_tokens(folder, false, json!({"enable_thinking": false}));
+        assert_eq!(
+            json_of(&body)["usage"]["prompt_tokens"],
+            want,
+            "{folder} with kwargs: {body}"
+        );
+
+        let mut own = base.clone();
+        own["chat_template"] = json!("{{ messages }}");
+        let (status, body) = ask(own);
+        assert_eq!(status, 400, "{folder}: {body}");
+        assert!(body.contains("untrusted chat template"), "{body}");
+        drop(server);
+    }
+    // The two tool-less renderings differ only where the kwargs reach the template.
+    assert_ne!(
+        rendered_tokens("thinking", false, json!({})),
+        rendered_tokens("thinking", false, json!({"enable_thinking": false}))
+    );
+    assert_ne!(
+        rendered_tokens("named", false, json!({})),
+        rendered_tokens("named", true, json!({}))
+    );
+}

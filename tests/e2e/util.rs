@@ -430,3 +430,50 @@ pub fn cpu_exclusive() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// The SmolLM2 test model as a folder transformers 5 saved: its weights, config and
+/// tokenizer.json (byte-identical to what `save_pretrained` writes, which
+/// scripts/reference/chat_template_folders.py checks), with the tokenizer_config.json
+/// and chat template files of `tests/fixtures/chat-templates/<variant>/`, which
+/// transformers 5.17 wrote. The weights are linked, not copied.
+pub fn saved_by_transformers(model: &std::path::Path, variant: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for file in [
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+    ] {
+        std::os::unix::fs::symlink(model.join(file), dir.path().join(file)).expect("link");
+    }
+    let saved = root().join("tests/fixtures/chat-templates").join(variant);
+    for entry in walk(&saved) {
+        let relative = entry.strip_prefix(&saved).expect("inside");
+        let target = dir.path().join(relative);
+        std::fs::create_dir_all(target.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&entry, &target).expect("copy");
+    }
+    assert!(
+        !dir.path()
+            .join("tokenizer_config.json")
+            .metadata()
+            .is_ok_and(|m| m.len() == 0),
+        "{variant}: the fixture has a tokenizer_config.json"
+    );
+    dir
+}
+
+/// Every file under `dir`, recursively.
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}

@@ -100,13 +100,17 @@ pub struct Calibration {
 pub fn samples(dir: &Path, set: &CalibrationSet) -> Result<Vec<Vec<u32>>, QuantizeError> {
     let config = ModelConfig::read(dir).map_err(engine_error(dir))?;
     let text = TextModel::load(dir, &config.eos_token_ids).map_err(engine_error(dir))?;
-    let template = text.chat.as_ref().ok_or_else(|| QuantizeError::Calibration {
+    let no_template = |why: &str| QuantizeError::Calibration {
         message: format!(
-            "the model in `{}` has no chat template: {}",
-            dir.display(),
-            text.chat_missing.as_deref().unwrap_or("none found")
+            "the model in `{}` cannot calibrate on chat samples: {why}",
+            dir.display()
         ),
-    })?;
+    };
+    let templates = text
+        .chat
+        .as_ref()
+        .ok_or_else(|| no_template(text.chat_missing.as_deref().unwrap_or("it has no chat template")))?;
+    let template = templates.select(false).map_err(|e| no_template(&e.to_string()))?;
     let paragraphs: Vec<String> = set
         .text
         .split("\n\n")
@@ -125,11 +129,7 @@ pub fn samples(dir: &Path, set: &CalibrationSet) -> Result<Vec<Vec<u32>>, Quanti
             ),
         });
     }
-    let options = RenderOptions {
-        add_generation_prompt: false,
-        tools: None,
-        documents: None,
-    };
+    let options = RenderOptions::default();
     paragraphs
         .iter()
         .map(|p| {

@@ -535,7 +535,8 @@ fn inputs(source: &Source, request: &Request) -> Value {
         "shards": source.shards.iter().map(|s| json!([s.name, s.size, s.mtime_ns.to_string()])).collect::<Vec<_>>(),
         "files": other_files(&source.dir).iter().map(|p| {
             let meta = std::fs::metadata(p).ok();
-            json!([p.file_name().map(|n| n.to_string_lossy().into_owned()), meta.map(|m| m.len())])
+            let name = p.strip_prefix(&source.dir).unwrap_or(p).to_string_lossy().into_owned();
+            json!([name, meta.map(|m| m.len())])
         }).collect::<Vec<_>>(),
     })
 }
@@ -629,10 +630,28 @@ fn write_json(path: &Path, value: &Value) -> Result<(), QuantizeError> {
     std::fs::write(path, text).map_err(io(path))
 }
 
-/// Files weights do not live in: tokenizer, chat template, generation config,
+/// Files weights do not live in: tokenizer, chat templates (named ones in
+/// `additional_chat_templates/`, where transformers saves them), generation config,
 /// processor configs, README and licence. Weights in other formats, the old index and
-/// config, hidden files and subdirectories are left behind.
+/// config, hidden files and other subdirectories are left behind.
 fn other_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = top_level_files(dir);
+    let templates = dir.join(sous_engine::chat::TEMPLATES_DIR);
+    let mut named: Vec<PathBuf> = std::fs::read_dir(&templates)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    named.sort();
+    files.extend(named);
+    files
+}
+
+fn top_level_files(dir: &Path) -> Vec<PathBuf> {
     const WEIGHTS: &[&str] = &[
         ".safetensors",
         ".bin",
@@ -670,10 +689,14 @@ fn other_files(dir: &Path) -> Vec<PathBuf> {
 
 fn copy_other_files(from: &Path, to: &Path) -> Result<(), QuantizeError> {
     for path in other_files(from) {
-        if let Some(name) = path.file_name() {
-            let target = to.join(name);
-            std::fs::copy(&path, &target).map_err(io(&path))?;
+        let Ok(relative) = path.strip_prefix(from) else {
+            continue;
+        };
+        let target = to.join(relative);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
         }
+        std::fs::copy(&path, &target).map_err(io(&path))?;
     }
     Ok(())
 }

@@ -131,8 +131,9 @@ fn generation_prompts_tokenize_and_render_alike() {
     let config: Value =
         serde_json::from_slice(&std::fs::read(dir.join("tokenizer_config.json")).expect("tokenizer_config"))
             .expect("json");
-    let template =
-        sous_engine::chat::ChatTemplate::from_tokenizer_config(&config).expect("template compiles");
+    let templates = sous_engine::chat::ChatTemplates::load(&dir, Some(&config)).expect("template compiles");
+    assert_eq!(templates.origin(), "tokenizer_config.json");
+    let template = templates.select(false).expect("one template");
     let chat = fixture("chat_template_cases.json");
     assert_eq!(
         config["chat_template"], chat["template"],

@@ -7,14 +7,14 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use super::NativeError;
-use crate::chat::ChatTemplate;
+use crate::chat::ChatTemplates;
 
 /// Everything text-related about a model directory.
 pub struct TextModel {
     /// The tokenizer (`tokenizer.json`).
     pub tokenizer: Tokenizer,
-    /// The chat template, if the model has one.
-    pub chat: Option<ChatTemplate>,
+    /// The chat templates, if the model has any (read as transformers reads them).
+    pub chat: Option<ChatTemplates>,
     /// Why there is no chat template, if there is none.
     pub chat_missing: Option<String>,
     /// End-of-sequence ids: the generation config's, the model config's and the
@@ -71,8 +71,9 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
 }
 
 impl TextModel {
-    /// Reads `tokenizer.json`, `tokenizer_config.json` and `generation_config.json` of
-    /// `dir`; `config_eos` are the model config's end-of-sequence ids.
+    /// Reads `tokenizer.json`, `tokenizer_config.json`, the chat templates and
+    /// `generation_config.json` of `dir`; `config_eos` are the model config's
+    /// end-of-sequence ids.
     pub fn load(dir: &Path, config_eos: &[u32]) -> Result<TextModel, NativeError> {
         let path = dir.join("tokenizer.json");
         if !path.exists() {
@@ -86,12 +87,10 @@ impl TextModel {
             message: format!("not a readable tokenizer: {e}"),
         })?;
         let tokenizer_config = read_json(&dir.join("tokenizer_config.json"))?;
-        let (chat, chat_missing) = match &tokenizer_config {
-            Some(config) => match ChatTemplate::from_tokenizer_config(config) {
-                Ok(t) => (Some(t), None),
-                Err(e) => (None, Some(e.to_string())),
-            },
-            None => (None, Some("the model has no tokenizer_config.json".to_owned())),
+        // A model without a usable template still serves text completions.
+        let (chat, chat_missing) = match ChatTemplates::load(dir, tokenizer_config.as_ref()) {
+            Ok(t) => (Some(t), None),
+            Err(e) => (None, Some(e.to_string())),
         };
         let generation = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
         let mut eos = ids(generation.get("eos_token_id"));

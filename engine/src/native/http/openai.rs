@@ -103,7 +103,13 @@ pub(super) struct ChatBody {
     pub(super) logprobs: bool,
     pub(super) top_logprobs: Option<i64>,
     pub(super) add_generation_prompt: Option<bool>,
-    pub(super) tools: Option<Value>,
+    /// Read straight into template values, which keep the client's key order (a tool's
+    /// JSON schema is printed into the prompt as sent, as transformers prints it).
+    pub(super) tools: Option<minijinja::Value>,
+    /// Variables for the chat template (vLLM's extra field), e.g. `enable_thinking`.
+    pub(super) chat_template_kwargs: Option<std::collections::BTreeMap<String, minijinja::Value>>,
+    /// A template sent with the request: refused, as vLLM refuses it by default.
+    pub(super) chat_template: Option<String>,
     #[serde(flatten)]
     pub(super) common: Common,
 }

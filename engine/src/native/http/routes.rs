@@ -152,19 +152,34 @@ async fn chat_inner(app: Arc<App>, headers: HeaderMap, body: Bytes) -> Result<Re
         return Err(ApiError::field("messages", "`messages` is empty"));
     }
     flatten_content(&mut req.messages)?;
-    let Some(template) = &app.text.chat else {
+    let Some(templates) = &app.text.chat else {
         return Err(ApiError::bad(format!(
-            "this model has no chat template ({}); use /v1/completions",
-            app.text.chat_missing.as_deref().unwrap_or("none")
+            "{}; use /v1/completions",
+            app.text
+                .chat_missing
+                .as_deref()
+                .unwrap_or("this model has no chat template")
         )));
     };
+    // vLLM refuses a template sent with the request unless its server trusts them
+    // (`--trust-request-chat-template`, `renderers/online_renderer.py`
+    // `validate_chat_template` of 0.32); the native engine has no such switch.
+    let kwargs = req.chat_template_kwargs.take().unwrap_or_default();
+    if req.chat_template.is_some() || kwargs.get("chat_template").is_some_and(|t| !t.is_none()) {
+        return Err(ApiError::field(
+            "chat_template",
+            "Chat template is passed with request, but the native engine only renders the model's own \
+             templates. Refused request with untrusted chat template.",
+        ));
+    }
+    let template = templates
+        .select(req.tools.is_some())
+        .map_err(|e| ApiError::field("messages", e.to_string()))?;
     let options = RenderOptions {
         add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
-        tools: req
-            .tools
-            .as_ref()
-            .map(|t| minijinja::Value::from(minijinja::value::Serde(t))),
+        tools: req.tools.take(),
         documents: None,
+        kwargs,
     };
     let prompt_text = template
         .render(&req.messages, &options)
