@@ -5,16 +5,20 @@ digests of `weight_packed` and `weight_scale`, and the `quantization_config` of
 config.json. Run by hand, never in CI (it needs PyTorch):
 
     python scripts/reference/nvfp4_w4a4_reference.py MODEL_DIR OUT.json [--samples N] [--seq-len L] [--dtype D]
+        [--format chat|text]
 
 with llmcompressor==0.14.0.1, compressed-tensors==0.19.0, torch==2.14.0 and
 transformers==5.17.0 (llmcompressor's pins).
 
-Calibration samples: the paragraphs of scripts/bench/data/alice-chapter1.txt (Lewis
-Carroll, 1865, public domain), each as one user message through the model's own chat
-template (`apply_chat_template(tokenize=False)`, then the tokenizer with
-`add_special_tokens=False`, truncated to L tokens), as llm-compressor's
-`examples/quantization_w4a4_fp4/llama3_example.py` prepares ultrachat. The token ids go
-into the fixture, so sous calibrates on exactly the same ids.
+Calibration samples (`--format chat`, the default): the paragraphs of
+scripts/bench/data/alice-chapter1.txt (Lewis Carroll, 1865, public domain), each as one user
+message through the model's own chat template (`apply_chat_template(tokenize=False)`, then
+the tokenizer with `add_special_tokens=False`, truncated to L tokens), as llm-compressor's
+`examples/quantization_w4a4_fp4/llama3_example.py` prepares ultrachat. `--format text`: the
+whole text tokenized once without special tokens and cut into consecutive windows of exactly
+L tokens, the first N of them (how calibration on a plain corpus is prepared: AutoAWQ's
+`get_calib_dataset` concatenates and splits into blocks of the sequence length). The token
+ids go into the fixture, so sous calibrates on exactly the same ids.
 
 `--dtype float32` loads the bf16 weights widened to float32 (exactly), so the model runs,
 and its scales are computed, in f32 arithmetic: the reference for sous calibrating a
@@ -39,6 +43,15 @@ from llmcompressor import oneshot
 from llmcompressor.modifiers.quantization import QuantizationModifier
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def windows(tokenizer, count, seq_len, path):
+    text = Path(path).read_text(encoding="utf-8")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    out = [ids[i * seq_len : (i + 1) * seq_len] for i in range(len(ids) // seq_len)][:count]
+    if len(out) < count:
+        sys.exit(f"{path}: {len(ids)} tokens hold {len(out)} windows of {seq_len}, fewer than {count}")
+    return out
 
 
 def samples(tokenizer, count, seq_len, path):
@@ -66,10 +79,13 @@ def main():
                         help="calibration text (paragraphs split at blank lines), as `sous quantize --calibration`")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                         help="the dtype the model is loaded in (and so calibrated and quantized in)")
+    parser.add_argument("--format", choices=["chat", "text"], default="chat",
+                        help="paragraphs through the chat template, or consecutive windows of the plain text")
     args = parser.parse_args()
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    ids = samples(tokenizer, args.samples, args.seq_len, args.text)
+    prepare = windows if args.format == "text" else samples
+    ids = prepare(tokenizer, args.samples, args.seq_len, args.text)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
     dataset = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]})
     recipe = QuantizationModifier(targets="Linear", scheme="NVFP4", ignore=["lm_head"])
@@ -106,7 +122,7 @@ def main():
         "made_by": (
             f"scripts/reference/nvfp4_w4a4_reference.py: llmcompressor {llmcompressor.__version__}, "
             f"compressed-tensors {compressed_tensors.__version__}, torch {torch.__version__}, {args.dtype} model, "
-            f"{len(ids)} samples of at most {args.seq_len} tokens, one per forward"
+            f"{len(ids)} {args.format} samples of at most {args.seq_len} tokens, one per forward"
         ),
         "calibration_input_ids": ids,
         "quantization_config": config["quantization_config"],

@@ -346,6 +346,37 @@ fn calibration_comes_from_the_recipe_and_the_flags() {
     assert_eq!(calibration["samples"], json!(1));
     assert_eq!(calibration["tokens"], json!(16));
     assert_ne!(calibration["input_global_scale"], from_recipe);
+    // Windows of the plain text instead of paragraphs through the chat template, from
+    // the recipe: two whole windows of 24 tokens.
+    let text_recipe = recipes.join("w4a4-text.toml");
+    std::fs::write(
+        &text_recipe,
+        std::fs::read_to_string(&recipe)
+            .expect("recipe")
+            .replace("samples = 2", "calibration_format = \"text\"\nsamples = 2"),
+    )
+    .expect("recipe");
+    let mut cmd = sous();
+    cmd.args(["quantize", "--recipe", path(&text_recipe), "--out", path(&out)])
+        .args(["--force", "--json", "--quiet"]);
+    let (code, stdout, stderr) = run(&mut cmd);
+    assert_eq!(code, 0, "{stderr}");
+    let calibration = json(&stdout)["calibration"].clone();
+    assert_eq!(calibration["format"], json!("text"));
+    assert_eq!(calibration["tokens"], json!(48));
+    // The key belongs to W4A4.
+    let a16 = recipes.join("a16-text.toml");
+    std::fs::write(
+        &a16,
+        format!(
+            "[model]\npath = \"{}\"\n\n[quantize]\nscheme = \"nvfp4a16\"\ncalibration_format = \"text\"\n\n[engine]\nkind = \"native\"\n",
+            model.display()
+        ),
+    )
+    .expect("recipe");
+    let (code, _, stderr) = run(sous().args(["recipe", "check", path(&a16)]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("quantize.calibration_format"), "{stderr}");
     // A missing file is named, and nothing is written.
     let (code, _, stderr) = run(sous()
         .args([
@@ -395,4 +426,95 @@ fn concurrent_runs_into_one_output_take_turns() {
         .filter(|e| e.file_name().to_string_lossy().contains("sous-tmp"))
         .collect();
     assert!(staging.is_empty(), "a staging directory was left behind");
+}
+
+/// W4A4 calibration reads the chat template where transformers 5 saves it
+/// (chat_template.jinja), with the same samples as the template in
+/// tokenizer_config.json gives; the checkpoint keeps the named templates; a model whose
+/// named templates have no `default` calibrates on plain text windows instead.
+#[test]
+fn w4a4_calibrates_folders_saved_by_transformers_5() {
+    let Some(model) = crate::util::smollm2() else {
+        return;
+    };
+    let work = tempfile::tempdir().expect("tempdir");
+    let calibrate = |source: &Path, out: &str, extra: &[&str]| {
+        let out = work.path().join(out);
+        let mut args = vec![
+            path(source),
+            "--out",
+            path(&out),
+            "--scheme",
+            "nvfp4",
+            "--json",
+            "--quiet",
+        ];
+        args.extend(extra);
+        if !extra.contains(&"--samples") {
+            args.extend(["--samples", "2", "--seq-len", "64"]);
+        }
+        let (code, stdout, stderr) = quantize(&args, &[]);
+        (code, (code == 0).then(|| json(&stdout)), stderr, out)
+    };
+    // The imported model keeps its template in tokenizer_config.json; the same template
+    // saved by transformers 5 is in chat_template.jinja: the same ids, so the same scales.
+    let (code, legacy, stderr, _) = calibrate(&model, "legacy", &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let legacy = legacy.expect("summary");
+    let named = crate::util::saved_by_transformers(&model, "named");
+    let (code, saved, stderr, out) = calibrate(named.path(), "named", &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let saved = saved.expect("summary");
+    assert_eq!(saved["calibration"]["format"], "chat");
+    assert_eq!(saved["calibration"]["tokens"], legacy["calibration"]["tokens"]);
+    assert_eq!(
+        saved["calibration"]["input_global_scale"],
+        legacy["calibration"]["input_global_scale"]
+    );
+    for file in ["chat_template.jinja", "additional_chat_templates/tool_use.jinja"] {
+        assert_eq!(
+            std::fs::read(out.join(file)).expect(file),
+            std::fs::read(named.path().join(file)).expect(file),
+            "{file} is copied into the checkpoint"
+        );
+    }
+
+    // Named templates without `default`: transformers picks none for a conversation.
+    let extras = crate::util::saved_by_transformers(&model, "extras-only");
+    let (code, _, stderr, out) = calibrate(extras.path(), "extras", &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("none is named `default`") && stderr.contains("--calibration-format text"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing is written");
+    let (code, text, stderr, _) = calibrate(extras.path(), "extras", &["--calibration-format", "text"]);
+    assert_eq!(code, 0, "{stderr}");
+    let text = text.expect("summary");
+    assert_eq!(text["calibration"]["format"], "text");
+    assert_eq!(text["calibration"]["samples"], json!(2));
+    assert_eq!(
+        text["calibration"]["tokens"],
+        json!(128),
+        "two whole windows of 64"
+    );
+
+    // More windows than the text holds: the counts, and what would fit.
+    let (code, _, stderr, _) = calibrate(
+        extras.path(),
+        "too-many",
+        &[
+            "--calibration-format",
+            "text",
+            "--samples",
+            "16",
+            "--seq-len",
+            "512",
+        ],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("2938 tokens long: 5 windows of 512 tokens") && stderr.contains("--seq-len 183"),
+        "{stderr}"
+    );
 }

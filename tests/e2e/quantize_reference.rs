@@ -493,6 +493,92 @@ fn smollm2_w4a4_in_f32_matches_llm_compressor_to_a_few_ulps() {
     assert_w4a4_config(&target, &fixture);
 }
 
+/// W4A4 calibrated on plain text (`--calibration-format text`): the builtin chapter
+/// tokenized whole without special tokens and cut into consecutive windows of 256
+/// tokens, all 11 it holds, beside llm-compressor's `oneshot` on the same windows
+/// (`smollm2-135m-instruct.w4a4-text-f32.llmcompressor.json`, made by
+/// `nvfp4_w4a4_reference.py --format text --samples 11 --seq-len 256 --dtype float32`).
+/// The windows are the fixture's token for token; in f32 both tools do the same
+/// arithmetic, so every activation scale agrees far inside 0.5 %; the weights are the
+/// reference's, and those of the same weights calibrated on chat samples.
+#[test]
+fn smollm2_w4a4_on_text_windows_matches_llm_compressor() {
+    let Some(model) = smollm2() else { return };
+    let fixture: Value = serde_json::from_slice(
+        &std::fs::read(
+            root().join("tests/fixtures/nvfp4/smollm2-135m-instruct.w4a4-text-f32.llmcompressor.json"),
+        )
+        .expect("fixture"),
+    )
+    .expect("fixture JSON");
+    // The windows: the same ids as transformers' tokenizer gave llm-compressor.
+    let tokenizer = tokenizers::Tokenizer::from_file(model.join("tokenizer.json")).expect("tokenizer");
+    let text = std::fs::read_to_string(root().join("scripts/bench/data/alice-chapter1.txt")).expect("text");
+    let ids = tokenizer
+        .encode(text.as_str(), false)
+        .expect("encode")
+        .get_ids()
+        .to_vec();
+    let windows: Vec<Vec<u32>> = ids.chunks_exact(256).map(<[u32]>::to_vec).collect();
+    let want: Vec<Vec<u32>> = serde_json::from_value(fixture["calibration_input_ids"].clone()).expect("ids");
+    assert_eq!(windows.len(), 11, "{} tokens", ids.len());
+    assert_eq!(windows, want, "the windows are the reference's");
+
+    let out = tempfile::tempdir().expect("tempdir");
+    let source = out.path().join("smollm2-f32");
+    crate::quantize_util::widen_to_f32(&model, &source);
+    let target = out.path().join("smollm2-f32-text");
+    let (code, stdout, stderr) = quantize(
+        &[
+            path(&source),
+            "--out",
+            path(&target),
+            "--scheme",
+            "nvfp4",
+            "--calibration-format",
+            "text",
+            "--samples",
+            "11",
+            "--seq-len",
+            "256",
+            "--json",
+            "--quiet",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let summary = json(&stdout);
+    let calibration = &summary["calibration"];
+    assert_eq!(calibration["format"], json!("text"));
+    assert_eq!(calibration["tokens"], json!(11 * 256));
+    let (tensors, _) = read_tensors(&target);
+    let Agreement { equal, worst } = beside_llm_compressor(&fixture, &tensors, calibration);
+    eprintln!(
+        "W4A4 on text windows, f32: {equal} of 210 input_global_scale equal to llm-compressor's; largest difference {:.5} % ({})",
+        worst.0 * 100.0,
+        worst.1
+    );
+    // The bound of the chat samples' f32 test, fifty times inside 0.5 %: what is left
+    // is the order of f32 sums.
+    assert!(worst.0 < 1e-4, "{}", worst.1);
+    assert_w4a4_config(&target, &fixture);
+    // The weights do not depend on the calibration: the chat-sample fixture's bytes.
+    let chat: Value = serde_json::from_slice(
+        &std::fs::read(root().join("tests/fixtures/nvfp4/smollm2-135m-instruct.w4a4-f32.llmcompressor.json"))
+            .expect("chat fixture"),
+    )
+    .expect("chat fixture JSON");
+    for (module, want) in chat["tensors"].as_object().expect("tensors") {
+        for kind in ["weight_packed", "weight_scale"] {
+            assert_eq!(
+                sha256(&tensors[&format!("{module}.{kind}")].data),
+                want[format!("{kind}_sha256")].as_str().expect("digest"),
+                "{module}.{kind}"
+            );
+        }
+    }
+}
+
 /// How close a checkpoint's activation scales are to the reference's.
 struct Agreement {
     /// Scales with the same bits.

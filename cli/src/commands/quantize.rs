@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 use sous_engine::recipe::{
-    ByteSize, Calibration, CalibrationText, DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SEQ_LEN,
-    DEFAULT_REVISION, QuantFormat, QuantScheme,
+    ByteSize, Calibration, CalibrationFormat, CalibrationText, DEFAULT_CALIBRATION_SAMPLES,
+    DEFAULT_CALIBRATION_SEQ_LEN, DEFAULT_REVISION, QuantFormat, QuantScheme,
 };
 use sous_engine::size::human;
 
@@ -41,17 +41,23 @@ pub struct QuantizeArgs {
     #[arg(long, value_enum, default_value_t = SchemeArg::Nvfp4a16, conflicts_with = "recipe")]
     scheme: SchemeArg,
     /// W4A4 calibration text: `builtin` (chapter I of Alice's Adventures in Wonderland,
-    /// public domain) or a UTF-8 text file; paragraphs (split at blank lines) longer than
-    /// 200 characters become samples, each a user message through the chat template.
-    /// Default: the recipe's `quantize.calibration`, else `builtin`.
+    /// public domain) or a UTF-8 text file. Default: the recipe's
+    /// `quantize.calibration`, else `builtin`.
     #[arg(long, value_name = "builtin|FILE")]
     calibration: Option<String>,
-    /// W4A4: calibration samples (the first N paragraphs). Default: the recipe's
-    /// `quantize.samples`, else 16.
+    /// W4A4: how the text becomes samples. `chat`: paragraphs (split at blank lines)
+    /// longer than 200 characters, each a user message through the model's chat
+    /// template. `text`: the text tokenized whole, without special tokens, in
+    /// consecutive windows of --seq-len tokens (base models, plain corpora). Default:
+    /// the recipe's `quantize.calibration_format`, else `chat`.
+    #[arg(long, value_enum, value_name = "chat|text")]
+    calibration_format: Option<CalibrationFormatArg>,
+    /// W4A4: calibration samples (the first N paragraphs or windows). Default: the
+    /// recipe's `quantize.samples`, else 16.
     #[arg(long, value_name = "N")]
     samples: Option<usize>,
-    /// W4A4: longest calibration sample, in tokens. Default: the recipe's
-    /// `quantize.seq_len`, else 512.
+    /// W4A4: longest calibration sample (`chat`), or every window (`text`), in tokens.
+    /// Default: the recipe's `quantize.seq_len`, else 512.
     #[arg(long, value_name = "TOKENS")]
     seq_len: Option<usize>,
     /// Where the kernels run: `cpu`, or `cuda` / `cuda:N` (an NVIDIA GPU through its
@@ -99,6 +105,12 @@ pub struct QuantizeArgs {
 enum SchemeArg {
     Nvfp4a16,
     Nvfp4,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum CalibrationFormatArg {
+    Chat,
+    Text,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -243,11 +255,15 @@ fn calibration_set(
     base: Option<Calibration>,
     needs: &str,
 ) -> anyhow::Result<Option<CalibrationSet>> {
-    let flags = args.calibration.is_some() || args.samples.is_some() || args.seq_len.is_some();
+    let flags = args.calibration.is_some()
+        || args.calibration_format.is_some()
+        || args.samples.is_some()
+        || args.seq_len.is_some();
     let Some(mut spec) = base else {
         if flags {
             return Err(UserError::new(
-                "--calibration, --samples and --seq-len are for W4A4 (scheme nvfp4), which calibrates activation scales",
+                "--calibration, --calibration-format, --samples and --seq-len are for W4A4 (scheme nvfp4), which \
+                 calibrates activation scales",
                 Some(&format!("drop them, or use {needs}")),
             )
             .into());
@@ -258,6 +274,12 @@ fn calibration_set(
         spec.text = match text.as_str() {
             "builtin" => CalibrationText::Builtin,
             file => CalibrationText::File(file.into()),
+        };
+    }
+    if let Some(format) = args.calibration_format {
+        spec.format = match format {
+            CalibrationFormatArg::Chat => CalibrationFormat::Chat,
+            CalibrationFormatArg::Text => CalibrationFormat::Text,
         };
     }
     spec.samples = args.samples.unwrap_or(spec.samples);
@@ -277,6 +299,7 @@ fn calibration_set(
 fn default_calibration() -> Calibration {
     Calibration {
         text: CalibrationText::Builtin,
+        format: CalibrationFormat::default(),
         samples: DEFAULT_CALIBRATION_SAMPLES,
         seq_len: DEFAULT_CALIBRATION_SEQ_LEN,
     }

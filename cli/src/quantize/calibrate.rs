@@ -12,12 +12,18 @@
 //! calibration holds one layer's weights and every sample's hidden states, not the
 //! whole model; the ranges are those of whole passes, bit for bit.
 //!
-//! Samples: paragraphs of a text file (split at blank lines, whitespace joined;
-//! paragraphs of 200 characters or fewer are skipped), the first N, each as one user
-//! message through the model's chat template (no generation prompt), tokenized
-//! without added special tokens and cut to `seq_len` tokens: how llm-compressor's
-//! examples prepare chat data. `builtin` is chapter I of Lewis Carroll's *Alice's
-//! Adventures in Wonderland* (1865, public domain; Project Gutenberg eBook #11).
+//! Samples, `chat` (the default): paragraphs of a text file (split at blank lines,
+//! whitespace joined; paragraphs of 200 characters or fewer are skipped), the first N,
+//! each as one user message through the model's chat template (no generation prompt),
+//! tokenized without added special tokens and cut to `seq_len` tokens: how
+//! llm-compressor's examples prepare chat data (`examples/quantization_w4a4_fp4/`,
+//! ultrachat through `apply_chat_template`). `text`: the whole file tokenized once
+//! without special tokens and cut into consecutive windows of exactly `seq_len` tokens,
+//! the first N: how calibration on a plain corpus is prepared (AutoAWQ's
+//! `get_calib_dataset` concatenates its samples and splits them into blocks of the
+//! sequence length), and what a base model without a chat template needs. `builtin` is
+//! chapter I of Lewis Carroll's *Alice's Adventures in Wonderland* (1865, public domain;
+//! Project Gutenberg eBook #11).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -29,7 +35,7 @@ use sous_engine::native::config::ModelConfig;
 use sous_engine::native::model::{LayerInputs, Model};
 use sous_engine::native::text::TextModel;
 use sous_engine::native::weights::{Checkpoint, Precision};
-use sous_engine::recipe::CalibrationText;
+use sous_engine::recipe::{CalibrationFormat, CalibrationText};
 use sous_engine::reporter::{Reporter, Task};
 
 use super::error::QuantizeError;
@@ -47,6 +53,8 @@ pub struct CalibrationSet {
     pub text: String,
     /// Where it came from (`builtin` or a path), for the summary.
     pub source: String,
+    /// Paragraphs through the chat template, or windows of the plain text.
+    pub format: CalibrationFormat,
     /// Samples to take.
     pub samples: usize,
     /// Longest sample, in tokens.
@@ -69,6 +77,7 @@ impl CalibrationSet {
         Ok(CalibrationSet {
             text,
             source: spec.text.as_arg(),
+            format: spec.format,
             samples: spec.samples,
             seq_len: spec.seq_len,
         })
@@ -100,10 +109,53 @@ pub struct Calibration {
 pub fn samples(dir: &Path, set: &CalibrationSet) -> Result<Vec<Vec<u32>>, QuantizeError> {
     let config = ModelConfig::read(dir).map_err(engine_error(dir))?;
     let text = TextModel::load(dir, &config.eos_token_ids).map_err(engine_error(dir))?;
+    match set.format {
+        CalibrationFormat::Chat => chat_samples(dir, &text, set),
+        CalibrationFormat::Text => text_windows(&text, set),
+    }
+}
+
+/// Consecutive windows of exactly `seq_len` tokens of the whole text, the first N.
+fn text_windows(text: &TextModel, set: &CalibrationSet) -> Result<Vec<Vec<u32>>, QuantizeError> {
+    let ids = text
+        .encode(&set.text, false)
+        .map_err(|message| QuantizeError::Calibration { message })?;
+    let windows: Vec<Vec<u32>> = ids
+        .chunks_exact(set.seq_len)
+        .take(set.samples)
+        .map(<[u32]>::to_vec)
+        .collect();
+    if windows.len() < set.samples {
+        let held = ids.len() / set.seq_len;
+        return Err(QuantizeError::Calibration {
+            message: format!(
+                "the calibration text `{}` is {} tokens long: {held} windows of {} tokens, fewer than the {} samples \
+                 asked for; \
+                 give a longer text, fewer --samples{}",
+                set.source,
+                ids.len(),
+                set.seq_len,
+                set.samples,
+                match ids.len() / set.samples {
+                    0 => String::new(),
+                    len => format!(
+                        ", or --seq-len {len} (the longest window that gives {} samples)",
+                        set.samples
+                    ),
+                }
+            ),
+        });
+    }
+    Ok(windows)
+}
+
+/// The first N long paragraphs, each a user message through the chat template.
+fn chat_samples(dir: &Path, text: &TextModel, set: &CalibrationSet) -> Result<Vec<Vec<u32>>, QuantizeError> {
     let no_template = |why: &str| QuantizeError::Calibration {
         message: format!(
-            "the model in `{}` cannot calibrate on chat samples: {why}",
-            dir.display()
+            "the model in `{}` cannot calibrate on chat samples: {why}; calibrate on plain text instead \
+             (`--calibration-format text`, `quantize.calibration_format = \"text\"`)",
+            dir.display(),
         ),
     };
     let templates = text

@@ -152,6 +152,8 @@ pub struct Summary {
 pub struct CalibrationSummary {
     /// `builtin` or the file.
     pub source: String,
+    /// How the text became samples: `chat` or `text`.
+    pub format: String,
     /// Samples run.
     pub samples: usize,
     /// Tokens run.
@@ -339,6 +341,7 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
             .collect(),
         calibration: calibration.as_ref().map(|c| CalibrationSummary {
             source: c.source.clone(),
+            format: calibration_set.map_or("chat", |s| s.format.as_str()).to_owned(),
             samples: c.samples,
             tokens: c.tokens,
             bf16: c.bf16,
@@ -528,7 +531,7 @@ fn inputs(source: &Source, request: &Request) -> Value {
         "max_shard_bytes": request.max_shard_bytes,
         "digests": request.digests,
         "calibration": request.calibration.as_ref().filter(|_| request.scheme == QuantScheme::Nvfp4).map(|c| {
-            json!([c.source, hex::encode(Sha256::digest(c.text.as_bytes())), c.samples, c.seq_len])
+            json!([c.source, c.format.as_str(), hex::encode(Sha256::digest(c.text.as_bytes())), c.samples, c.seq_len])
         }),
         "provenance": request.provenance.as_ref().map(|p| (&p.repo, &p.commit)),
         "config_sha256": hex::encode(Sha256::digest(&source.config_bytes)),

@@ -117,18 +117,28 @@ pub struct QuantizeSection {
 
     /// Scheme `nvfp4` only: the text the native engine runs the model over to measure
     /// activation ranges. `builtin` (chapter I of *Alice's Adventures in Wonderland*,
-    /// public domain) or a UTF-8 text file, relative to the recipe file that names it;
-    /// paragraphs longer than 200 characters become samples, each a user message through
-    /// the model's chat template. Default: `builtin`.
+    /// public domain) or a UTF-8 text file, relative to the recipe file that names it.
+    /// Default: `builtin`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<String>,
 
-    /// Scheme `nvfp4` only: calibration samples (the first N paragraphs). Default: 16.
+    /// Scheme `nvfp4` only: how the text becomes samples. `chat`: paragraphs longer than
+    /// 200 characters, each a user message through the model's chat template, cut to
+    /// `seq_len` tokens (llm-compressor's NVFP4 examples calibrate on chat data this way;
+    /// an instruct model is served chat). `text`: the whole text tokenized without special
+    /// tokens and cut into consecutive windows of exactly `seq_len` tokens (calibration on
+    /// a plain corpus, for base models without a chat template). Default: `chat`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration_format: Option<CalibrationFormat>,
+
+    /// Scheme `nvfp4` only: calibration samples (the first N paragraphs or windows).
+    /// Default: 16.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub samples: Option<u32>,
 
-    /// Scheme `nvfp4` only: longest calibration sample, in tokens. Default: 512.
+    /// Scheme `nvfp4` only: longest calibration sample (`chat`), or the length of every
+    /// window (`text`), in tokens. Default: 512.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub seq_len: Option<u32>,
@@ -138,6 +148,27 @@ pub struct QuantizeSection {
     /// device. Default: `cpu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+}
+
+/// How calibration text becomes samples (`quantize.calibration_format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CalibrationFormat {
+    /// Paragraphs, each a user message through the chat template.
+    #[default]
+    Chat,
+    /// Consecutive windows of the plain text.
+    Text,
+}
+
+impl CalibrationFormat {
+    /// As a recipe or a flag writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CalibrationFormat::Chat => "chat",
+            CalibrationFormat::Text => "text",
+        }
+    }
 }
 
 /// NVFP4 quantization schemes.

@@ -11,9 +11,9 @@ pub mod schema;
 pub use crate::size::{ByteSize, ByteSizeError};
 pub use error::{At, Location, RecipeError, closest};
 pub use file::{
-    AccessMode, DeploySection, EmbeddingDtype, EngineKind, EngineSection, KvCacheDtype, MemorySection,
-    ModelDtype, ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeFile, Runtime, ServerSection,
-    ServingSection, SpeculativeSection, StorageSection, TolerationSection,
+    AccessMode, CalibrationFormat, DeploySection, EmbeddingDtype, EngineKind, EngineSection, KvCacheDtype,
+    MemorySection, ModelDtype, ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeFile, Runtime,
+    ServerSection, ServingSection, SpeculativeSection, StorageSection, TolerationSection,
 };
 pub use load::{ENV_PREFIX, Overrides, Provenance};
 pub use resolve::{

@@ -206,6 +206,7 @@ impl Recipe {
                 format: Some(q.format),
                 ignore: q.ignore.clone(),
                 calibration: q.calibration.as_ref().map(|c| c.text.as_arg()),
+                calibration_format: q.calibration.as_ref().map(|c| c.format),
                 samples: q.calibration.as_ref().map(|c| c.samples as u32),
                 seq_len: q.calibration.as_ref().map(|c| c.seq_len as u32),
                 device: (q.device != QuantDevice::Cpu).then(|| q.device.to_string()),

@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::recipe::{ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeError};
+use crate::recipe::{
+    CalibrationFormat, ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeError,
+};
 use crate::repo::RepoId;
 
 use super::Invalid;
@@ -90,14 +92,16 @@ pub const DEFAULT_CALIBRATION_SAMPLES: usize = 16;
 /// Default `quantize.seq_len`.
 pub const DEFAULT_CALIBRATION_SEQ_LEN: usize = 512;
 
-/// W4A4 calibration: which text, how many samples, how long.
+/// W4A4 calibration: which text, how it becomes samples, how many, how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Calibration {
     /// The text.
     pub text: CalibrationText,
-    /// Samples (paragraphs) to run.
+    /// Paragraphs through the chat template, or windows of the plain text.
+    pub format: CalibrationFormat,
+    /// Samples (paragraphs or windows) to run.
     pub samples: usize,
-    /// Longest sample, in tokens.
+    /// Longest sample (`chat`) or every window (`text`), in tokens.
     pub seq_len: usize,
 }
 
@@ -216,12 +220,14 @@ pub(super) fn resolve_quantize(
         };
         Some(Calibration {
             text,
+            format: raw.calibration_format.unwrap_or_default(),
             samples: count("samples", raw.samples, DEFAULT_CALIBRATION_SAMPLES)?,
             seq_len: count("seq_len", raw.seq_len, DEFAULT_CALIBRATION_SEQ_LEN)?,
         })
     } else {
         for (key, set) in [
             ("calibration", raw.calibration.is_some()),
+            ("calibration_format", raw.calibration_format.is_some()),
             ("samples", raw.samples.is_some()),
             ("seq_len", raw.seq_len.is_some()),
         ] {
