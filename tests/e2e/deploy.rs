@@ -13,6 +13,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PodSpec, Service};
 use serde_yaml_ng::Value;
 
+use sous_engine::launch::image::{self, ImageDefaults};
+use sous_engine::recipe::EngineKind;
+
 use crate::util::{Mirror, python, root, run, smollm2, sous};
 
 /// Every shipped recipe, relative to the workspace root.
@@ -1067,6 +1070,193 @@ fn metrics_are_scraped_where_each_engine_serves_them() {
             compose.contains(&format!("sous.dev/recipe-hash: \"{hash}\""))
                 || compose.contains(&format!("sous.dev/recipe-hash: {hash}")),
             "{compose}"
+        );
+    }
+}
+
+/// What a container runs, by Docker's and compose's rule: `entrypoint` replaces the
+/// image's `ENTRYPOINT` and drops its `CMD` (compose-spec `spec.md`, `entrypoint`; Docker's
+/// `--entrypoint`); `command` replaces the `CMD` only.
+fn compose_effective(
+    image: &ImageDefaults,
+    entrypoint: Option<Vec<String>>,
+    command: Option<Vec<String>>,
+) -> Vec<String> {
+    let strings = |s: &[&str]| s.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    match entrypoint {
+        Some(entrypoint) => [entrypoint, command.unwrap_or_default()].concat(),
+        None => [
+            strings(image.entrypoint),
+            command.unwrap_or_else(|| strings(image.cmd)),
+        ]
+        .concat(),
+    }
+}
+
+/// What a container runs, by Kubernetes' rule (the Container API's `command` and
+/// `args`): `command` replaces the image's `ENTRYPOINT`, and without `args` the image's
+/// `CMD` is not used either; `args` alone replaces the `CMD`.
+fn k8s_effective(
+    image: &ImageDefaults,
+    command: Option<Vec<String>>,
+    args: Option<Vec<String>>,
+) -> Vec<String> {
+    let strings = |s: &[&str]| s.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    match command {
+        Some(command) => [command, args.unwrap_or_default()].concat(),
+        None => [
+            strings(image.entrypoint),
+            args.unwrap_or_else(|| strings(image.cmd)),
+        ]
+        .concat(),
+    }
+}
+
+fn strings_of(value: &Value) -> Option<Vec<String>> {
+    value.as_sequence().map(|s| {
+        s.iter()
+            // compose writes a literal `$` as `$$`.
+            .map(|v| v.as_str().expect("a string").replace("$$", "$"))
+            .collect()
+    })
+}
+
+/// Every target runs, in the engine's official image (and the init steps in the sous
+/// image), exactly the command line `sous serve --dry-run` prints for the seed recipes:
+/// the images' own ENTRYPOINT (`vllm serve`, `sous`) cannot end up in front of it, as it
+/// did under compose, where `command` only replaces the image's CMD.
+#[test]
+fn every_target_runs_the_dry_run_command_line_in_the_image() {
+    for recipe in [DGX, "recipes/dgx-spark/qwen3.8-27b-nvfp4-baseline.toml", TITAN] {
+        let (code, dry, stderr) = run(sous().args(["serve", "--dry-run", "--json", "--recipe", recipe]));
+        assert_eq!(code, 0, "{stderr}");
+        let dry: serde_json::Value = serde_json::from_str(&dry).expect("json");
+        let argv: Vec<String> = serde_json::from_value(dry["argv"].clone()).expect("argv");
+        let version = dry["version"].as_str().and_then(|v| v.parse().ok());
+
+        let (stream, _) = render_ok(&["--recipe", recipe]);
+        let docs = documents(&stream);
+        let d: Deployment = kind(&docs, "Deployment");
+        let pod = pod_spec(&d);
+        let engine = &pod.containers[0];
+        let image_ref = engine.image.clone().expect("image");
+        let image = image::official(&image_ref, EngineKind::Vllm, version.as_ref())
+            .unwrap_or_else(|| panic!("{image_ref} is an official vLLM image"));
+        assert_eq!(image.entrypoint, ["vllm", "serve"], "{recipe}");
+        assert_eq!(
+            k8s_effective(&image, engine.command.clone(), engine.args.clone()),
+            argv,
+            "{recipe}: Kubernetes"
+        );
+        for init in pod.init_containers.clone().unwrap_or_default() {
+            let effective = k8s_effective(&image::SOUS_IMAGE, init.command.clone(), init.args.clone());
+            assert_eq!(effective[0], "/usr/local/bin/sous", "{recipe}: {effective:?}");
+            assert!(
+                ["pull", "quantize"].contains(&effective[1].as_str()),
+                "{effective:?}"
+            );
+        }
+
+        let (compose, _) = render_ok(&["--recipe", recipe, "--target", "compose"]);
+        let compose: Value = serde_yaml_ng::from_str(
+            compose
+                .split("# ==> recipe.toml <==")
+                .next()
+                .expect("compose part"),
+        )
+        .expect("compose parses");
+        let mut engines = 0;
+        for (name, svc) in compose["services"].as_mapping().expect("services") {
+            let name = name.as_str().expect("name");
+            let entrypoint = strings_of(&svc["entrypoint"]);
+            let command = strings_of(&svc["command"]);
+            assert!(entrypoint.is_some(), "{recipe}: {name} sets its entrypoint");
+            if svc["image"].as_str() == Some(image_ref.as_str()) {
+                engines += 1;
+                let effective = compose_effective(&image, entrypoint, command.clone());
+                // Every replica's engine keeps the recipe's port inside its container;
+                // compose maps a host port of its own to it.
+                assert_eq!(effective, argv, "{recipe}: compose service {name}");
+                // What `command` alone did: the image's entrypoint in front of the argv.
+                let before = compose_effective(&image, None, Some(argv.clone()));
+                assert_ne!(before, argv, "the image's ENTRYPOINT makes `command` alone wrong");
+            } else {
+                let effective = compose_effective(&image::SOUS_IMAGE, entrypoint, command);
+                assert_eq!(
+                    effective[0], "/usr/local/bin/sous",
+                    "{recipe}: {name}: {effective:?}"
+                );
+                assert_ne!(
+                    effective[1], "/usr/local/bin/sous",
+                    "{recipe}: {name}: {effective:?}"
+                );
+            }
+        }
+        assert!(engines >= 1, "{recipe}: an engine service");
+
+        // systemd runs `sous serve` on the recipe it renders: the same command line.
+        if recipe != TITAN {
+            let out = tempfile::tempdir().expect("tempdir");
+            let dir = out.path().join("units");
+            let (code, _, stderr) = deploy(
+                &[
+                    "render",
+                    "--recipe",
+                    recipe,
+                    "--target",
+                    "systemd",
+                    "--out",
+                    dir.to_str().expect("utf-8"),
+                ],
+                &[],
+            );
+            assert_eq!(code, 0, "{stderr}");
+            let rendered = std::fs::read_dir(&dir)
+                .expect("units")
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|x| x == "toml"))
+                .expect("the recipe beside the units");
+            let (code, dry_rendered, stderr) = run(sous().args([
+                "serve",
+                "--dry-run",
+                "--json",
+                "--recipe",
+                rendered.to_str().expect("utf-8"),
+            ]));
+            assert_eq!(code, 0, "{stderr}");
+            let dry_rendered: serde_json::Value = serde_json::from_str(&dry_rendered).expect("json");
+            assert_eq!(dry_rendered["argv"], dry["argv"], "{recipe}: systemd");
+        }
+    }
+}
+
+/// The native engine's container is the sous image: its ENTRYPOINT (`sous`) is not run
+/// twice either.
+#[test]
+fn the_native_engine_runs_sous_once_in_its_image() {
+    let (compose, _) = render_ok(&[
+        "--recipe",
+        "recipes/local/smollm2-135m-nvfp4.toml",
+        "--target",
+        "compose",
+    ]);
+    let part = compose
+        .split("# ==> ")
+        .find(|p| p.starts_with("docker-compose.yml"))
+        .expect("compose part");
+    let compose: Value = serde_yaml_ng::from_str(part.split_once('\n').map_or(part, |(_, rest)| rest))
+        .expect("compose parses");
+    for (name, svc) in compose["services"].as_mapping().expect("services") {
+        let effective = compose_effective(
+            &image::SOUS_IMAGE,
+            strings_of(&svc["entrypoint"]),
+            strings_of(&svc["command"]),
+        );
+        assert_eq!(effective[0], "/usr/local/bin/sous", "{name:?}: {effective:?}");
+        assert!(
+            ["serve", "pull", "quantize"].contains(&effective[1].as_str()),
+            "{name:?}: {effective:?}"
         );
     }
 }

@@ -6,6 +6,13 @@
 //! recipe files bound read-only from the rendered directory, a health check on the
 //! engine's `/health`.
 //!
+//! Every service sets `entrypoint` to its program and `command` to the arguments:
+//! compose's `command` alone replaces only the image's `CMD` and runs after its
+//! `ENTRYPOINT` (`vllm serve` in the official vLLM image, `sous` in ours), so the
+//! container would run the program twice. With `entrypoint` set, compose drops the
+//! image's `ENTRYPOINT` and `CMD` (compose-spec `spec.md`, `entrypoint`), and the
+//! container runs the command line `sous serve --dry-run` prints.
+//!
 //! Secrets are `${NAME}` references, filled in by compose from its environment or an
 //! `.env` file beside the compose file; no value is ever written here. A literal `$`
 //! is written `$$`, as compose requires.
@@ -42,6 +49,9 @@ struct Service {
     /// `docker compose up -d` recreates it (a changed bound file alone would not).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     labels: BTreeMap<String, String>,
+    /// The program: it replaces the image's `ENTRYPOINT` (and its `CMD`).
+    entrypoint: Vec<String>,
+    /// The program's arguments.
     command: Vec<String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     environment: BTreeMap<String, String>,
@@ -150,7 +160,8 @@ pub(super) fn render(plan: &Plan, warnings: &mut Vec<String>) -> Result<Vec<File
             name.clone(),
             Service {
                 image: deploy.sous_image.clone(),
-                command: step.argv.iter().map(|a| escape(a)).collect(),
+                entrypoint: step.argv.iter().take(1).map(|a| escape(a)).collect(),
+                command: step.argv.iter().skip(1).map(|a| escape(a)).collect(),
                 environment,
                 volumes: volumes.clone(),
                 depends_on: completed(previous.as_deref()),
@@ -173,7 +184,8 @@ pub(super) fn render(plan: &Plan, warnings: &mut Vec<String>) -> Result<Vec<File
             .entry(var.clone())
             .or_insert_with(|| secret(&var, optional));
     }
-    let command = pod::argv_with(&plan.engine.argv, escape, |var| secret(var, false));
+    let mut command = pod::argv_with(&plan.engine.argv, escape, |var| secret(var, false));
+    let entrypoint: Vec<String> = command.drain(..1.min(command.len())).collect();
     let port = plan.port();
     let url = format!("http://127.0.0.1:{port}{}", plan.health_path());
     let timeout = plan.health_timeout().as_secs();
@@ -209,6 +221,7 @@ pub(super) fn render(plan: &Plan, warnings: &mut Vec<String>) -> Result<Vec<File
             Service {
                 image: plan.image.clone(),
                 labels: BTreeMap::from([(HASH_LABEL.to_owned(), plan.hash.clone())]),
+                entrypoint: entrypoint.clone(),
                 command: command.clone(),
                 environment: environment.clone(),
                 volumes: volumes.clone(),

@@ -7,6 +7,7 @@
 //! `sous serve` runs exactly that.
 
 mod container;
+pub mod image;
 pub mod native;
 mod sglang;
 mod shell;

@@ -6,12 +6,23 @@
 //! off with its own flag. SGLang's defaults differ from vLLM's (host `127.0.0.1`, port
 //! 30000), so host and port are always rendered to keep the recipe's endpoint.
 
+use super::image::ImageDefaults;
 use super::{Arg, Launch, RenderError, Target, float, push};
 use crate::recipe::{EngineKind, KvCacheDtype, Recipe, Warning, is_mtp};
 use crate::version::Version;
 
 /// The release whose flags sous renders.
 pub const NEWEST: Version = Version::new(0, 5, 23);
+
+/// The official image, `lmsysorg/sglang` (sgl-project/sglang `docker/Dockerfile`, read at
+/// its 0.5.5 version): no `ENTRYPOINT` or `CMD` of its own, so those of its base,
+/// `nvidia/cuda:*-cudnn-devel-ubuntu22.04`: NVIDIA's `/opt/nvidia/nvidia_entrypoint.sh`,
+/// which prints the CUDA banner and runs its arguments.
+pub const IMAGE: ImageDefaults = ImageDefaults {
+    repository: "lmsysorg/sglang",
+    entrypoint: &["/opt/nvidia/nvidia_entrypoint.sh"],
+    cmd: &[],
+};
 
 /// `--reasoning-parser` names of 0.5.23 (`parser/reasoning_parser_names.py`).
 const REASONING_PARSERS: &[&str] = &[

@@ -8,12 +8,23 @@
 
 use serde_json::{Map, Value, json};
 
+use super::image::ImageDefaults;
 use super::{Arg, Launch, LaunchFile, RenderContext, RenderError, Target, float, push};
 use crate::recipe::{EngineKind, KvCacheDtype, Recipe, Warning, is_mtp};
 use crate::version::Version;
 
 /// The newest release whose options sous renders for.
 pub const NEWEST: Version = Version::new(1, 3, 0);
+
+/// The official image, `nvcr.io/nvidia/tensorrt-llm/release` (NVIDIA/TensorRT-LLM
+/// `docker/Dockerfile.multi`, stage `release`): no `ENTRYPOINT` or `CMD` of its own, so
+/// those of its base, NVIDIA's PyTorch container (`nvcr.io/nvidia/pytorch`):
+/// `/opt/nvidia/nvidia_entrypoint.sh`, which runs its arguments.
+pub const IMAGE: ImageDefaults = ImageDefaults {
+    repository: "nvcr.io/nvidia/tensorrt-llm/release",
+    entrypoint: &["/opt/nvidia/nvidia_entrypoint.sh"],
+    cmd: &[],
+};
 
 /// Name of the options file in the instance directory.
 pub const OPTIONS_FILE: &str = "trtllm-options.yaml";

@@ -10,12 +10,32 @@
 
 use serde_json::json;
 
+use super::image::ImageDefaults;
 use super::{Arg, Launch, RenderError, Target, float, push};
 use crate::recipe::{EngineKind, KvCacheDtype, Recipe, Warning, is_mtp};
 use crate::version::Version;
 
 /// The newest release whose parser sous has checked.
 pub const NEWEST: Version = Version::new(0, 33, 0);
+
+/// The official images (vllm-project/vllm `docker/Dockerfile`, target `vllm-openai`,
+/// published as `vllm/vllm-openai`; `docker/Dockerfile.cpu`, the same target, as
+/// `vllm/vllm-openai-cpu`): `ENTRYPOINT ["python3", "-m",
+/// "vllm.entrypoints.openai.api_server"]` up to v0.11.0, `["vllm", "serve"]` from
+/// v0.11.1 (read in v0.10.2, v0.11.0, v0.11.1, v0.13.0, v0.20.0 and v0.32.0); no `CMD`.
+/// An unknown release counts as the newest.
+pub(super) fn images(version: Option<&Version>) -> [ImageDefaults; 2] {
+    let entrypoint: &'static [&'static str] = if version.is_none_or(|v| v.at_least(0, 11, 1)) {
+        &["vllm", "serve"]
+    } else {
+        &["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    };
+    ["vllm/vllm-openai", "vllm/vllm-openai-cpu"].map(|repository| ImageDefaults {
+        repository,
+        entrypoint,
+        cmd: &[],
+    })
+}
 
 /// MTP heads vLLM 0.11.0 accepts as `method` (docs.vllm.ai v0.11.0 `vllm.config.speculative`).
 const MTP_0_11: &[&str] = &[
