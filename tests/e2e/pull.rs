@@ -892,3 +892,158 @@ fn a_large_pull_survives_kill_9_in_bounded_memory() {
     );
     let _ = std::fs::remove_dir_all(&cache);
 }
+
+/// A URL nothing listens on.
+fn dead_endpoint() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    format!("http://{}", listener.local_addr().expect("addr"))
+}
+
+/// `sous pull` with `endpoint` as the Hub, into `cache`.
+fn pull_from(endpoint: &str, cache: &Path, args: &[&str], token: Option<&str>) -> (i32, String, String) {
+    let mut cmd = sous();
+    cmd.env("HF_ENDPOINT", endpoint)
+        .env("HF_HUB_CACHE", cache)
+        .env("HF_HOME", cache.join("hf-home"))
+        .env_remove("HF_HUB_OFFLINE")
+        .env_remove("HF_TOKEN");
+    if let Some(token) = token {
+        cmd.env("HF_TOKEN", token);
+    }
+    run(cmd.args(["pull", "--json"]).args(args))
+}
+
+/// The DGX Spark report's restart: the model is on the volume with its marker, the
+/// recipe pins a branch, and the Hub is down. The pull goes on with the snapshot on
+/// disk and names its commit, in the Hub cache and in a plain directory; a Hub that
+/// answers (404, 401) is not an outage, and a snapshot that is not complete is no
+/// fallback.
+#[test]
+fn a_hub_outage_does_not_block_a_complete_snapshot() {
+    let root = generated_repo("outage", 6);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let plain = cache.path().join("plain");
+    let plain_arg = plain.to_str().expect("utf-8").to_owned();
+    let mirror = Mirror::start(&root, &[], &[]);
+    let (code, stdout, stderr) = pull(&mirror, cache.path(), &["acme/outage"]);
+    assert_eq!(code, 0, "{stderr}");
+    let commit = report(&stdout)["commit"].as_str().expect("commit").to_owned();
+    let (code, _, stderr) = pull(&mirror, cache.path(), &["acme/outage", "--local-dir", &plain_arg]);
+    assert_eq!(code, 0, "{stderr}");
+    drop(mirror);
+
+    let dead = dead_endpoint();
+    let failing = Mirror::start(&root, &["--fault", "status=503@1000"], &[]);
+    for (endpoint, says) in [
+        (dead.as_str(), "cannot reach"),
+        (failing.url.as_str(), "HTTP 503"),
+    ] {
+        for extra in [&[][..], &["--local-dir", plain_arg.as_str()][..]] {
+            let args = [&["acme/outage"][..], extra].concat();
+            let (code, stdout, stderr) = pull_from(endpoint, cache.path(), &args, None);
+            assert_eq!(code, 0, "{args:?} with {says}: {stderr}");
+            let r = report(&stdout);
+            assert_eq!(r["commit"], commit.as_str(), "{r}");
+            assert_eq!(r["hub_unreachable"], true, "{r}");
+            assert_eq!(r["up_to_date"], true, "{r}");
+            assert_eq!(r["downloaded_bytes"], 0, "{r}");
+            assert!(
+                stderr.contains("warning")
+                    && stderr.contains(says)
+                    && stderr.contains(&format!("commit {commit}")),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+    drop(failing);
+
+    // A reachable Hub that answers is believed, whatever is on disk.
+    let empty = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(empty.path().join("acme/other")).expect("another hub");
+    std::fs::write(empty.path().join("acme/other/config.json"), "{}").expect("config");
+    let elsewhere = Mirror::start(empty.path(), &[], &[]);
+    let (code, _, stderr) = pull_from(&elsewhere.url, cache.path(), &["acme/outage"], None);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("not found"), "{stderr}");
+    let gated = Mirror::start(
+        &root,
+        &["--gated", "acme/outage"],
+        &[("SOUS_HUB_TOKEN", "hf_right")],
+    );
+    let (code, _, stderr) = pull_from(&gated.url, cache.path(), &["acme/outage"], None);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("is gated"), "{stderr}");
+
+    // Only part of the repository was pulled before: nothing to fall back on.
+    let partial = tempfile::tempdir().expect("tempdir");
+    let mirror = Mirror::start(&root, &[], &[]);
+    let (code, _, stderr) = pull(&mirror, partial.path(), &["acme/outage", "--include", "*.json"]);
+    assert_eq!(code, 0, "{stderr}");
+    drop(mirror);
+    let (code, _, stderr) = pull_from(&dead, partial.path(), &["acme/outage"], None);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("cannot reach"), "{stderr}");
+    // HF_HUB_OFFLINE never asks: the complete snapshot, without a warning.
+    let mut cmd = sous();
+    cmd.env("HF_ENDPOINT", &dead)
+        .env("HF_HUB_CACHE", cache.path())
+        .env("HF_HUB_OFFLINE", "1");
+    let (code, stdout, stderr) = run(cmd.args(["pull", "--json", "acme/outage"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(report(&stdout)["hub_unreachable"], false);
+    assert!(!stderr.contains("warning"), "{stderr}");
+}
+
+/// `sous serve`'s build step is the same pull: a recipe whose model was pulled starts
+/// while the Hub is down, and says which commit it serves.
+#[test]
+fn serve_starts_from_the_snapshot_on_disk_when_the_hub_is_down() {
+    let root = generated_repo("outage", 6);
+    let work = tempfile::tempdir().expect("tempdir");
+    let cache = work.path().join("hub");
+    let port = crate::util::free_port();
+    let recipe = work.path().join("outage.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "name = \"outage\"\n[model]\nrepo = \"acme/outage\"\nserved_name = \"fake-model\"\n\n[engine]\nkind = \"vllm\"\nexecutable = \"{}\"\n\n[server]\nport = {port}\nstop_grace = \"5s\"\n",
+            crate::util::fake_engine().display()
+        ),
+    )
+    .expect("recipe");
+    let mirror = Mirror::start(&root, &[], &[]);
+    let (code, _, stderr) = pull(&mirror, &cache, &["--recipe", recipe.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "{stderr}");
+    drop(mirror);
+    let dead = dead_endpoint();
+    let state = work.path().join("state");
+    let mut serving = crate::util::Running::start(
+        &["serve", "--recipe", recipe.to_str().expect("utf-8")],
+        &[
+            ("HF_ENDPOINT", dead.as_str()),
+            ("HF_HUB_CACHE", cache.to_str().expect("utf-8")),
+            ("SOUS_STATE_DIR", state.to_str().expect("utf-8")),
+            (
+                "FAKE_RECORD",
+                work.path().join("record.json").to_str().expect("utf-8"),
+            ),
+        ],
+    );
+    assert!(
+        serving.wait_for("ready http://", Duration::from_secs(60)),
+        "{}",
+        serving.stderr()
+    );
+    let stderr = serving.stderr();
+    assert!(
+        stderr.contains("cannot reach") && stderr.contains("commit "),
+        "{stderr}"
+    );
+    serving.signal("TERM");
+    assert_eq!(
+        serving.wait(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        serving.stderr()
+    );
+}

@@ -198,7 +198,7 @@ impl Plan {
         let pinned = recipe.model.revision.as_deref().is_some_and(is_commit);
         if pulls && !pinned {
             warnings.push(format!(
-                "`model.revision` is {}, a branch: every pod start asks the Hub which commit it is, so a Hub outage blocks restarts and a new push changes what a restart serves; pin a commit id",
+                "`model.revision` is {}, a branch: every pod start asks the Hub which commit it is, so a new push changes what a restart serves (while the Hub is down, a restart serves the snapshot on the volume); pin a commit id",
                 recipe.model.revision.as_deref().unwrap_or("unset (main)")
             ));
         }

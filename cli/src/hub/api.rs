@@ -70,6 +70,17 @@ pub enum HubError {
         /// The transport error.
         source: reqwest::Error,
     },
+    /// The Hub answered with a server error or asked to come back later (408, 429,
+    /// 5xx), after retries: it is down or overloaded, not refusing.
+    #[error("the Hub is unavailable: {url} answered HTTP {status}{}", if message.is_empty() { String::new() } else { format!(": {message}") })]
+    Unavailable {
+        /// The URL.
+        url: String,
+        /// The status.
+        status: u16,
+        /// `X-Error-Message`, if the Hub gave one.
+        message: String,
+    },
     /// An answer sous cannot use (bad JSON, missing headers, unexpected status).
     #[error("unexpected answer from {url}: {message}")]
     Protocol {
@@ -101,8 +112,23 @@ impl Diagnose for HubError {
             HubError::Http { .. } => Some(
                 "check the network and HF_ENDPOINT; run the same command again to resume where it stopped".into(),
             ),
+            HubError::Unavailable { .. } => Some(
+                "the Hub is down or overloaded: run the same command again later; a revision pulled before is used from disk when the Hub cannot answer".into(),
+            ),
             HubError::EntryNotFound { .. } | HubError::Protocol { .. } => None,
         }
+    }
+}
+
+impl HubError {
+    /// Whether the Hub could not answer at all: no connection, a timeout, or a server
+    /// error after retries. What a reachable Hub says (401, 403, 404, a revision that
+    /// does not exist) is an answer, not an outage. huggingface_hub 2.4.0's
+    /// `HfApi.resolve_revision` (`hf_api.py`) draws the line at the same place: transport
+    /// errors and statuses from 500 fall back to the cached commit, with a warning; the
+    /// rest is raised.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, HubError::Http { .. } | HubError::Unavailable { .. })
     }
 }
 
@@ -325,6 +351,11 @@ pub fn classify(response: Response, url: &str, repo: &str, revision: &str, path:
         (_, 404) => HubError::RepoNotFound {
             repo: repo.to_owned(),
             endpoint: origin(url),
+        },
+        _ if is_retryable(status) => HubError::Unavailable {
+            url: url.to_owned(),
+            status: status.as_u16(),
+            message,
         },
         _ => HubError::Protocol {
             url: url.to_owned(),

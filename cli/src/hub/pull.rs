@@ -4,7 +4,11 @@
 //!
 //! A second pull of the same revision with the marker present asks the Hub one
 //! question (what commit the revision is), or none when the revision is a commit id or
-//! the pull is offline.
+//! the pull is offline. When the Hub cannot answer that question (no connection, a
+//! timeout, a server error after retries) and the revision's last pull is complete on
+//! disk, that snapshot is used, with a warning naming its commit: a restart must not
+//! wait for the Hub (huggingface_hub's `snapshot_download` falls back the same way).
+//! An answer from a reachable Hub (401, 403, 404) is not an outage and fails the pull.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -117,6 +121,9 @@ pub struct PullReport {
     pub direct_files: usize,
     /// Nothing was fetched: the marker said the pull was complete.
     pub up_to_date: bool,
+    /// The Hub could not be reached, so the revision's snapshot already on disk was
+    /// used without learning whether the revision has moved since.
+    pub hub_unreachable: bool,
 }
 
 /// Why a pull failed.
@@ -283,7 +290,7 @@ pub async fn pull(
         Some(dir) => Target::Local(dir.clone()),
         None => Target::Cache(RepoCache::new(&config.cache_dir, &request.repo)),
     };
-    let report = |commit: &str, marker: &Marker, up_to_date: bool| PullReport {
+    let report = |commit: &str, marker: &Marker, up_to_date: bool, hub_unreachable: bool| PullReport {
         repo: request.repo.to_string(),
         revision: request.revision.clone(),
         commit: commit.to_owned(),
@@ -307,6 +314,7 @@ pub async fn pull(
         files_at_once: 0,
         direct_files: 0,
         up_to_date,
+        hub_unreachable,
     };
 
     // Without the network: the marker or nothing.
@@ -323,7 +331,7 @@ pub async fn pull(
         && let Some(marker) = complete(&target, commit, &selection)
         && (request.offline || is_commit(&request.revision))
     {
-        return Ok(report(commit, &marker, true));
+        return Ok(report(commit, &marker, true, false));
     }
     if request.offline {
         return Err(PullError::NotCached {
@@ -333,17 +341,33 @@ pub async fn pull(
     }
 
     // One request to learn the commit; if the marker for it is there, done.
-    let commit = client
-        .revision(request.repo.as_str(), &request.revision)
-        .await?
-        .sha;
+    let commit = match client.revision(request.repo.as_str(), &request.revision).await {
+        Ok(info) => info.sha,
+        Err(e) if e.is_outage() => {
+            let Some((commit, marker)) = known_commit
+                .as_ref()
+                .and_then(|c| Some((c, complete(&target, c, &selection)?)))
+            else {
+                return Err(e.into());
+            };
+            reporter.warn(&format!(
+                "{e}: using `{}` at `{}` as last pulled, commit {commit}, from {}; the Hub may have moved `{}` since",
+                request.repo,
+                request.revision,
+                target.root(commit).display(),
+                request.revision
+            ));
+            return Ok(report(commit, &marker, true, true));
+        }
+        Err(e) => return Err(e.into()),
+    };
     if let Some(marker) = complete(&target, &commit, &selection) {
         if let Target::Cache(cache) = &target {
             cache
                 .write_ref(&request.revision, &commit)
                 .map_err(PullError::io("writing", &cache.dir()))?;
         }
-        return Ok(report(&commit, &marker, true));
+        return Ok(report(&commit, &marker, true, false));
     }
 
     let tree = client.tree(request.repo.as_str(), &commit).await?;
@@ -536,7 +560,7 @@ pub async fn pull(
         direct_files,
         verified_with,
         up_to_date: false,
-        ..report(&commit, &marker, false)
+        ..report(&commit, &marker, false, false)
     })
 }
 
