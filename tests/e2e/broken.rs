@@ -7,6 +7,38 @@ use crate::util::{run, sous};
 /// File → phrases its error must contain.
 const EXPECTED: &[(&str, &[&str])] = &[
     (
+        "vllm-cpu-kv-space-fraction.toml",
+        &[
+            "`env.VLLM_CPU_KVCACHE_SPACE`",
+            "`1.5` is not a whole number of GiB",
+            "hint: give the KV budget as `memory.kv_cache_bytes`",
+        ],
+    ),
+    (
+        "vllm-cpu-kv-space-conflict.toml",
+        &[
+            "`env.VLLM_CPU_KVCACHE_SPACE`",
+            "2GiB",
+            "4GiB",
+            "takes the variable",
+        ],
+    ),
+    (
+        "extra-args-memory.toml",
+        &[
+            "`engine.extra_args`",
+            "`--kv-cache-memory` sets what `memory.kv_cache_bytes` sets",
+            "hint: set `memory.kv_cache_bytes` in the recipe",
+        ],
+    ),
+    (
+        "trtllm-options-memory.toml",
+        &[
+            "`engine.extra_options`",
+            "`kv_cache_config.free_gpu_memory_fraction` is what `memory.gpu_utilization` sets",
+        ],
+    ),
+    (
         "deploy-bad-name.toml",
         &[
             "invalid `deploy.name`",

@@ -135,6 +135,95 @@ fn the_vllm_cpu_plan_is_what_a_real_vllm_logged() {
     assert_eq!(predicted["block_size"], 128);
     assert_eq!(predicted["kv_tokens"].as_u64(), Some(logged.tokens));
     assert_eq!(predicted["max_concurrency"].as_f64(), logged.max_concurrency);
+
+    // The budget as the real run gave it, and as vLLM's docs give it: the variable in
+    // `[env]`, with no `memory.kv_cache_bytes`. The plan counts what the engine reads.
+    let work = tempfile::tempdir().expect("tempdir");
+    let recipe = work.path().join("vllm-cpu.toml");
+    std::fs::write(
+        &recipe,
+        "name = \"smollm2-vllm-cpu\"\n[model]\nrepo = \"HuggingFaceTB/SmolLM2-135M-Instruct\"\n\
+         [engine]\nkind = \"vllm\"\nversion = \"0.32.0\"\n[serving]\ndtype = \"float32\"\nmax_model_len = 2048\n\
+         [env]\nVLLM_CPU_KVCACHE_SPACE = \"2\"\n",
+    )
+    .expect("recipe");
+    let from_env = plan_json(
+        &mirror,
+        &["--recipe", recipe.to_str().expect("utf-8"), "--gpu", "cpu"],
+    );
+    assert_eq!(from_env["kv_tokens"].as_u64(), Some(logged.tokens), "{from_env}");
+    assert_eq!(from_env["budget"]["exact"], true);
+    assert!(
+        from_env["budget"]["steps"][0]
+            .to_string()
+            .contains("VLLM_CPU_KVCACHE_SPACE"),
+        "{from_env}"
+    );
+    // What `sous serve` would run passes the same variable.
+    let (code, dry, stderr) = run(sous()
+        .args(["serve", "--dry-run", "--json", "--recipe"])
+        .arg(&recipe));
+    assert_eq!(code, 0, "{stderr}");
+    let dry: Value = serde_json::from_str(&dry).expect("json");
+    assert_eq!(dry["env"]["VLLM_CPU_KVCACHE_SPACE"], "2");
+    // Unset on vLLM 0.20 and later: the utilization's share of RAM, an estimate.
+    let auto = plan_json(
+        &mirror,
+        &[
+            "--recipe",
+            recipe.to_str().expect("utf-8"),
+            "--gpu",
+            "cpu",
+            "--set",
+            "env.VLLM_CPU_KVCACHE_SPACE=4",
+        ],
+    );
+    assert_eq!(auto["kv_tokens"].as_u64(), Some(2 * logged.tokens), "{auto}");
+}
+
+/// Weights and a fixed KV budget that do not fit the card: the verdict names them and
+/// by how much, and the ways out lead the advice (a fixed budget once hid the weights).
+#[test]
+fn weights_and_a_fixed_budget_larger_than_the_card_do_not_fit() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let model = model_dir(&work.path().join("qwen3-32b"), "qwen3-32b.json", true);
+    let path = format!("model.path={model}");
+    let (code, out, stderr) = offline_plan(&[
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--gpu",
+        "h100",
+        "--set",
+        &path,
+        "--set",
+        "serving.max_model_len=32768",
+    ]);
+    assert_eq!(code, 1, "{out}\n{stderr}");
+    for line in [
+        "Does not fit: the weights per GPU 61.",
+        "the fixed KV budget per GPU 14.50 GiB need",
+        "more than the 74.51 GiB of one GPU.",
+        "`serving.tensor_parallel = 2`",
+        "`memory.kv_cache_bytes` of at most",
+        "nvfp4a16",
+    ] {
+        assert!(out.contains(line), "no {line:?} in\n{out}");
+    }
+    let (code, json, _) = offline_plan(&[
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--gpu",
+        "h100",
+        "--set",
+        &path,
+        "--set",
+        "serving.max_model_len=32768",
+        "--json",
+    ]);
+    assert_eq!(code, 1);
+    let json: Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(json["fits"], false);
+    assert!(json["shortfall"]["needed_bytes"].as_u64() > json["shortfall"]["memory_bytes"].as_u64());
 }
 
 /// The bytes of tensor data in a checkpoint's safetensors headers.

@@ -162,7 +162,32 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     let mut out: String = rows.iter().map(|(k, v)| format!("{k:width$}  {v}\n")).collect();
     out.push('\n');
-    if plan.fits {
+    if let Some(short) = &plan.shortfall {
+        let parts: Vec<String> = short
+            .parts
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {}{}",
+                    p.what,
+                    gib(p.bytes),
+                    if p.estimated { " (estimated)" } else { "" }
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "Does not fit: {} need {}, {} more than the {} of {}.\n",
+            join_and(&parts),
+            gib(short.needed_bytes),
+            gib(short.needed_bytes - short.memory_bytes),
+            gib(short.memory_bytes),
+            if hardware.cpu {
+                "this machine's RAM"
+            } else {
+                "one GPU"
+            }
+        ));
+    } else if plan.fits {
         out.push_str(&format!(
             "Fits: {} tokens of KV cache hold {:.2} requests of {} tokens at once.\n",
             group(plan.kv_tokens),
@@ -180,6 +205,15 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
         out.push_str(&format!("  - {advice}\n"));
     }
     out.trim_end().to_owned()
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn join_and(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
 }
 
 /// `604705` → `604,705`, as the engines log it.

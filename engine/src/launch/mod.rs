@@ -8,6 +8,7 @@
 
 mod container;
 pub mod image;
+pub mod memory;
 pub mod native;
 mod sglang;
 mod shell;

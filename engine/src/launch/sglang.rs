@@ -149,20 +149,14 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
 
     let serving = &recipe.serving;
     let memory = &recipe.memory;
+    let resolved = super::memory::of(recipe, &target)?;
     if let Some(len) = serving.max_model_len {
         push(argv, "--context-length", len);
     }
-    if let Some(u) = memory.gpu_utilization {
+    if let Some(u) = resolved.gpu_utilization {
         push(argv, "--mem-fraction-static", float(u));
         warnings.push(Warning::new(
             "SGLang's `--mem-fraction-static` counts weights and the KV pool only, not activations or CUDA graphs (vLLM's utilization counts everything): the same number leaves SGLang less headroom",
-        ));
-    }
-    if memory.kv_cache_bytes.is_some() {
-        return Err(target.unsupported(
-            "memory.kv_cache_bytes",
-            "SGLang sizes its KV pool in tokens (`--max-total-tokens`), not bytes",
-            Some("size the cache with `memory.gpu_utilization`, or pass `--max-total-tokens N` in `engine.extra_args`"),
         ));
     }
     if let Some(dtype) = memory.kv_cache_dtype {

@@ -105,14 +105,15 @@ pub(super) fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, Ren
     }
     // `auto_tool_choice`: no switch; tool calls are parsed whenever a parser is set.
 
-    if let Some(u) = memory.gpu_utilization {
+    let resolved = super::memory::of(recipe, &target)?;
+    if let Some(u) = resolved.gpu_utilization {
         kv.insert("free_gpu_memory_fraction".into(), json!(u));
         warnings.push(Warning::new(format!(
             "TensorRT-LLM's `free_gpu_memory_fraction` ({}) is a fraction of the memory left free after loading the weights, not of the whole GPU as in vLLM",
             float(u)
         )));
     }
-    if let Some(bytes) = memory.kv_cache_bytes {
+    if let Some(bytes) = resolved.kv_cache_bytes {
         kv.insert("max_gpu_total_bytes".into(), json!(bytes));
         if memory.gpu_utilization.is_some() {
             warnings.push(Warning::new(

@@ -229,13 +229,14 @@ pub(super) fn render(recipe: &Recipe) -> Result<Launch, RenderError> {
 
     let serving = &recipe.serving;
     let memory = &recipe.memory;
+    let resolved = super::memory::of(recipe, &target)?;
     if let Some(len) = serving.max_model_len {
         push(argv, "--max-model-len", len);
     }
-    if let Some(u) = memory.gpu_utilization {
+    if let Some(u) = resolved.gpu_utilization {
         push(argv, "--gpu-memory-utilization", float(u));
     }
-    if let Some(bytes) = memory.kv_cache_bytes {
+    if let Some(bytes) = resolved.kv_cache_bytes {
         // The full name: `--kv-cache-memory` only works as an argparse abbreviation.
         push(argv, "--kv-cache-memory-bytes", bytes);
         if let Some(u) = memory.gpu_utilization {

@@ -21,14 +21,19 @@ use serde::Serialize;
 pub use hardware::{Hardware, HardwareError};
 pub use shape::{Layer, Shape, ShapeError};
 
+use crate::launch::RenderError;
+use crate::launch::memory::{EngineMemory, VLLM_CPU_KV_SPACE};
 use crate::recipe::{EngineKind, Recipe};
 use crate::size::gib;
 
-/// vLLM's default `--gpu-memory-utilization` (`vllm/config/cache.py`).
-pub const VLLM_DEFAULT_UTILIZATION: f64 = 0.9;
-/// vLLM's CPU backend's KV space when `VLLM_CPU_KVCACHE_SPACE` is unset (`vllm/envs.py`:
-/// 4 GiB; sous passes `memory.kv_cache_bytes` there).
+/// vLLM's CPU backend's KV space up to 0.12 when `VLLM_CPU_KVCACHE_SPACE` is unset
+/// (`vllm/platforms/cpu.py` of 0.10.2: 4 GiB).
 pub const VLLM_CPU_DEFAULT_KV: u64 = 4 << 30;
+/// The share of a bf16 checkpoint's bytes its NVFP4 weights take (FP4 values and FP8
+/// scales for every 16; the layers the quantizer keeps stay 16-bit): what the plan's
+/// advice assumes before the quantizer's own layout is asked (`sous plan --set
+/// quantize.scheme=nvfp4a16` counts it exactly).
+pub const NVFP4_SHARE: f64 = 0.28;
 /// vLLM's default `--max-num-batched-tokens` for online serving on GPUs (chunked
 /// prefill), and its default `--max-num-seqs` (`vllm/engine/arg_utils.py`).
 pub const VLLM_DEFAULT_BATCHED_TOKENS: u64 = 8192;
@@ -64,6 +69,9 @@ pub enum PlanError {
     /// The native engine's budget could not be computed.
     #[error("{0}")]
     Native(String),
+    /// The engine would not read the recipe's memory settings as written.
+    #[error(transparent)]
+    Recipe(#[from] RenderError),
 }
 
 impl crate::diagnose::Diagnose for PlanError {
@@ -76,6 +84,7 @@ impl crate::diagnose::Diagnose for PlanError {
             PlanError::Engine(_) => {
                 Some("plan the recipe with `--set engine.kind=vllm` for vLLM's figures".into())
             }
+            PlanError::Recipe(e) => e.hint(),
             _ => None,
         }
     }
@@ -90,6 +99,29 @@ pub struct Budget {
     pub exact: bool,
     /// The arithmetic, one step a line.
     pub steps: Vec<String>,
+}
+
+/// What must be held in one GPU's memory (or the host's) and is more than there is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Shortfall {
+    /// What is held, part by part, in bytes: the weights per GPU, the KV budget, the
+    /// engine's own memory.
+    pub parts: Vec<Part>,
+    /// Their sum.
+    pub needed_bytes: u64,
+    /// The memory there is.
+    pub memory_bytes: u64,
+}
+
+/// One part of a [`Shortfall`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Part {
+    /// What it is.
+    pub what: String,
+    /// Bytes.
+    pub bytes: u64,
+    /// Whether the figure is an estimate.
+    pub estimated: bool,
 }
 
 /// A plan.
@@ -124,8 +156,11 @@ pub struct Plan {
     pub growing_layers: usize,
     /// All decoder layers.
     pub layers: usize,
-    /// Whether one request of `max_model_len` fits.
+    /// Whether the weights and a fixed KV budget fit the memory and one request of
+    /// `max_model_len` fits the cache.
     pub fits: bool,
+    /// What does not fit the memory, when something does not.
+    pub shortfall: Option<Shortfall>,
     /// What to do, most useful first.
     pub advice: Vec<String>,
     /// What the field reports learned that applies here.
@@ -146,11 +181,16 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
         .max_model_len
         .or(model.shape.max_position_embeddings)
         .unwrap_or(4096);
-    let mut plan = match recipe.engine.kind {
-        EngineKind::Native => native(recipe, model, hardware, max_model_len)?,
-        EngineKind::Vllm => vllm(recipe, model, hardware, max_model_len)?,
-        EngineKind::Sglang | EngineKind::Trtllm => pool(recipe, model, hardware, max_model_len)?,
+    // What the engine will read, as `sous serve` renders it: the same settings.
+    let memory = crate::launch::memory::resolve(recipe)?;
+    let (mut plan, overhead) = match (recipe.engine.kind, &memory) {
+        (EngineKind::Vllm, Some(memory)) => vllm(recipe, memory, model, hardware, max_model_len)?,
+        (EngineKind::Sglang | EngineKind::Trtllm, Some(memory)) => {
+            pool(recipe, memory, model, hardware, max_model_len)?
+        }
+        _ => (native(recipe, model, hardware, max_model_len)?, Vec::new()),
     };
+    check_memory(&mut plan, overhead, recipe, model, hardware);
     if model.weight_bytes == 0 {
         plan.warnings.push(
             "no *.safetensors beside config.json: the weights are not counted, so only a KV budget the recipe fixes (`memory.kv_cache_bytes`) is exact".into(),
@@ -172,6 +212,84 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
         }
     }
     Ok(plan)
+}
+
+/// Whether the weights, the engine's own memory and a fixed KV budget fit one GPU (the
+/// host's RAM on a CPU); when they do not, the plan does not fit, says what does not and
+/// by how much, and leads its advice with the smallest changes that would fit.
+/// `overhead`: what the engine holds besides the weights and the cache (activations,
+/// CUDA graphs), as the engine's plan estimated it.
+fn check_memory(plan: &mut Plan, overhead: Vec<Part>, recipe: &Recipe, model: &Model, hardware: &Hardware) {
+    let where_ = if hardware.cpu { "" } else { " per GPU" };
+    let mut parts = vec![Part {
+        what: format!("the weights{where_}"),
+        bytes: plan.weight_bytes,
+        estimated: false,
+    }];
+    let others: u64 = overhead.iter().map(|p| p.bytes).sum();
+    parts.extend(overhead);
+    let fixed_kv = plan.budget.exact.then_some(plan.budget.kv_bytes);
+    if let Some(kv) = fixed_kv {
+        parts.push(Part {
+            what: format!("the fixed KV budget{where_}"),
+            bytes: kv,
+            estimated: false,
+        });
+    }
+    let needed: u64 = parts.iter().map(|p| p.bytes).sum();
+    if needed <= hardware.memory {
+        return;
+    }
+    let memory = hardware.memory;
+    let fits = |weights: u64| weights + others + fixed_kv.unwrap_or(0) <= memory;
+    let mut ways = Vec::new();
+    let gpu_engine = !hardware.cpu && recipe.engine.kind != EngineKind::Native;
+    if gpu_engine && model.weight_bytes > 0 {
+        let tp = recipe.serving.tensor_parallel.unwrap_or(1).max(1);
+        let pp = recipe.serving.pipeline_parallel.unwrap_or(1).max(1);
+        if let Some(t) = (1..=6)
+            .map(|k| tp << k)
+            .find(|&t| fits(model.weight_bytes / u64::from(t * pp)))
+        {
+            ways.push(format!(
+                "split the model across more GPUs: `serving.tensor_parallel = {t}` leaves {} of weights per GPU",
+                gib(model.weight_bytes / u64::from(t * pp))
+            ));
+        }
+    }
+    if recipe.quantize.is_none() && !hardware.cpu {
+        let quantized = (plan.weight_bytes as f64 * NVFP4_SHARE) as u64;
+        if fits(quantized) {
+            ways.push(format!(
+                "quantize the weights: `[quantize] scheme = \"nvfp4a16\"` writes about {}{where_} (`sous plan --set quantize.scheme=nvfp4a16` counts it exactly)",
+                gib(quantized)
+            ));
+        }
+    }
+    if let Some(kv) = fixed_kv {
+        let room = memory.saturating_sub(plan.weight_bytes + others);
+        if room > 0 && room < kv {
+            ways.push(format!(
+                "give the cache less: `memory.kv_cache_bytes` of at most {} (the memory left by the rest)",
+                gib(room)
+            ));
+        }
+    }
+    if ways.is_empty() {
+        ways.push(format!(
+            "nothing in the recipe's reach makes {} fit {}: a machine with more memory",
+            gib(needed),
+            gib(memory)
+        ));
+    }
+    plan.fits = false;
+    ways.append(&mut plan.advice);
+    plan.advice = ways;
+    plan.shortfall = Some(Shortfall {
+        parts,
+        needed_bytes: needed,
+        memory_bytes: memory,
+    });
 }
 
 fn native(
@@ -257,6 +375,7 @@ fn native(
         growing_layers: layers,
         layers,
         fits,
+        shortfall: None,
         advice,
         warnings: Vec::new(),
         decode_ceiling_tok_s: None,
@@ -264,7 +383,13 @@ fn native(
     })
 }
 
-fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64) -> Result<Plan, PlanError> {
+fn vllm(
+    recipe: &Recipe,
+    memory: &EngineMemory,
+    model: &Model,
+    hardware: &Hardware,
+    max_model_len: u64,
+) -> Result<(Plan, Vec<Part>), PlanError> {
     let shape = &model.shape;
     let (model_bytes, kv_bytes_el) = element_bytes(recipe, shape)?;
     let tp = recipe.serving.tensor_parallel.unwrap_or(1).max(1) as u64;
@@ -278,17 +403,38 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
         .serving
         .max_num_seqs
         .map_or(VLLM_DEFAULT_MAX_SEQS, u64::from);
+    let mut warnings = Vec::new();
+    // The profile run's peak (`gpu_worker.determine_available_memory`): activations
+    // of one `max_num_batched_tokens` step, estimated as the residual stream, the
+    // attention and MLP intermediates, and the sampler's logits for `max_num_seqs`.
+    let h = shape.hidden_size as u64;
+    let i = shape.intermediate_size as u64;
+    let activation = ((batched * (4 * h + 2 * i) / tp) as f64 * model_bytes
+        + (seqs * shape.vocab_size as u64 * 4) as f64) as u64;
+    let overhead = if hardware.cpu {
+        Vec::new()
+    } else {
+        vec![
+            Part {
+                what: format!("activations of a {batched}-token step"),
+                bytes: activation,
+                estimated: true,
+            },
+            Part {
+                what: "CUDA graphs and context".into(),
+                bytes: CUDA_GRAPHS_ESTIMATE,
+                estimated: true,
+            },
+        ]
+    };
+    if !hardware.cpu && memory.cpu_kv_space.is_some() {
+        warnings.push(format!(
+            "`{VLLM_CPU_KV_SPACE}` in `[env]` sizes the cache of vLLM's CPU backend only: on a GPU it changes nothing"
+        ));
+    }
     let (available, exact, steps) = if hardware.cpu {
-        let b = recipe.memory.kv_cache_bytes.unwrap_or(VLLM_CPU_DEFAULT_KV);
-        (
-            b,
-            true,
-            vec![format!(
-                "`VLLM_CPU_KVCACHE_SPACE` (`memory.kv_cache_bytes`): {}",
-                gib(b)
-            )],
-        )
-    } else if let Some(b) = recipe.memory.kv_cache_bytes {
+        vllm_cpu_budget(memory, hardware, weights, &mut warnings)
+    } else if let Some(b) = memory.kv_cache_bytes {
         (
             b,
             true,
@@ -298,23 +444,22 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
             )],
         )
     } else {
-        let util = recipe.memory.gpu_utilization.unwrap_or(VLLM_DEFAULT_UTILIZATION);
+        let util = memory
+            .gpu_utilization
+            .unwrap_or_else(|| memory.vllm_default_utilization());
         let requested = (hardware.memory as f64 * util) as u64;
-        // The profile run's peak (`gpu_worker.determine_available_memory`): activations
-        // of one `max_num_batched_tokens` step, estimated as the residual stream, the
-        // attention and MLP intermediates, and the sampler's logits for `max_num_seqs`.
-        let h = shape.hidden_size as u64;
-        let i = shape.intermediate_size as u64;
-        let activation = (batched * (4 * h + 2 * i) / tp) as f64 * model_bytes
-            + (seqs * shape.vocab_size as u64 * 4) as f64;
-        let activation = activation as u64;
         let kv = requested.saturating_sub(weights + activation + CUDA_GRAPHS_ESTIMATE);
+        let default = if memory.gpu_utilization.is_none() {
+            format!(", vLLM {}'s default", memory.version)
+        } else {
+            String::new()
+        };
         (
             kv,
             false,
             vec![
                 format!(
-                    "{util} of {} = {} for vLLM (`--gpu-memory-utilization`)",
+                    "{util} of {} = {} for vLLM (`--gpu-memory-utilization`{default})",
                     gib(hardware.memory),
                     gib(requested)
                 ),
@@ -352,7 +497,9 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
     let mut advice = Vec::new();
     if !exact && available == 0 {
         // The weights (and activations) alone exceed the share the engine may take.
-        let util = recipe.memory.gpu_utilization.unwrap_or(VLLM_DEFAULT_UTILIZATION);
+        let util = memory
+            .gpu_utilization
+            .unwrap_or_else(|| memory.vllm_default_utilization());
         let ceiling = if hardware.unified { 0.9 } else { 0.95 };
         if util < ceiling {
             advice.push(format!(
@@ -404,14 +551,13 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
                 - (hardware.memory as f64 * recipe.memory.gpu_utilization.unwrap_or_default()) as u64)
         ));
     }
-    let mut warnings = Vec::new();
     if layout.block_size > settings.block_size && recipe.serving.prefix_caching == Some(true) {
         warnings.push(format!(
             "the hybrid layout makes attention blocks of {} tokens: prefix caching only reuses whole blocks, so a shared prefix shorter than that is never a hit",
             layout.block_size
         ));
     }
-    Ok(Plan {
+    let plan = Plan {
         engine: format!("vllm{}", if hardware.cpu { " (CPU backend)" } else { "" }),
         hardware: hardware.name.clone(),
         memory_bytes: hardware.memory,
@@ -431,11 +577,94 @@ fn vllm(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
         growing_layers: shape.growing_layers(),
         layers: shape.layers.len(),
         fits,
+        shortfall: None,
         advice,
         warnings,
         decode_ceiling_tok_s: None,
         decode_ceiling_speculative_tok_s: None,
-    })
+    };
+    Ok((plan, overhead))
+}
+
+/// vLLM's CPU backend's KV budget, by release (`vllm/platforms/cpu.py` and
+/// `vllm/v1/worker/cpu_worker.py`; the rules are in `launch::memory`).
+fn vllm_cpu_budget(
+    memory: &EngineMemory,
+    hardware: &Hardware,
+    weights: u64,
+    warnings: &mut Vec<String>,
+) -> (u64, bool, Vec<String>) {
+    let v = &memory.version;
+    if let Some(b) = memory.cpu_kv_space {
+        let flag = if memory.kv_cache_bytes.is_some() {
+            ", over `--kv-cache-memory-bytes`"
+        } else {
+            ""
+        };
+        return (
+            b,
+            true,
+            vec![format!("`{VLLM_CPU_KV_SPACE}` in `[env]`{flag}: {}", gib(b))],
+        );
+    }
+    if v.at_least(0, 20, 0) {
+        if let Some(b) = memory.kv_cache_bytes {
+            return (
+                b,
+                true,
+                vec![format!(
+                    "`--kv-cache-memory-bytes` (`memory.kv_cache_bytes`): {}",
+                    gib(b)
+                )],
+            );
+        }
+        let util = memory
+            .gpu_utilization
+            .unwrap_or_else(|| memory.vllm_default_utilization());
+        let requested = (hardware.memory as f64 * util) as u64;
+        let kv = requested.saturating_sub(weights);
+        return (
+            kv,
+            false,
+            vec![
+                format!(
+                    "{util} of {} RAM = {} for vLLM (`--gpu-memory-utilization`, a fraction of RAM on the CPU backend)",
+                    gib(hardware.memory),
+                    gib(requested)
+                ),
+                format!(
+                    "less what the process holds once loaded, estimated as the weights: {}",
+                    gib(weights)
+                ),
+                format!("= {} for the KV cache", gib(kv)),
+            ],
+        );
+    }
+    if memory.kv_cache_bytes.is_some() {
+        warnings.push(format!(
+            "vLLM {v}'s CPU backend sizes its cache from `{VLLM_CPU_KV_SPACE}` alone and ignores `--kv-cache-memory-bytes` (`memory.kv_cache_bytes`): set `[env] {VLLM_CPU_KV_SPACE}` to the budget in whole GiB"
+        ));
+    }
+    if v.at_least(0, 13, 0) {
+        let half = hardware.memory / 2;
+        (
+            half,
+            false,
+            vec![format!(
+                "`{VLLM_CPU_KV_SPACE}` unset: vLLM {v} takes half of the RAM of each NUMA node ({} with one node)",
+                gib(half)
+            )],
+        )
+    } else {
+        (
+            VLLM_CPU_DEFAULT_KV,
+            true,
+            vec![format!(
+                "`{VLLM_CPU_KV_SPACE}` unset: vLLM {v} takes {}",
+                gib(VLLM_CPU_DEFAULT_KV)
+            )],
+        )
+    }
 }
 
 /// SGLang's default `--mem-fraction-static` when the recipe sets none: its
@@ -455,7 +684,13 @@ pub const TRTLLM_TOKENS_PER_BLOCK: usize = 32;
 /// qk_rope_head_dim) * layers * dtype`. TensorRT-LLM (`KvCacheCreator`): the fraction
 /// `free_gpu_memory_fraction` of the memory free after the weights and a profiling
 /// run, in blocks of 32 tokens.
-fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64) -> Result<Plan, PlanError> {
+fn pool(
+    recipe: &Recipe,
+    memory: &EngineMemory,
+    model: &Model,
+    hardware: &Hardware,
+    max_model_len: u64,
+) -> Result<(Plan, Vec<Part>), PlanError> {
     let kind = recipe.engine.kind;
     let shape = &model.shape;
     if shape
@@ -480,10 +715,9 @@ fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
     };
     let cell = (shape.layers.iter().map(per_layer).sum::<f64>() / pp as f64) as u64;
     let weights = model.weight_bytes / (tp as u64 * pp);
-    let (kv_bytes, exact, steps, block) = if let Some(b) = recipe.memory.kv_cache_bytes {
-        (b, true, vec![format!("`memory.kv_cache_bytes`: {}", gib(b))], 1)
-    } else if kind == EngineKind::Sglang {
-        let (fraction, assumed) = match recipe.memory.gpu_utilization {
+    let (kv_bytes, exact, mut steps, block) = if kind == EngineKind::Sglang {
+        // `memory.kv_cache_bytes` is refused for SGLang (`launch::memory`).
+        let (fraction, assumed) = match memory.gpu_utilization {
             Some(f) => (f, ""),
             None => (SGLANG_ASSUMED_FRACTION, " (assumed: SGLang picks it by GPU size)"),
         };
@@ -508,29 +742,44 @@ fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
             1,
         )
     } else {
-        let fraction = recipe
-            .memory
-            .gpu_utilization
-            .unwrap_or(TRTLLM_DEFAULT_FREE_FRACTION);
+        // `KvCacheConfig`: the smaller of `max_gpu_total_bytes` and the fraction's share,
+        // the fraction defaulting to 0.9 whether or not the bytes are set.
+        let fraction = memory.gpu_utilization.unwrap_or(TRTLLM_DEFAULT_FREE_FRACTION);
         let free = hardware.memory.saturating_sub(weights + CUDA_GRAPHS_ESTIMATE);
-        let kv = (free as f64 * fraction) as u64;
-        (
-            kv,
-            false,
-            vec![
-                format!(
-                    "{} less the weights ({}) and runtime buffers (estimated {}) = {} free",
-                    gib(hardware.memory),
-                    gib(weights),
-                    gib(CUDA_GRAPHS_ESTIMATE),
-                    gib(free)
-                ),
-                format!("`free_gpu_memory_fraction` {fraction} of it = {}", gib(kv)),
-            ],
-            TRTLLM_TOKENS_PER_BLOCK,
-        )
+        let share = (free as f64 * fraction) as u64;
+        let mut steps = vec![
+            format!(
+                "{} less the weights ({}) and runtime buffers (estimated {}) = {} free",
+                gib(hardware.memory),
+                gib(weights),
+                gib(CUDA_GRAPHS_ESTIMATE),
+                gib(free)
+            ),
+            format!("`free_gpu_memory_fraction` {fraction} of it = {}", gib(share)),
+        ];
+        let (kv, exact) = match memory.kv_cache_bytes {
+            Some(b) => {
+                steps.push(format!(
+                    "`max_gpu_total_bytes` (`memory.kv_cache_bytes`) {}: the smaller of the two",
+                    gib(b)
+                ));
+                (b.min(share), b <= share)
+            }
+            None => (share, false),
+        };
+        (kv, exact, steps, TRTLLM_TOKENS_PER_BLOCK)
     };
-    let tokens = kv_bytes.checked_div(cell).unwrap_or(0) / block as u64 * block as u64;
+    let mut tokens = kv_bytes.checked_div(cell).unwrap_or(0) / block as u64 * block as u64;
+    if let Some(cap) = memory.max_tokens
+        && cap < tokens
+    {
+        let (flag, whence) = match kind {
+            EngineKind::Sglang => ("--max-total-tokens", "engine.extra_args"),
+            _ => ("kv_cache_config.max_tokens", "engine.extra_options"),
+        };
+        steps.push(format!("`{flag}` {cap} in `{whence}` caps the pool"));
+        tokens = cap / block as u64 * block as u64;
+    }
     let max_concurrency = tokens as f64 / max_model_len.max(1) as f64;
     let fits = tokens >= max_model_len;
     let mut advice = Vec::new();
@@ -541,7 +790,7 @@ fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
         }
     }
     let growing = shape.growing_layers();
-    Ok(Plan {
+    let plan = Plan {
         engine: kind.as_str().into(),
         hardware: hardware.name.clone(),
         memory_bytes: hardware.memory,
@@ -564,11 +813,18 @@ fn pool(recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64)
         growing_layers: growing,
         layers: shape.layers.len(),
         fits,
+        shortfall: None,
         advice,
         warnings: Vec::new(),
         decode_ceiling_tok_s: None,
         decode_ceiling_speculative_tok_s: None,
-    })
+    };
+    let overhead = vec![Part {
+        what: "CUDA graphs and context".into(),
+        bytes: CUDA_GRAPHS_ESTIMATE,
+        estimated: true,
+    }];
+    Ok((plan, overhead))
 }
 
 /// Bytes of one element of the model's compute dtype (`serving.dtype` over the

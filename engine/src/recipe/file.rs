@@ -59,7 +59,8 @@ pub struct RecipeFile {
     pub server: ServerSection,
 
     /// Environment variables set for the engine process, verbatim
-    /// (e.g. `VLLM_PLE_CPU_OFFLOAD = "1"`).
+    /// (e.g. `VLLM_PLE_CPU_OFFLOAD = "1"`). vLLM's `VLLM_CPU_KVCACHE_SPACE` (whole GiB)
+    /// is checked as vLLM parses it and counted by `sous plan` for its CPU backend.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
 
@@ -216,12 +217,15 @@ pub struct EngineSection {
     pub executable: Option<String>,
 
     /// Escape hatch: arguments appended verbatim to the engine's command line, after
-    /// everything sous renders. sous does not check them.
+    /// everything sous renders. A flag that sets what a recipe field sets
+    /// (`--gpu-memory-utilization`, `--max-model-len`, ...) is refused, naming the field;
+    /// the rest is not checked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_args: Vec<String>,
 
     /// Escape hatch for TensorRT-LLM: a table merged over the YAML options file sous
-    /// writes for `trtllm-serve` (any `LlmArgs` field). Other engines refuse it.
+    /// writes for `trtllm-serve` (any `LlmArgs` field but those a recipe field sets,
+    /// which are refused). Other engines refuse it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extra_options: Option<serde_json::Map<String, serde_json::Value>>,
 
