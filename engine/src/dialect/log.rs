@@ -165,7 +165,7 @@ pub mod vllm {
 /// SGLang 0.5.23's lines (`python/sglang/srt/managers/scheduler.py`).
 pub mod sglang {
     /// Marks the capacity line and comes before its token count:
-    /// `max_total_num_tokens=604705, chunked_prefill_size=8192, ...`.
+    /// `max_total_num_tokens=406385, chunked_prefill_size=8192, ...`.
     pub const MAX_TOTAL_NUM_TOKENS: &str = "max_total_num_tokens=";
 }
 
