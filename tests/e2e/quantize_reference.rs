@@ -528,26 +528,7 @@ fn smollm2_w4a4_on_text_windows_matches_llm_compressor() {
     let source = out.path().join("smollm2-f32");
     crate::quantize_util::widen_to_f32(&model, &source);
     let target = out.path().join("smollm2-f32-text");
-    let (code, stdout, stderr) = quantize(
-        &[
-            path(&source),
-            "--out",
-            path(&target),
-            "--scheme",
-            "nvfp4",
-            "--calibration-format",
-            "text",
-            "--samples",
-            "11",
-            "--seq-len",
-            "256",
-            "--json",
-            "--quiet",
-        ],
-        &[],
-    );
-    assert_eq!(code, 0, "{stderr}");
-    let summary = json(&stdout);
+    let summary = quantize_on_text_windows(&source, &target);
     let calibration = &summary["calibration"];
     assert_eq!(calibration["format"], json!("text"));
     assert_eq!(calibration["tokens"], json!(11 * 256));
@@ -606,26 +587,7 @@ fn smollm2_w4a4_on_text_windows_in_bf16_beside_llm_compressor() {
     }
     let out = tempfile::tempdir().expect("tempdir");
     let target = out.path().join("smollm2-text");
-    let (code, stdout, stderr) = quantize(
-        &[
-            path(&model),
-            "--out",
-            path(&target),
-            "--scheme",
-            "nvfp4",
-            "--calibration-format",
-            "text",
-            "--samples",
-            "11",
-            "--seq-len",
-            "256",
-            "--json",
-            "--quiet",
-        ],
-        &[],
-    );
-    assert_eq!(code, 0, "{stderr}");
-    let summary = json(&stdout);
+    let summary = quantize_on_text_windows(&model, &target);
     assert_eq!(summary["calibration"]["bf16"], json!(true));
     let (tensors, _) = read_tensors(&target);
     let Agreement { equal, worst } = beside_llm_compressor(&fixture, &tensors, &summary["calibration"]);
@@ -682,6 +644,34 @@ fn fixture_of(fixture: &Value) -> BTreeMap<String, Value> {
         .iter()
         .map(|(name, t)| (name.clone(), t["sha256"].clone()))
         .collect()
+}
+
+/// `sous quantize --scheme nvfp4` of `source` into `target`, calibrated on the 11 text
+/// windows of 256 tokens of the builtin chapter (the text fixtures'); the `--json` summary.
+fn quantize_on_text_windows(source: &Path, target: &Path) -> Value {
+    let (code, stdout, stderr) = quantize(
+        &[
+            path(source),
+            "--out",
+            path(target),
+            "--scheme",
+            "nvfp4",
+            "--calibration-format",
+            "text",
+            "--samples",
+            "11",
+            "--seq-len",
+            "256",
+            "--json",
+            "--quiet",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let summary = json(&stdout);
+    assert_eq!(summary["calibration"]["format"], json!("text"));
+    assert_eq!(summary["calibration"]["tokens"], json!(11 * 256));
+    summary
 }
 
 /// How close a checkpoint's activation scales are to the reference's.
