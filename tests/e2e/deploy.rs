@@ -1127,22 +1127,63 @@ fn strings_of(value: &Value) -> Option<Vec<String>> {
 /// did under compose, where `command` only replaces the image's CMD.
 #[test]
 fn every_target_runs_the_dry_run_command_line_in_the_image() {
-    for recipe in [DGX, "recipes/dgx-spark/qwen3.8-27b-nvfp4-baseline.toml", TITAN] {
-        let (code, dry, stderr) = run(sous().args(["serve", "--dry-run", "--json", "--recipe", recipe]));
+    const BASELINE: &str = "recipes/dgx-spark/qwen3.8-27b-nvfp4-baseline.toml";
+    let cases: [(&str, &[&str], EngineKind, &[&str]); 5] = [
+        (DGX, &[], EngineKind::Vllm, &["vllm", "serve"]),
+        (BASELINE, &[], EngineKind::Vllm, &["vllm", "serve"]),
+        (TITAN, &[], EngineKind::Vllm, &["vllm", "serve"]),
+        // The other engines' official images, with the baseline's settings.
+        (
+            BASELINE,
+            &[
+                "--set",
+                "engine.kind=sglang",
+                "--set",
+                "engine.image=lmsysorg/sglang:v0.5.23",
+            ],
+            EngineKind::Sglang,
+            &["/opt/nvidia/nvidia_entrypoint.sh"],
+        ),
+        (
+            BASELINE,
+            &[
+                "--set",
+                "engine.kind=trtllm",
+                "--set",
+                "engine.version=1.3.0",
+                "--set",
+                "engine.image=nvcr.io/nvidia/tensorrt-llm/release:1.3.0",
+            ],
+            EngineKind::Trtllm,
+            &["/opt/nvidia/nvidia_entrypoint.sh"],
+        ),
+    ];
+    for (recipe, sets, engine_kind, image_entrypoint) in cases {
+        let (code, dry, stderr) = run(sous()
+            .args(["serve", "--dry-run", "--json", "--recipe", recipe])
+            .args(sets));
         assert_eq!(code, 0, "{stderr}");
         let dry: serde_json::Value = serde_json::from_str(&dry).expect("json");
-        let argv: Vec<String> = serde_json::from_value(dry["argv"].clone()).expect("argv");
+        let argv: Vec<String> = serde_json::from_value::<Vec<String>>(dry["argv"].clone())
+            .expect("argv")
+            .into_iter()
+            // The engine's option files are mounted at /etc/sous in the containers.
+            .map(|a| match a.rsplit_once('/') {
+                Some((_, "trtllm-options.yaml")) => "/etc/sous/trtllm-options.yaml".to_owned(),
+                _ => a,
+            })
+            .collect();
         let version = dry["version"].as_str().and_then(|v| v.parse().ok());
 
-        let (stream, _) = render_ok(&["--recipe", recipe]);
+        let (stream, _) = render_ok(&[&["--recipe", recipe][..], sets].concat());
         let docs = documents(&stream);
         let d: Deployment = kind(&docs, "Deployment");
         let pod = pod_spec(&d);
         let engine = &pod.containers[0];
         let image_ref = engine.image.clone().expect("image");
-        let image = image::official(&image_ref, EngineKind::Vllm, version.as_ref())
-            .unwrap_or_else(|| panic!("{image_ref} is an official vLLM image"));
-        assert_eq!(image.entrypoint, ["vllm", "serve"], "{recipe}");
+        let image = image::official(&image_ref, engine_kind, version.as_ref())
+            .unwrap_or_else(|| panic!("{image_ref} is an official {engine_kind:?} image"));
+        assert_eq!(image.entrypoint, image_entrypoint, "{recipe}");
         assert_eq!(
             k8s_effective(&image, engine.command.clone(), engine.args.clone()),
             argv,
@@ -1157,7 +1198,7 @@ fn every_target_runs_the_dry_run_command_line_in_the_image() {
             );
         }
 
-        let (compose, _) = render_ok(&["--recipe", recipe, "--target", "compose"]);
+        let (compose, _) = render_ok(&[&["--recipe", recipe, "--target", "compose"][..], sets].concat());
         let compose: Value = serde_yaml_ng::from_str(
             compose
                 .split("# ==> recipe.toml <==")
@@ -1198,7 +1239,7 @@ fn every_target_runs_the_dry_run_command_line_in_the_image() {
         if recipe != TITAN {
             let out = tempfile::tempdir().expect("tempdir");
             let dir = out.path().join("units");
-            let (code, _, stderr) = deploy(
+            let args = [
                 &[
                     "render",
                     "--recipe",
@@ -1207,9 +1248,11 @@ fn every_target_runs_the_dry_run_command_line_in_the_image() {
                     "systemd",
                     "--out",
                     dir.to_str().expect("utf-8"),
-                ],
-                &[],
-            );
+                ][..],
+                sets,
+            ]
+            .concat();
+            let (code, _, stderr) = deploy(&args, &[]);
             assert_eq!(code, 0, "{stderr}");
             let rendered = std::fs::read_dir(&dir)
                 .expect("units")

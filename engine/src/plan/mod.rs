@@ -283,6 +283,13 @@ fn check_memory(plan: &mut Plan, overhead: Vec<Part>, recipe: &Recipe, model: &M
         ));
     }
     plan.fits = false;
+    // The engine's own advice on the same levers guessed without the whole sum.
+    let levers = ["serving.tensor_parallel", "[quantize]"];
+    plan.advice.retain(|a| {
+        !levers
+            .iter()
+            .any(|l| a.contains(l) && ways.iter().any(|w| w.contains(l)))
+    });
     ways.append(&mut plan.advice);
     plan.advice = ways;
     plan.shortfall = Some(Shortfall {
