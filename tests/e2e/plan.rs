@@ -188,7 +188,7 @@ fn weights_and_a_fixed_budget_larger_than_the_card_do_not_fit() {
     let work = tempfile::tempdir().expect("tempdir");
     let model = model_dir(&work.path().join("qwen3-32b"), "qwen3-32b.json", true);
     let path = format!("model.path={model}");
-    let (code, out, stderr) = offline_plan(&[
+    let args = [
         "--recipe",
         "recipes/titan/qwen3.8-flash-next.toml",
         "--gpu",
@@ -197,7 +197,8 @@ fn weights_and_a_fixed_budget_larger_than_the_card_do_not_fit() {
         &path,
         "--set",
         "serving.max_model_len=32768",
-    ]);
+    ];
+    let (code, out, stderr) = offline_plan(&args);
     assert_eq!(code, 1, "{out}\n{stderr}");
     for line in [
         "Does not fit: the weights per GPU 61.",
@@ -209,17 +210,7 @@ fn weights_and_a_fixed_budget_larger_than_the_card_do_not_fit() {
     ] {
         assert!(out.contains(line), "no {line:?} in\n{out}");
     }
-    let (code, json, _) = offline_plan(&[
-        "--recipe",
-        "recipes/titan/qwen3.8-flash-next.toml",
-        "--gpu",
-        "h100",
-        "--set",
-        &path,
-        "--set",
-        "serving.max_model_len=32768",
-        "--json",
-    ]);
+    let (code, json, _) = offline_plan(&[&args[..], &["--json"]].concat());
     assert_eq!(code, 1);
     let json: Value = serde_json::from_str(&json).expect("json");
     assert_eq!(json["fits"], false);

@@ -530,8 +530,6 @@ fn smollm2_w4a4_on_text_windows_matches_llm_compressor() {
     let target = out.path().join("smollm2-f32-text");
     let summary = quantize_on_text_windows(&source, &target);
     let calibration = &summary["calibration"];
-    assert_eq!(calibration["format"], json!("text"));
-    assert_eq!(calibration["tokens"], json!(11 * 256));
     let (tensors, _) = read_tensors(&target);
     let Agreement { equal, worst } = beside_llm_compressor(&fixture, &tensors, calibration);
     eprintln!(

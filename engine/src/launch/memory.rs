@@ -141,7 +141,8 @@ pub fn resolve(recipe: &Recipe) -> Result<Option<EngineMemory>, RenderError> {
 /// [`resolve`] for an adapter that knows its release.
 pub(super) fn of(recipe: &Recipe, target: &Target) -> Result<EngineMemory, RenderError> {
     let (fields, prefixes): (&[(&str, &str)], bool) = match recipe.engine.kind {
-        EngineKind::Vllm | EngineKind::Native => (VLLM_FIELDS, true),
+        EngineKind::Native => (&[], false),
+        EngineKind::Vllm => (VLLM_FIELDS, true),
         EngineKind::Sglang => (SGLANG_FIELDS, true),
         EngineKind::Trtllm => (TRTLLM_FIELDS, false),
     };
