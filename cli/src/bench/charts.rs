@@ -27,31 +27,31 @@ pub fn draw(dir: &Path, name: &str, levels: &[Level]) -> Result<Vec<PathBuf>, St
     Ok(files)
 }
 
-type Result2 = Result<(), Box<dyn std::error::Error>>;
+pub(crate) type Result2 = Result<(), Box<dyn std::error::Error>>;
 
-fn top(values: impl Iterator<Item = f64>) -> f64 {
+pub(crate) fn top(values: impl Iterator<Item = f64>) -> f64 {
     let max = values.fold(0.0, f64::max);
     if max > 0.0 { max * 1.1 } else { 1.0 }
 }
 
 /// One line of a chart, with a dot of `marker` pixels at each point (or none).
-struct Line {
-    name: String,
-    color: RGBAColor,
-    points: Vec<(f64, f64)>,
-    marker: Option<u32>,
+pub(crate) struct Line {
+    pub(crate) name: String,
+    pub(crate) color: RGBAColor,
+    pub(crate) points: Vec<(f64, f64)>,
+    pub(crate) marker: Option<u32>,
 }
 
 /// A chart's title, axis names and y range (`None`: from 0 to above the highest point).
-struct Frame<'a> {
-    title: &'a str,
-    x_desc: &'a str,
-    y_desc: &'a str,
-    y_max: Option<f64>,
+pub(crate) struct Frame<'a> {
+    pub(crate) title: &'a str,
+    pub(crate) x_desc: &'a str,
+    pub(crate) y_desc: &'a str,
+    pub(crate) y_max: Option<f64>,
 }
 
 /// Draws `lines` on one frame, with a legend; every chart here is this.
-fn line_chart(path: &Path, frame: &Frame<'_>, lines: Vec<Line>) -> Result2 {
+pub(crate) fn line_chart(path: &Path, frame: &Frame<'_>, lines: Vec<Line>) -> Result2 {
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE)?;
     let x_max = top(lines.iter().flat_map(|l| l.points.iter().map(|p| p.0)));

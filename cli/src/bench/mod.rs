@@ -24,6 +24,7 @@ pub mod scrape;
 pub mod server;
 pub mod stats;
 pub mod table;
+pub mod window;
 pub mod workload;
 
 pub use error::BenchError;
