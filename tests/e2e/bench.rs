@@ -451,7 +451,8 @@ fn every_workload_runs_against_the_native_engine() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     let state = state.to_str().expect("utf-8");
-    let envs = [("SOUS_STATE_DIR", state)];
+    // A stats line every second (vLLM's variable), so that `bench logs` has a few.
+    let envs = [("SOUS_STATE_DIR", state), ("VLLM_LOG_STATS_INTERVAL", "1")];
     let port = free_port();
     let on = recipe(dir.path(), "bench-on", port, true, &model);
     let server = Running::start(&["serve", "--recipe", on.to_str().expect("utf-8")], &envs);
@@ -586,6 +587,41 @@ fn every_workload_runs_against_the_native_engine() {
             "{chart}"
         );
     }
+    // The engine's own log, read back as vLLM's: every stats line has vLLM's prefix.
+    let log_path = Path::new(state).join("bench-on/engine.log");
+    let log = std::fs::read_to_string(&log_path).expect("engine.log");
+    let prefix = regex::Regex::new(
+        r"^\(APIServer pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[core\.rs:\d+\] Engine 000: Avg prompt throughput: ",
+    )
+    .expect("pattern");
+    let stats: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Avg prompt throughput"))
+        .collect();
+    assert!(stats.len() >= 2, "{log}");
+    assert!(stats.iter().all(|l| prefix.is_match(l)), "{stats:?}");
+    let (code, stdout, stderr) = run(sous().args(["bench", "logs", "--json"]).arg(&log_path));
+    assert_eq!(code, 0, "{stderr}");
+    let logs: Value = serde_json::from_str(&stdout).expect("json");
+    let instance = &logs["instances"][0];
+    assert_eq!(
+        instance["samples"].as_u64(),
+        Some(stats.len() as u64),
+        "{instance}"
+    );
+    assert_eq!(instance["malformed_lines"], 0, "{instance}");
+    let generated: f64 = instance["curve"]
+        .as_array()
+        .expect("curve")
+        .iter()
+        .map(|p| p["generation_tok_s"]["max"].as_f64().expect("max"))
+        .fold(0.0, f64::max);
+    assert!(generated > 0.0, "{instance}");
+    // The prefix and agent workloads hit the cache, and the log says so.
+    let hits = instance["prefix_cache_hit_rate_pct"]["last"]
+        .as_f64()
+        .expect("hit rate");
+    assert!(hits > 10.0, "{instance}");
     drop(server);
 
     // Prefix caching off, served by `sous bench --recipe`: no hits, from the engine's counters.
@@ -639,6 +675,177 @@ fn logs_of_three_instances_give_the_curves_and_the_cluster_percentiles() {
     let (code, _, stderr) = run(sous().args(["bench", "logs", "/nonexistent/vllm.log"]));
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("/nonexistent/vllm.log"), "{stderr}");
+}
+
+#[test]
+fn two_logs_give_the_dgx_spark_before_and_after_table() {
+    // vLLM 0.27.1's lines for the report's baseline and tuned recipes
+    // (tests/fixtures/vllm-logs/README.md says how they were made).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fixtures = root().join("tests/fixtures/vllm-logs");
+    let mut reports = Vec::new();
+    for (name, file) in [
+        ("baseline", "dgx-spark-baseline.log"),
+        ("tuned", "dgx-spark-tuned.log"),
+    ] {
+        let (code, stdout, stderr) = run(sous()
+            .args(["bench", "logs", "--year", "2026", "--json", "--name", name])
+            .arg(fixtures.join(file)));
+        assert_eq!(code, 0, "{stderr}");
+        let path = dir.path().join(format!("{name}.json"));
+        std::fs::write(&path, &stdout).expect("report");
+        reports.push((path, serde_json::from_str::<Value>(&stdout).expect("json")));
+    }
+    let tuned = &reports[1].1["instances"][0];
+    // The report's figures: 22-31 tok/s alone, 40-56 at 4, 60-82 % acceptance per line,
+    // 2.3-2.6 tokens per step, and a hit rate that ends at 84-86 %.
+    let level = |n: usize, key: &str| {
+        tuned["curve"][n - 1]["generation_tok_s"][key]
+            .as_f64()
+            .expect("figure")
+    };
+    assert!(level(1, "min") >= 22.0 && level(1, "max") <= 31.0, "{tuned}");
+    assert!(level(4, "min") >= 40.0 && level(4, "max") <= 56.0, "{tuned}");
+    let spec = &tuned["spec_decode"];
+    let per_line = &spec["per_line_acceptance_rate_pct"];
+    assert!(
+        per_line["min"].as_f64() >= Some(60.0) && per_line["max"].as_f64() <= Some(82.0),
+        "{spec}"
+    );
+    let length = &spec["per_line_mean_acceptance_length"];
+    assert!(
+        length["min"].as_f64() >= Some(2.2) && length["max"].as_f64() <= Some(2.6),
+        "{spec}"
+    );
+    // Over the window, vLLM's definitions on the summed counts.
+    let (accepted, drafted) = (
+        spec["accepted_tokens"].as_f64().expect("accepted"),
+        spec["drafted_tokens"].as_f64().expect("drafted"),
+    );
+    let rate = spec["acceptance_rate_pct"].as_f64().expect("rate");
+    assert!((rate - accepted / drafted * 100.0).abs() < 1e-9, "{spec}");
+    // MTP drafts 2 tokens every time: drafts = drafted / 2.
+    let mean_length = spec["mean_acceptance_length"].as_f64().expect("length");
+    assert!(
+        (mean_length - (1.0 + accepted / (drafted / 2.0))).abs() < 1e-9,
+        "{spec}"
+    );
+    let hit = tuned["prefix_cache_hit_rate_pct"]["last"].as_f64().expect("hit");
+    assert!((84.0..=86.0).contains(&hit), "{tuned}");
+
+    let (code, table, stderr) = run(sous()
+        .args(["bench", "compare"])
+        .arg(&reports[0].0)
+        .arg(&reports[1].0));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(table.starts_with("baseline -> tuned"), "{table}");
+    let row = |label: &str| -> Vec<String> {
+        let line = table
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .expect(label);
+        line[line.find(label).expect("label") + label.len()..]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let single = row("gen tok/s, 1 running");
+    assert!(
+        single[0].starts_with("9.0 (") && single[1].starts_with("25.6 ("),
+        "{single:?}"
+    );
+    assert_eq!(single[2], "2.84x", "{table}");
+    assert_eq!(
+        row("prefix cache hit rate, end")[..2],
+        ["0.0%", "85.7%"],
+        "{table}"
+    );
+    assert_eq!(row("spec decode acceptance")[..2], ["-", "70.1%"], "{table}");
+    assert_eq!(row("mean acceptance length")[..2], ["-", "2.40"], "{table}");
+    assert!(table.contains("KV cache usage, max"), "{table}");
+}
+
+#[test]
+fn a_window_and_a_restart_bound_what_the_logs_count() {
+    let dir = root().join("tests/fixtures/vllm-logs");
+    let files: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("instance-{i}.log"))).collect();
+    // Instances 0 and 1 from 10:00:30 to 10:04:00; instance 2 since its restart
+    // (10:01:40), as the Titan report took "since instance 2's restart".
+    let (code, stdout, stderr) = run(sous()
+        .args([
+            "bench",
+            "logs",
+            "--year",
+            "2026",
+            "--json",
+            "--since",
+            "2026-09-06 10:00:30",
+            "--until",
+            "2026-09-06T10:04:00Z",
+            "--after-restart",
+        ])
+        .args(&files));
+    assert_eq!(code, 0, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(report["window"]["since"], "2026-09-06T10:00:30");
+    assert_eq!(report["window"]["until"], "2026-09-06T10:04:00");
+    assert_eq!(report["window"]["after_restart"], "last");
+    let counts: Vec<(u64, u64)> = (0..3)
+        .map(|i| {
+            let instance = &report["instances"][i];
+            (
+                instance["samples"].as_u64().expect("samples"),
+                instance["window"]["lines_outside"].as_u64().expect("outside"),
+            )
+        })
+        .collect();
+    // instance-0: 7 stats lines from 10:00:35 to 10:03:35 in; 10:00:05, 10:00:15,
+    // 10:00:25 and 10:04:45 out, with the spec line of 10:00:05. instance-1: 10:00:38,
+    // 10:01:08, 10:01:18 and 10:02:08 in (10:01:28 is malformed); 5 out. instance-2:
+    // from its restart at 10:01:40, 10:02:10 to 10:03:30 in; 10:00:02, 10:00:12 and
+    // 10:04:40 out.
+    assert_eq!(counts, [(7, 5), (4, 5), (5, 3)], "{report}");
+    assert_eq!(
+        report["instances"][2]["window"]["after_restart"],
+        "2026-09-06T10:01:40"
+    );
+    assert_eq!(report["instances"][0]["window"]["after_restart"], Value::Null);
+
+    // Relative: the last 2 minutes before the latest line (10:04:45).
+    let (code, table, stderr) = run(sous()
+        .args(["bench", "logs", "--year", "2026", "--since", "2m"])
+        .args(&files));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(table.contains("window: from 2026-09-06 10:02:45;"), "{table}");
+
+    // A window with nothing in it, and restarts that do not exist, are named.
+    let (code, _, stderr) = run(sous()
+        .args(["bench", "logs", "--year", "2026", "--since", "2026-09-07"])
+        .arg(&files[0]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("instance-0: none of its 11 stats lines falls in the window"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("run from 2026-09-06 10:00:05 to 2026-09-06 10:04:45"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(sous()
+        .args(["bench", "logs", "--year", "2026", "--after-restart=2"])
+        .arg(&files[2]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("asks for restart 2, but the log has 1"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(sous()
+        .args(["bench", "logs", "--since", "yesterday"])
+        .arg(&files[0]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("`yesterday`"), "{stderr}");
 }
 
 /// A `/metrics` endpoint on loopback answering the `pages` in turn (the last one

@@ -59,7 +59,7 @@ pub fn parse_time(text: &str) -> Result<TimeArg, String> {
         Ok(d) if !d.is_zero() => Ok(TimeArg::Ago(d)),
         _ => Err(format!(
             "`{text}` is neither a time (2026-09-06T10:00:00Z, 2026-09-06 10:00, 2026-09-06) \
-             nor a duration before now or the end (5d, 12h, 1h30m)"
+             nor a duration back from --until or the end (5d, 12h, 1h30m)"
         )),
     }
 }

@@ -15,11 +15,13 @@ use crate::failure::UserError;
 use crate::shell::Shell;
 use sous::bench::arrivals;
 use sous::bench::client::Endpoint;
+use sous::bench::logs::AfterRestart;
 use sous::bench::plan::{self, Workload};
 use sous::bench::report;
 use sous::bench::run::{self, Target};
 use sous::bench::scrape;
 use sous::bench::stats::Slo;
+use sous::bench::window::{self, TimeArg, Window};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -83,9 +85,38 @@ pub struct LogsArgs {
     /// Samples further apart than this many seconds bound an idle gap.
     #[arg(long, default_value_t = 15)]
     idle_gap: u32,
+    /// Count only lines from this time on: RFC 3339 (2026-09-06T00:00:00Z), a naive time
+    /// in the log's own clock (2026-09-06 10:00, 2026-09-06), or a duration before
+    /// --until or the latest line of the logs (5d, 12h).
+    #[arg(long, value_name = "TIME", value_parser = window::parse_time)]
+    since: Option<TimeArg>,
+    /// Count only lines before this time (same forms as --since).
+    #[arg(long, value_name = "TIME", value_parser = window::parse_time)]
+    until: Option<TimeArg>,
+    /// Read each log that restarted from its last restart on (or, as --after-restart=N,
+    /// from its N-th, counted from 1); logs that never restarted are read whole.
+    #[arg(long, value_name = "N", num_args = 0..=1, require_equals = true, default_missing_value = "last", value_parser = parse_after_restart)]
+    after_restart: Option<AfterRestart>,
+    /// Draw the throughput-per-running-requests curves (and, for several logs, the
+    /// cluster's per-minute distribution) into this SVG file.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// `--after-restart [N]`: `last` when given alone.
+fn parse_after_restart(text: &str) -> Result<AfterRestart, String> {
+    match text {
+        "last" => Ok(AfterRestart::Last),
+        n => match n.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(AfterRestart::Nth(n)),
+            _ => Err(format!(
+                "`{n}` is not a restart number (1 for the first, or leave it out for the last)"
+            )),
+        },
+    }
 }
 
 /// What every active workload takes.
@@ -285,7 +316,8 @@ pub struct AgentArgs {
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// The baseline report (JSON from `sous bench ... --out` or `--json`).
+    /// The baseline report (JSON from `sous bench ... --out` or `--json`, or from
+    /// `sous bench logs --json`).
     a: PathBuf,
     /// The report to compare with it.
     b: PathBuf,
@@ -377,9 +409,19 @@ fn logs(args: &LogsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         idle_gap_s: args.idle_gap,
         threshold_tok_s: args.threshold,
         top_k: args.top,
+        window: Window {
+            since: args.since,
+            until: args.until,
+        },
+        after_restart: args.after_restart,
         ..defaults
     };
     let report = analyze(&inputs, &options)?;
+    if let Some(path) = &args.svg {
+        sous::bench::logs::chart::draw(path, &report)
+            .map_err(|e| UserError::new(format!("cannot draw {}: {e}", path.display()), None))?;
+        shell.status("wrote", &path.display().to_string());
+    }
     if args.json {
         shell.data(&serde_json::to_string_pretty(&report)?)?;
     } else {
@@ -417,6 +459,17 @@ fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             .map_err(|e| UserError::new(format!("{} is not JSON: {e}", path.display()), None).into())
     };
     let (a, b) = (read(&args.a)?, read(&args.b)?);
+    use sous::bench::logs::compare as logs_compare;
+    if logs_compare::is_logs_report(&a) || logs_compare::is_logs_report(&b) {
+        let table = logs_compare::compare(&a, &b).map_err(|e| {
+            UserError::new(
+                e,
+                Some("compare two `sous bench logs --json` reports, or one and an active report"),
+            )
+        })?;
+        shell.data(&table)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let table = report::compare(&a, &b)
         .map_err(|e| UserError::new(e, Some("compare two reports of `sous bench sweep --out DIR`")))?;
     shell.data(&table)?;

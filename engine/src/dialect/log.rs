@@ -19,6 +19,17 @@ pub mod vllm {
     /// and line), `msg`.
     pub const LINE_PATTERN: &str = r"(?:\([A-Za-z_][\w.-]* pid=(?P<pid>\d+)\)\s+)?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+(?P<mo>\d{2})-(?P<d>\d{2}) (?P<h>\d{2}):(?P<mi>\d{2}):(?P<s>\d{2})(?:[.,]\d+)?\s+\[?(?P<src>[^\]\s]+)\]\s?(?P<msg>.*)$";
 
+    /// A message with vLLM's prefix, as `vllm/logger.py` writes it from the API server's
+    /// process: `(APIServer pid=N) INFO MM-DD HH:MM:SS [file.py:line] message`; `at` is
+    /// the local time (Python's `logging` formats `asctime` in local time) and `source`
+    /// the file and line that logged it.
+    pub fn prefixed(pid: u32, level: &str, at: chrono::NaiveDateTime, source: &str, message: &str) -> String {
+        format!(
+            "(APIServer pid={pid}) {level} {} [{source}] {message}",
+            at.format("%m-%d %H:%M:%S")
+        )
+    }
+
     /// The start of a periodic stats message, up to the parts that vary by release:
     /// vLLM 0.33 `vllm/v1/metrics/loggers.py` `LoggingStatLogger.log` (and 0.10.2's
     /// single format string, and V0's `vllm/engine/metrics.py`). Groups: `prompt`,
@@ -71,10 +82,15 @@ pub mod vllm {
     /// listening address.
     pub const STARTUP_MESSAGES: &[&str] = &[
         "non-default args:",
+        NATIVE_STARTING,
         "vLLM API server version",
         "Starting vLLM API server",
         "Starting vLLM server on",
     ];
+
+    /// What sous's native engine logs once it listens (it is not vLLM, so it does not
+    /// claim vLLM's own line).
+    pub const NATIVE_STARTING: &str = "Starting vLLM-compatible API server on";
 
     /// One periodic stats line as vLLM 0.33 writes it for one engine
     /// (`LoggingStatLogger.log`): the parts joined by `", "`, the optional ones only when
@@ -91,7 +107,8 @@ pub mod vllm {
         pub running: usize,
         /// Requests waiting.
         pub waiting: usize,
-        /// Preemptions so far; the part is left out at 0.
+        /// Preemptions in the interval (0.33 resets the count at each line); the part is
+        /// left out at 0.
         pub preemptions: u64,
         /// The device word: `GPU` for CUDA, else the device type upper-cased.
         pub device: &'a str,
@@ -254,5 +271,23 @@ mod tests {
             "{busy}"
         );
         assert!(STARTUP_MESSAGES.iter().any(|m| log.contains(m)));
+    }
+
+    #[test]
+    fn the_prefix_is_vllms() {
+        let log = sample();
+        let real = log
+            .lines()
+            .find(|l| l.contains(STATS_MARKER))
+            .expect("a stats line");
+        let at = chrono::NaiveDate::from_ymd_opt(2025, 11, 29)
+            .and_then(|d| d.and_hms_opt(23, 23, 43))
+            .expect("time");
+        let message = &real[real.find("] ").expect("prefix") + 2..];
+        assert_eq!(prefixed(13398, "INFO", at, "loggers.py:335", message), real);
+        assert_eq!(
+            prefixed(7, "ERROR", at, "core.rs:554", "boom"),
+            "(APIServer pid=7) ERROR 11-29 23:23:43 [core.rs:554] boom"
+        );
     }
 }

@@ -229,7 +229,7 @@ impl Core {
         self.metrics
             .gauges(self.running.len(), self.waiting.len(), self.pool.usage());
         for line in self.metrics.stats_lines(self.limits.log_interval, "CPU") {
-            self.reporter.output(None, &line);
+            super::log(self.reporter.as_ref(), "INFO", super::here!(), &line);
         }
     }
 
@@ -551,7 +551,7 @@ impl Core {
             Ok(l) => l,
             Err(e) => {
                 let message = format!("the forward pass failed: {e}");
-                self.reporter.output(None, &format!("ERROR {message}"));
+                super::log(self.reporter.as_ref(), "ERROR", super::here!(), &message);
                 let mut failed: Vec<usize> = plan.iter().map(|p| p.0).collect();
                 failed.sort_unstable();
                 for i in failed.into_iter().rev() {

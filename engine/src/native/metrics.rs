@@ -127,6 +127,8 @@ struct State {
     prefix_queries: u64,
     prefix_hits: u64,
     preemptions: u64,
+    /// Preemptions since the last stats line (vLLM 0.33 logs those of the interval).
+    interval_preemptions: u64,
     success: BTreeMap<FinishReason, u64>,
     running: usize,
     waiting: usize,
@@ -206,6 +208,7 @@ impl Metrics {
                 prefix_queries: 0,
                 prefix_hits: 0,
                 preemptions: 0,
+                interval_preemptions: 0,
                 success: BTreeMap::new(),
                 running: 0,
                 waiting: 0,
@@ -276,7 +279,10 @@ impl Metrics {
 
     /// A sequence was preempted.
     pub fn preempted(&self) {
-        self.with(|s| s.preemptions += 1);
+        self.with(|s| {
+            s.preemptions += 1;
+            s.interval_preemptions += 1;
+        });
     }
 
     /// A request finished.
@@ -337,7 +343,7 @@ impl Metrics {
                 generation_tok_s: s.interval_generation as f64 / secs,
                 running: s.running,
                 waiting: s.waiting,
-                preemptions: s.preemptions,
+                preemptions: s.interval_preemptions,
                 device,
                 kv_usage: s.kv_usage,
                 prefix_hit_rate: (q > 0).then(|| h as f64 / q as f64),
@@ -345,6 +351,7 @@ impl Metrics {
             s.interval_start = Instant::now();
             s.interval_prompt = 0;
             s.interval_generation = 0;
+            s.interval_preemptions = 0;
             let mut lines = Vec::new();
             if !idle {
                 lines.push(line.to_string());

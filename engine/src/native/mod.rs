@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::diagnose::{Class, Diagnose, user_unless};
+use crate::dialect::log::vllm;
 use crate::recipe::{EmbeddingDtype, KvCacheDtype, ModelDtype, Recipe};
 use crate::reporter::Reporter;
 use config::ModelConfig;
@@ -170,7 +171,7 @@ pub struct Settings {
     pub api_key: Option<String>,
     /// How long in-flight requests may run after a stop signal.
     pub stop_grace: Duration,
-    /// How often the stats line is logged.
+    /// How often the stats line is logged (`VLLM_LOG_STATS_INTERVAL`, as vLLM).
     pub log_interval: Duration,
 }
 
@@ -234,9 +235,26 @@ impl Settings {
             port: recipe.server.port,
             api_key,
             stop_grace: recipe.server.stop_grace,
-            log_interval: Duration::from_secs(10),
+            log_interval: log_interval(std::env::var("VLLM_LOG_STATS_INTERVAL").ok().as_deref())?,
         })
     }
+}
+
+/// The stats line's interval from vLLM's own variable, read as vLLM 0.33's `envs.py`
+/// reads `VLLM_LOG_STATS_INTERVAL`: seconds as a float, 10 when unset or not above 0.
+fn log_interval(value: Option<&str>) -> Result<Duration, NativeError> {
+    let Some(text) = value else {
+        return Ok(Duration::from_secs(10));
+    };
+    let secs: f64 = text.trim().parse().map_err(|_| NativeError::Settings {
+        message: format!("VLLM_LOG_STATS_INTERVAL is `{text}`, not a number of seconds"),
+        hint: "set it to the seconds between the engine's stats lines (10 by default), or unset it".into(),
+    })?;
+    Ok(if secs > 0.0 && secs.is_finite() {
+        Duration::from_secs_f64(secs)
+    } else {
+        Duration::from_secs(10)
+    })
 }
 
 /// A recipe setting the native engine does not honour: the key, why, and what to do.
@@ -404,6 +422,27 @@ pub fn capacity(per_token: u64, budget: u64, max_model_len: usize) -> Capacity {
     }
 }
 
+/// Writes a line to the engine log with vLLM's prefix (`vllm::prefixed`), so that the
+/// readers of vLLM's logs (`sous bench logs`, `sous serve`'s own scan) read the native
+/// engine's log as they read vLLM's. `source` is `file!():line!()` of the caller (see
+/// [`here`]); its file name is kept.
+pub(crate) fn log(reporter: &dyn Reporter, level: &str, source: &str, message: &str) {
+    let source = source.rsplit('/').next().unwrap_or(source);
+    let at = chrono::Local::now().naive_local();
+    reporter.output(
+        None,
+        &vllm::prefixed(std::process::id(), level, at, source, message),
+    );
+}
+
+/// `file:line` of the place it is written, for [`log`].
+macro_rules! here {
+    () => {
+        concat!(file!(), ":", line!())
+    };
+}
+pub(crate) use here;
+
 /// Total host RAM in bytes (`MemTotal` of `/proc/meminfo`), if known.
 pub fn host_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -417,7 +456,7 @@ impl Engine {
     /// lines as engine output, at start-up and from the running loop.
     pub fn load(settings: Settings, reporter: Arc<dyn Reporter>) -> Result<Engine, NativeError> {
         let started = Instant::now();
-        let log = |line: String| reporter.output(None, &line);
+        let log = |line: String| self::log(reporter.as_ref(), "INFO", here!(), &line);
         let dir = &settings.model_dir;
         let config = ModelConfig::read(dir)?;
         let mut model_limit = config.max_position_embeddings;
@@ -581,5 +620,23 @@ impl Engine {
             max_concurrency,
             started,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_interval_is_read_as_vllm_reads_it() {
+        let secs = |v: Option<&str>| log_interval(v).map(|d| d.as_secs_f64()).ok();
+        assert_eq!(secs(None), Some(10.0));
+        assert_eq!(secs(Some("1")), Some(1.0));
+        assert_eq!(secs(Some(" 0.5 ")), Some(0.5));
+        // vLLM falls back to 10 for 0 and below.
+        assert_eq!(secs(Some("0")), Some(10.0));
+        assert_eq!(secs(Some("-3")), Some(10.0));
+        let err = log_interval(Some("fast")).expect_err("not a number");
+        assert!(err.to_string().contains("`fast`"), "{err}");
     }
 }

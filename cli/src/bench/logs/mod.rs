@@ -12,9 +12,12 @@
 //! [`render`] the terminal text, [`time`] places vLLM's year-less timestamps.
 
 mod analyze;
+pub mod chart;
+pub mod compare;
 mod parse;
 mod render;
 pub mod report;
+mod spec;
 #[cfg(test)]
 mod testing;
 mod time;
@@ -24,6 +27,8 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sous_engine::diagnose::{Class, Diagnose, user_unless};
+
+use crate::bench::window::Window;
 
 pub use analyze::analyze;
 pub use time::LogTime;
@@ -87,6 +92,28 @@ pub struct LogsOptions {
     pub threshold_tok_s: f64,
     /// How many of the largest cluster minutes to list.
     pub top_k: usize,
+    /// `--since`/`--until`; relative times count back from the latest sample of all logs.
+    pub window: Window,
+    /// `--after-restart`: each log that restarted is read from a restart on.
+    pub after_restart: Option<AfterRestart>,
+}
+
+/// Which restart `--after-restart` starts each log's window at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterRestart {
+    /// The last one in the log.
+    Last,
+    /// The n-th one (from 1), in the order of the log.
+    Nth(usize),
+}
+
+impl std::fmt::Display for AfterRestart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AfterRestart::Last => f.write_str("last"),
+            AfterRestart::Nth(n) => write!(f, "{n}"),
+        }
+    }
 }
 
 impl Default for LogsOptions {
@@ -98,6 +125,8 @@ impl Default for LogsOptions {
             log_interval_s: DEFAULT_LOG_INTERVAL_S,
             threshold_tok_s: DEFAULT_THRESHOLD_TOK_S,
             top_k: DEFAULT_TOP_K,
+            window: Window::default(),
+            after_restart: None,
         }
     }
 }
@@ -141,6 +170,31 @@ pub enum LogsError {
         /// How many looked like stats lines but did not parse.
         malformed: usize,
     },
+    /// `--since`/`--until` do not make a window.
+    #[error("{0}")]
+    Window(String),
+    /// A log has no stats line in the window.
+    #[error("{name}: none of its {samples} stats lines falls in the window ({window})")]
+    EmptyWindow {
+        /// The instance.
+        name: String,
+        /// Its stats lines in all.
+        samples: usize,
+        /// The window, as text.
+        window: String,
+        /// Its first and last sample.
+        span: (LogTime, LogTime),
+    },
+    /// `--after-restart N` names a restart a log does not have.
+    #[error("{name}: --after-restart {wanted} asks for restart {wanted}, but the log has {found}")]
+    NoSuchRestart {
+        /// The instance.
+        name: String,
+        /// The restart asked for.
+        wanted: usize,
+        /// How many it has.
+        found: usize,
+    },
     /// A built-in pattern does not compile: a bug in sous.
     #[error("internal error: a built-in log pattern does not compile: {0}")]
     Pattern(#[from] regex::Error),
@@ -157,6 +211,16 @@ impl Diagnose for LogsError {
             LogsError::DuplicateName { .. } => {
                 Some("files with the same name in different directories need distinct labels".into())
             }
+            LogsError::EmptyWindow { span, .. } => Some(format!(
+                "its stats lines run from {} to {}; relative times count back from the latest \
+                 line of all the logs",
+                span.0, span.1
+            )),
+            LogsError::NoSuchRestart { .. } => Some(
+                "`--after-restart` alone starts at each log's last restart; the report lists \
+                 each log's restarts"
+                    .into(),
+            ),
             LogsError::NoSamples { .. } => Some(
                 "vLLM logs `Engine 000: Avg prompt throughput: ...` every 10 s while it serves; \
                  check that this is the server's log and that it ran without --disable-log-stats"

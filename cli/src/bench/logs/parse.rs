@@ -34,6 +34,7 @@ use regex::Regex;
 use sous_engine::dialect::log::vllm::{self, part};
 
 use super::report::Restart;
+use super::spec::{self, SpecSample};
 use super::time::{LogTime, Timeline};
 
 /// The compiled patterns; built once per [`super::analyze`].
@@ -75,6 +76,10 @@ pub(super) struct Sample {
     pub(super) kv_usage: f64,
     /// Preemptions in the line (0 when not logged).
     pub(super) preemptions: u64,
+    /// The prefix-cache hit rate, percent, when logged.
+    pub(super) prefix_hit: Option<f64>,
+    /// The external (KV connector) prefix-cache hit rate, percent, when logged.
+    pub(super) external_prefix_hit: Option<f64>,
 }
 
 /// What a stats message holds besides its time.
@@ -86,6 +91,8 @@ struct Stats {
     waiting: u32,
     kv_usage: f64,
     preemptions: u64,
+    prefix_hit: Option<f64>,
+    external_prefix_hit: Option<f64>,
 }
 
 /// One log, read.
@@ -99,6 +106,8 @@ pub(super) struct ParsedLog {
     pub(super) malformed: Vec<usize>,
     /// Where the server started again.
     pub(super) restarts: Vec<Restart>,
+    /// Its speculative-decoding lines, in order.
+    pub(super) spec: Vec<SpecSample>,
 }
 
 /// Reads one log's lines: stats samples, malformed stats lines, restarts.
@@ -172,7 +181,17 @@ pub(super) fn parse_log(text: &str, year: i32, patterns: &Patterns) -> ParsedLog
                         waiting: stats.waiting,
                         kv_usage: stats.kv_usage,
                         preemptions: stats.preemptions,
+                        prefix_hit: stats.prefix_hit,
+                        external_prefix_hit: stats.external_prefix_hit,
                     });
+                }
+                _ => log.malformed.push(index + 1),
+            }
+        } else if let Some(kind) = spec::kind_of(message) {
+            match (at, spec::parse(kind, message)) {
+                (Some(at), Some(mut sample)) => {
+                    sample.at = at;
+                    log.spec.push(sample);
                 }
                 _ => log.malformed.push(index + 1),
             }
@@ -184,6 +203,7 @@ pub(super) fn parse_log(text: &str, year: i32, patterns: &Patterns) -> ParsedLog
             pending_restart = Some(at);
         }
     }
+    spec::increments(&mut log.spec);
     if let Some(started) = pending_restart {
         // It started again but logged nothing before the file ends.
         log.restarts.push(Restart {
@@ -222,6 +242,7 @@ fn parse_stats(message: &str, patterns: &Patterns) -> Option<Stats> {
     let mut waiting = None;
     let mut kv_usage = None;
     let mut preemptions = 0u64;
+    let (mut prefix_hit, mut external_prefix_hit) = (None, None);
     while !rest.is_empty() {
         rest = rest.strip_prefix(", ")?;
         // The one part with commas inside (0.33 `KV fetch`).
@@ -241,7 +262,9 @@ fn parse_stats(message: &str, patterns: &Patterns) -> Option<Stats> {
                 parse_reqs(value)?;
             }
             part::PREEMPTIONS => preemptions = value.parse::<u64>().ok()?,
-            part::PREFIX_CACHE_HIT_RATE | part::EXTERNAL_PREFIX_CACHE_HIT_RATE | part::MM_CACHE_HIT_RATE => {
+            part::PREFIX_CACHE_HIT_RATE => prefix_hit = Some(parse_percent(value)?),
+            part::EXTERNAL_PREFIX_CACHE_HIT_RATE => external_prefix_hit = Some(parse_percent(value)?),
+            part::MM_CACHE_HIT_RATE => {
                 parse_percent(value)?;
             }
             _ if key.ends_with(part::KV_CACHE_USAGE) => {
@@ -261,10 +284,12 @@ fn parse_stats(message: &str, patterns: &Patterns) -> Option<Stats> {
         waiting: waiting?,
         kv_usage: kv_usage?,
         preemptions,
+        prefix_hit,
+        external_prefix_hit,
     })
 }
 
-fn parse_rate(text: &str) -> Option<f64> {
+pub(super) fn parse_rate(text: &str) -> Option<f64> {
     text.parse::<f64>().ok().filter(|v| v.is_finite())
 }
 
@@ -272,7 +297,7 @@ fn parse_reqs(value: &str) -> Option<u32> {
     value.strip_suffix(" reqs")?.parse().ok()
 }
 
-fn parse_percent(value: &str) -> Option<f64> {
+pub(super) fn parse_percent(value: &str) -> Option<f64> {
     parse_rate(value.strip_suffix('%')?)
 }
 
@@ -382,8 +407,13 @@ mod tests {
         let mut accepted = Vec::new();
         for cut in 0..full.len() {
             if let Some(s) = stats(&full[..cut]) {
-                // Only a cut between parts, after the KV cache usage, yields the same numbers.
-                assert_eq!(s, whole, "cut at {cut}: {}", &full[..cut]);
+                // Only a cut between parts, after the KV cache usage, yields the same numbers
+                // (less the optional part cut off).
+                let without = Stats {
+                    prefix_hit: None,
+                    ..whole
+                };
+                assert_eq!(s, without, "cut at {cut}: {}", &full[..cut]);
                 accepted.push(&full[cut - 5..cut]);
             }
         }

@@ -14,6 +14,8 @@ pub struct LogsReport {
     pub idle_gap_s: u32,
     /// The logging interval assumed, in seconds.
     pub log_interval_s: u32,
+    /// The window asked for and how it was placed.
+    pub window: WindowReport,
     /// One per input, in input order.
     pub instances: Vec<InstanceReport>,
     /// The instances aligned per minute; only with two inputs or more.
@@ -35,6 +37,10 @@ pub struct InstanceReport {
     pub malformed_examples: Vec<usize>,
     /// Every other line.
     pub other_lines: usize,
+    /// Speculative-decoding lines read.
+    pub spec_lines: usize,
+    /// The part of this log the figures come from.
+    pub window: InstanceWindow,
     /// The first sample's time.
     pub first: LogTime,
     /// The last sample's time.
@@ -60,10 +66,101 @@ pub struct InstanceReport {
     pub prompt_generation_ratio: Option<f64>,
     /// The highest KV cache usage logged (the first device named on the line), percent.
     pub max_kv_cache_usage_pct: f64,
+    /// KV cache usage over the samples, percent.
+    pub kv_cache_usage_pct: Spread,
     /// The most requests waiting at once.
     pub max_waiting: u32,
-    /// Preemptions summed over the samples (logged by the list-based form when non-zero).
+    /// Requests waiting, mean over the samples.
+    pub mean_waiting: f64,
+    /// Preemptions summed over the samples (vLLM logs those of each interval, when
+    /// there were any).
     pub preemptions: u64,
+    /// The prefix-cache hit rate as logged, percent: vLLM's rate over its most recent
+    /// 1000 requests at each line (`CachingMetrics`, `vllm/v1/metrics/stats.py`); none
+    /// when no line in the window carries it.
+    pub prefix_cache_hit_rate_pct: Option<LoggedRate>,
+    /// The external (KV connector) prefix-cache hit rate as logged, percent.
+    pub external_prefix_cache_hit_rate_pct: Option<LoggedRate>,
+    /// Speculative decoding over the window; none without such lines.
+    pub spec_decode: Option<SpecDecode>,
+}
+
+/// Where one log's figures come from.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstanceWindow {
+    /// The first time counted (none: from the start of the log).
+    pub since: Option<LogTime>,
+    /// The first time not counted (none: to its end).
+    pub until: Option<LogTime>,
+    /// The restart the window starts after, with `--after-restart`.
+    pub after_restart: Option<LogTime>,
+    /// Stats and speculative-decoding lines outside the window, not counted.
+    pub lines_outside: usize,
+}
+
+/// The window asked for.
+#[derive(Debug, Clone, Serialize)]
+pub struct WindowReport {
+    /// `--since` as placed; none when not given.
+    pub since: Option<LogTime>,
+    /// `--until` as placed; none when not given.
+    pub until: Option<LogTime>,
+    /// What relative times count back from: the latest sample of all the logs.
+    pub end_of_logs: LogTime,
+    /// `--after-restart`: `last`, or the ordinal of the restart in each log.
+    pub after_restart: Option<String>,
+}
+
+/// Mean, spread and percentiles of some values; every figure is 0 without values.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Spread {
+    /// How many values.
+    pub samples: usize,
+    /// The smallest.
+    pub min: f64,
+    /// 5th percentile (linear interpolation).
+    pub p5: f64,
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// Mean.
+    pub mean: f64,
+    /// The largest.
+    pub max: f64,
+}
+
+/// A rate vLLM logs as it stands at each line.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LoggedRate {
+    /// The last value in the window: the rate as it stood at the end.
+    pub last: f64,
+    /// Over the lines with requests running or tokens processed.
+    pub active: Spread,
+}
+
+/// Speculative decoding over a window, vLLM's definitions applied to the summed counts
+/// (`vllm/v1/spec_decode/metrics.py`).
+#[derive(Debug, Clone, Serialize)]
+pub struct SpecDecode {
+    /// Lines in the window.
+    pub lines: usize,
+    /// Draft tokens accepted.
+    pub accepted_tokens: u64,
+    /// Draft tokens proposed.
+    pub drafted_tokens: u64,
+    /// Drafts, derived from each line (exact for drafters of a fixed length).
+    pub drafts: f64,
+    /// `accepted / drafted`, percent.
+    pub acceptance_rate_pct: Option<f64>,
+    /// `1 + accepted / drafts`: tokens per verification step, the bonus token counted.
+    pub mean_acceptance_length: Option<f64>,
+    /// Tokens accepted at each draft position per draft (V1 lines only).
+    pub per_position_acceptance: Vec<f64>,
+    /// The acceptance rate of each line that drafted, percent.
+    pub per_line_acceptance_rate_pct: Spread,
+    /// The mean acceptance length of each line that drafted.
+    pub per_line_mean_acceptance_length: Spread,
 }
 
 /// The idle stretches of one instance.
@@ -99,6 +196,10 @@ pub struct CurvePoint {
     pub mean_generation_tok_s: f64,
     /// Their highest generation throughput, tokens/s.
     pub max_generation_tok_s: f64,
+    /// Their generation throughput, tokens/s.
+    pub generation_tok_s: Spread,
+    /// Their mean prompt throughput, tokens/s.
+    pub mean_prompt_tok_s: f64,
     /// The mean divided by `running`: what one request saw; none at 0 running.
     pub per_request_tok_s: Option<f64>,
 }
@@ -140,6 +241,9 @@ pub struct ClusterSummary {
     pub above_threshold: usize,
     /// The largest minutes, largest first (the earliest on a tie).
     pub top: Vec<ClusterMinute>,
+    /// Every minute's total in time order, tokens/s (for the chart; not in the JSON).
+    #[serde(skip)]
+    pub totals: Vec<f64>,
 }
 
 /// Mean, percentiles and maximum of some values.

@@ -77,9 +77,11 @@ pub async fn serve(
     } else {
         settings.host.clone()
     };
-    reporter.output(
-        None,
-        &format!("Starting vLLM-compatible API server on http://{addr}"),
+    crate::native::log(
+        reporter.as_ref(),
+        "INFO",
+        crate::native::here!(),
+        &format!("{} http://{addr}", crate::dialect::log::vllm::NATIVE_STARTING),
     );
     reporter.status(
         "listening",
