@@ -41,6 +41,9 @@ use super::time::{LogTime, Timeline};
 pub(super) struct Patterns {
     ansi: Regex,
     header: Regex,
+    /// The same, anchored: tried first where the level word is, which is several times
+    /// faster than searching the whole line for the leftmost match.
+    header_at: Regex,
     stats: Regex,
     kv_fetch: Regex,
 }
@@ -50,11 +53,20 @@ impl Patterns {
         Ok(Patterns {
             // CSI sequences (colours, cursor moves): ESC [ parameters intermediates final.
             ansi: Regex::new(r"\x1b\[[0-?]*[ -/]*[@-~]")?,
-            header: Regex::new(vllm::LINE_PATTERN)?,
-            stats: Regex::new(vllm::STATS_PATTERN)?,
+            header: Regex::new(without_rest(vllm::LINE_PATTERN, "msg"))?,
+            header_at: Regex::new(&format!("^(?:{})", without_rest(vllm::LINE_PATTERN, "msg")))?,
+            stats: Regex::new(without_rest(vllm::STATS_PATTERN, "tail"))?,
             kv_fetch: Regex::new(vllm::KV_FETCH_PATTERN)?,
         })
     }
+}
+
+/// A pattern without its last group, `(?P<name>.*)$`: the rest of the line, which the
+/// readers take as the text after the match instead of capturing it (capturing it is
+/// most of the cost of a match).
+fn without_rest<'p>(pattern: &'p str, name: &str) -> &'p str {
+    let tail = format!("(?P<{name}>.*)$");
+    pattern.strip_suffix(tail.as_str()).unwrap_or(pattern)
 }
 
 /// One stats line.
@@ -130,8 +142,8 @@ pub(super) fn parse_log(text: &str, year: i32, patterns: &Patterns) -> ParsedLog
             Cow::Borrowed(raw)
         };
         let line = line.trim_end();
-        let header = patterns.header.captures(line);
-        let at = header.as_ref().and_then(|h| {
+        let header = header(line, patterns);
+        let at = header.as_ref().map(|h| &h.0).and_then(|h| {
             let num = |name: &str| h.name(name).and_then(|m| m.as_str().parse::<u32>().ok());
             let (mo, d, hh, mi, s) = (num("mo")?, num("d")?, num("h")?, num("mi")?, num("s")?);
             if hh > 23 || mi > 59 || s > 60 {
@@ -139,10 +151,10 @@ pub(super) fn parse_log(text: &str, year: i32, patterns: &Patterns) -> ParsedLog
             }
             timeline.place(mo, d, i64::from(hh) * 3600 + i64::from(mi) * 60 + i64::from(s))
         });
-        let message = header
-            .as_ref()
-            .and_then(|h| h.name("msg"))
-            .map_or(line, |m| m.as_str());
+        let (header, message) = match header {
+            Some((caps, rest)) => (Some(caps), rest),
+            None => (None, line),
+        };
         let source = header
             .as_ref()
             .and_then(|h| h.name("src"))
@@ -215,6 +227,44 @@ pub(super) fn parse_log(text: &str, year: i32, patterns: &Patterns) -> ParsedLog
     log
 }
 
+/// vLLM's prefix and message in a line. The leftmost match of the pattern is wanted;
+/// searching for it costs most of the time of reading a long log, so it is first tried
+/// anchored where it must start: at the first level word followed by a digit, or at the
+/// `(Process pid=N) ` just before it. That is the leftmost match when the text before it
+/// holds no `(` and no level word (every match holds one or the other at its start), as
+/// the prefixes of docker, kubectl and journald do not; otherwise the whole line is
+/// searched.
+fn header<'a>(line: &'a str, patterns: &Patterns) -> Option<(regex::Captures<'a>, &'a str)> {
+    let with_rest = |haystack: &'a str, caps: regex::Captures<'a>| {
+        let end = caps.get(0).map_or(haystack.len(), |m| m.end());
+        (caps, &haystack[end..])
+    };
+    const LEVELS: [&str; 5] = ["INFO", "WARNING", "ERROR", "DEBUG", "CRITICAL"];
+    let level = LEVELS
+        .iter()
+        .filter_map(|l| {
+            let at = line.find(l)?;
+            let rest = line[at + l.len()..].strip_prefix(' ')?;
+            rest.starts_with(|c: char| c.is_ascii_digit()).then_some(at)
+        })
+        .min();
+    if let Some(at) = level {
+        let start = line[..at]
+            .strip_suffix(' ')
+            .filter(|b| b.ends_with(')'))
+            .and_then(|b| b.rfind('('))
+            .unwrap_or(at);
+        let before = &line[..start];
+        if !before.contains('(')
+            && !LEVELS.iter().any(|l| before.contains(l))
+            && let Some(caps) = patterns.header_at.captures(&line[start..])
+        {
+            return Some(with_rest(&line[start..], caps));
+        }
+    }
+    patterns.header.captures(line).map(|caps| with_rest(line, caps))
+}
+
 /// Whether a message is (or was meant to be) a periodic stats line: it names the prompt
 /// throughput, or it is `loggers.py` starting `Engine NNN:` and was cut before that.
 fn is_stats_message(message: &str, source: &str) -> bool {
@@ -236,7 +286,7 @@ fn parse_stats(message: &str, patterns: &Patterns) -> Option<Stats> {
     let prompt = parse_rate(caps.name("prompt")?.as_str())?;
     let generation = parse_rate(caps.name("gen")?.as_str())?;
     let running = caps.name("running")?.as_str().parse::<u32>().ok()?;
-    let tail = caps.name("tail")?.as_str();
+    let tail = &message[caps.get(0)?.end()..];
     // V0 ends its message with a full stop.
     let mut rest = tail.strip_suffix('.').unwrap_or(tail);
     let mut waiting = None;
