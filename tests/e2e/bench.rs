@@ -588,6 +588,8 @@ fn every_workload_runs_against_the_native_engine() {
         );
     }
     // The engine's own log, read back as vLLM's: every stats line has vLLM's prefix.
+    // The interval of the last tokens is logged when it ends, a second at most.
+    std::thread::sleep(Duration::from_millis(1500));
     let log_path = Path::new(state).join("bench-on/engine.log");
     let log = std::fs::read_to_string(&log_path).expect("engine.log");
     let prefix = regex::Regex::new(
@@ -622,6 +624,29 @@ fn every_workload_runs_against_the_native_engine() {
         .as_f64()
         .expect("hit rate");
     assert!(hits > 10.0, "{instance}");
+    // The log beside the active sweep: levels matched by requests running.
+    let logs_json = dir.path().join("engine-log.json");
+    std::fs::write(&logs_json, &stdout).expect("logs report");
+    let (code, table, stderr) = run(sous()
+        .args(["bench", "compare"])
+        .arg(&logs_json)
+        .arg(out.join("sweep.json")));
+    assert_eq!(code, 0, "{stderr}");
+    let sweep_level = |n: u64| {
+        sweep["levels"]
+            .as_array()
+            .and_then(|l| l.iter().find(|l| l["max_concurrency"] == n))
+            .and_then(|l| l["output_throughput"].as_f64())
+            .expect("level")
+    };
+    for n in [1, 2, 4, 8] {
+        let label = format!("gen tok/s, {n} running");
+        let row = table
+            .lines()
+            .find(|l| l.trim_start().starts_with(&label))
+            .expect("every level of the sweep");
+        assert!(row.contains(&format!("{:.1}", sweep_level(n))), "{table}");
+    }
     drop(server);
 
     // Prefix caching off, served by `sous bench --recipe`: no hits, from the engine's counters.

@@ -173,9 +173,28 @@ impl Core {
             let idle = self.running.is_empty() && self.waiting.is_empty();
             if idle {
                 self.publish();
-                match commands.blocking_recv() {
-                    Some(c) => self.command(c),
-                    None => return,
+                // The interval of the last tokens is logged when it ends, as vLLM's timer
+                // does, unless a request comes first.
+                let mut woken = false;
+                while let Some(due) = self.metrics.untold(self.limits.log_interval) {
+                    match commands.try_recv() {
+                        Ok(c) => {
+                            self.command(c);
+                            woken = true;
+                            break;
+                        }
+                        Err(TryRecvError::Empty) => {
+                            std::thread::sleep(due.min(Duration::from_millis(50)));
+                            self.publish();
+                        }
+                        Err(TryRecvError::Disconnected) => return,
+                    }
+                }
+                if !woken {
+                    match commands.blocking_recv() {
+                        Some(c) => self.command(c),
+                        None => return,
+                    }
                 }
             }
             loop {

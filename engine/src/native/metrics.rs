@@ -323,6 +323,17 @@ impl Metrics {
         self.with(|s| (s.running, s.waiting, s.kv_usage))
     }
 
+    /// How long until the current interval ends, when it saw work that no line has told
+    /// yet (vLLM's logger runs on a timer, so the interval of the last tokens is logged
+    /// even once the engine is idle); none when there is nothing to tell.
+    pub fn untold(&self, interval: Duration) -> Option<Duration> {
+        self.with(|s| {
+            let drafted = s.spec.as_ref().is_some_and(|(_, spec)| spec.drafts > 0);
+            (s.interval_prompt > 0 || s.interval_generation > 0 || drafted)
+                .then(|| interval.saturating_sub(s.interval_start.elapsed()))
+        })
+    }
+
     /// vLLM's periodic lines, when `interval` has passed since the last ones: the stats
     /// line (not when the engine was idle all along; vLLM logs those at DEBUG only) and,
     /// when the engine drafts and drafted in the interval, the `SpecDecoding metrics:`
@@ -605,6 +616,22 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
+    }
+
+    #[test]
+    fn an_interval_with_work_is_told_once_idle() {
+        let m = Metrics::new("m", Vec::new(), None);
+        let interval = Duration::from_secs(10);
+        assert_eq!(m.untold(interval), None, "nothing happened");
+        m.computed_prompt(100);
+        let due = m.untold(interval).expect("prompt tokens to tell");
+        assert!(due <= interval && due > Duration::from_secs(9), "{due:?}");
+        assert_eq!(m.stats_lines(Duration::ZERO, "CPU").len(), 1);
+        assert_eq!(m.untold(interval), None, "told");
+        // Preempted requests alone are told with the next work, as vLLM's idle lines are
+        // logged at DEBUG.
+        m.preempted();
+        assert_eq!(m.untold(interval), None);
     }
 
     #[test]
