@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::names::{
-    ACCEPTED_TOKENS, Combine, DRAFT_TOKENS, DRAFTS, GAUGES, GENERATION_TOKENS, HISTOGRAMS, Names,
-    PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS, REQUESTS,
+    ACCEPTED_PER_POSITION, ACCEPTED_TOKENS, Combine, DRAFT_TOKENS, DRAFTS, GAUGES, GENERATION_TOKENS,
+    HISTOGRAMS, Names, POSITION, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS, REQUESTS,
 };
 use super::quantile::bucket_quantile;
 use super::report::{Bucket, Counters, Gauge, Latency, Report, Reset};
@@ -99,6 +99,18 @@ impl Analysis<'_> {
                 }
             }
             self.resets.extend(resets.into_iter().map(|r| (i, r)));
+        }
+        total
+    }
+
+    /// The increase of a counter per value of `label`, over every other label, instance
+    /// and engine.
+    fn counter_by(&mut self, names: Names, label: &str) -> BTreeMap<String, f64> {
+        let mut total = BTreeMap::new();
+        for name in self.chosen(names, "") {
+            for (k, v) in self.increase_by(name, Some(label)).unwrap_or_default() {
+                *total.entry(k).or_insert(0.0) += v;
+            }
         }
         total
     }
@@ -207,6 +219,21 @@ fn window_ratio(num: Option<f64>, den: Option<f64>) -> Option<f64> {
     ratio(num, den, WhenEmpty::Absent)
 }
 
+/// Accepted tokens per draft position (the label's value, from 0) over the drafts, in
+/// the order of the positions; empty without drafts. Positions that are not numbers
+/// are left out.
+pub(super) fn per_position_rates(accepted: &BTreeMap<String, f64>, drafts: Option<f64>) -> Vec<f64> {
+    let mut positions: Vec<(u32, f64)> = accepted
+        .iter()
+        .filter_map(|(p, v)| Some((p.parse().ok()?, *v)))
+        .collect();
+    positions.sort_by_key(|(p, _)| *p);
+    positions
+        .into_iter()
+        .map_while(|(_, v)| window_ratio(Some(v), drafts))
+        .collect()
+}
+
 /// The figures of the window the instances' scrapes span; `scheduled` is the number of
 /// rounds each URL was to be scraped.
 pub fn analyze(instances: &[Instance], scheduled: usize) -> Result<Report, ScrapeError> {
@@ -242,8 +269,11 @@ pub fn analyze(instances: &[Instance], scheduled: usize) -> Result<Report, Scrap
     c.requests_per_s = per_s(c.requests_completed);
     c.prefix_cache_hit_rate = window_ratio(c.prefix_cache_hits, c.prefix_cache_queries);
     c.spec_decode_acceptance_rate = window_ratio(c.spec_decode_accepted_tokens, c.spec_decode_draft_tokens);
-    let drafts = a.counter(DRAFTS);
-    c.spec_decode_acceptance_length = window_ratio(c.spec_decode_accepted_tokens, drafts).map(|r| 1.0 + r);
+    c.spec_decode_drafts = a.counter(DRAFTS);
+    c.spec_decode_acceptance_length =
+        window_ratio(c.spec_decode_accepted_tokens, c.spec_decode_drafts).map(|r| 1.0 + r);
+    let per_position = a.counter_by(ACCEPTED_PER_POSITION, POSITION);
+    c.spec_decode_per_position_acceptance_rates = per_position_rates(&per_position, c.spec_decode_drafts);
     let gauges = GAUGES
         .iter()
         .filter_map(|(name, label, combine, names)| a.gauge(name, label, *combine, names))
@@ -475,10 +505,15 @@ mod tests {
                 "vllm:prefix_cache_queries_total 100\nvllm:prefix_cache_hits_total 10\n\
                  vllm:spec_decode_num_drafts_total 10\nvllm:spec_decode_num_draft_tokens_total 30\n\
                  vllm:spec_decode_num_accepted_tokens_total 12\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.1\n\
+                 vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 8\n\
+                 vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"1\"} 4\n\
                  vllm:kv_cache_usage_perc{engine=\"1\"} 0.3\n",
                 "vllm:prefix_cache_queries_total 300\nvllm:prefix_cache_hits_total 160\n\
                  vllm:spec_decode_num_drafts_total 30\nvllm:spec_decode_num_draft_tokens_total 90\n\
                  vllm:spec_decode_num_accepted_tokens_total 42\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.7\n\
+                 vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"1\"} 12\n\
+                 vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 24\n\
+                 vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"2\"} 6\n\
                  vllm:request_success_total{finished_reason=\"stop\"} 4\n",
             ],
         );
@@ -487,6 +522,10 @@ mod tests {
         assert_eq!(c.prefix_cache_hit_rate, Some(0.75));
         assert_eq!(c.spec_decode_acceptance_rate, Some(0.5));
         assert_eq!(c.spec_decode_acceptance_length, Some(2.5));
+        // 16, 8 and 6 (a series born in the window) of the 30 accepted at positions 0, 1
+        // and 2, over 20 drafts.
+        assert_eq!(c.spec_decode_drafts, Some(20.0));
+        assert_eq!(c.spec_decode_per_position_acceptance_rates, vec![0.8, 0.4, 0.3]);
         // Born after the first scrape: counted from zero.
         assert_eq!(c.requests_completed, Some(4.0));
         assert_eq!(c.preemptions, None);

@@ -99,6 +99,10 @@ pub(super) const ACCEPTED_TOKENS: Names = &[
     &[trtllm::SPEC_DECODE_ACCEPTED_TOKENS],
 ];
 pub(super) const DRAFTS: Names = &[&[vllm::SPEC_DECODE_NUM_DRAFTS]];
+/// Accepted draft tokens by their position in the draft, in the label [`POSITION`].
+pub(super) const ACCEPTED_PER_POSITION: Names = &[&[vllm::SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS]];
+/// The label of [`ACCEPTED_PER_POSITION`] that says the position (0 for the first).
+pub(super) const POSITION: &str = vllm::POSITION;
 
 /// How a gauge's series within one scrape combine into the instance's value.
 #[derive(Clone, Copy)]

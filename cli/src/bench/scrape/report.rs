@@ -78,6 +78,8 @@ pub struct Counters {
     pub prefix_cache_hit_rate: Option<f64>,
     /// Requests preempted.
     pub preemptions: Option<f64>,
+    /// Drafts proposed (vLLM: one per request per step that drafted).
+    pub spec_decode_drafts: Option<f64>,
     /// Draft tokens proposed.
     pub spec_decode_draft_tokens: Option<f64>,
     /// Of those, accepted.
@@ -86,6 +88,9 @@ pub struct Counters {
     pub spec_decode_acceptance_rate: Option<f64>,
     /// 1 + accepted / drafts.
     pub spec_decode_acceptance_length: Option<f64>,
+    /// Accepted at each draft position (from the first) / drafts; empty when the engine
+    /// does not count per position or nothing was drafted.
+    pub spec_decode_per_position_acceptance_rates: Vec<f64>,
 }
 
 /// A gauge over the scrapes, per instance.
