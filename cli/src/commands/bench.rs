@@ -40,26 +40,62 @@ pub enum BenchCommand {
     /// instance): throughput per number of running requests, peaks, and the cluster
     /// sum aligned per minute with its percentiles.
     Logs(LogsArgs),
-    /// Watch production servers' Prometheus /metrics for a while: latency percentiles
-    /// from the histograms (bucket-interpolated), token and request rates, prefix-cache
-    /// and speculative-decoding figures, running requests and KV usage.
+    /// Watch production servers' Prometheus /metrics for a while, or ask a Prometheus
+    /// server for a past window (--prometheus): latency percentiles from the histograms
+    /// (bucket-interpolated), token and request rates, prefix-cache and
+    /// speculative-decoding figures, running requests and KV usage.
     Scrape(ScrapeArgs),
     /// Two reports side by side, matched by concurrency, with ratios.
     Compare(CompareArgs),
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous bench scrape http://10.0.0.1:8000 http://10.0.0.2:8000 --for 10m --interval 10s\n  sous bench scrape --prometheus http://prometheus:9090 --since 5d --selector '{job=\"vllm\"}' --svg latency.svg"
+)]
 pub struct ScrapeArgs {
     /// Server base URLs (`/metrics` is appended), or full metrics URLs ending in
     /// `/metrics` (TensorRT-LLM: http://HOST:PORT/prometheus/metrics).
-    #[arg(required = true, value_name = "URL")]
+    #[arg(
+        required_unless_present = "prometheus",
+        conflicts_with = "prometheus",
+        value_name = "URL"
+    )]
     urls: Vec<String>,
     /// How long to watch: `30s`, `10m`, `1h`, `1h30m`.
-    #[arg(long = "for", value_name = "DURATION", value_parser = scrape::parse_duration)]
-    window: Duration,
+    #[arg(
+        long = "for",
+        value_name = "DURATION",
+        value_parser = scrape::parse_duration,
+        required_unless_present = "prometheus",
+        conflicts_with = "prometheus"
+    )]
+    window: Option<Duration>,
     /// Time between scrapes.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = scrape::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = scrape::parse_duration, conflicts_with = "prometheus")]
     interval: Duration,
+    /// Instead of watching live servers, ask this Prometheus server (its base URL, e.g.
+    /// http://prometheus:9090) for a past window's figures, computed by Prometheus:
+    /// histogram_quantile over increase() of the buckets, increase() of the counters,
+    /// per instance and summed. Needs --since.
+    #[arg(long, value_name = "URL")]
+    prometheus: Option<String>,
+    /// With --prometheus: the window's start, RFC 3339 (2026-09-06T10:00:00Z), a naive
+    /// UTC time (2026-09-06 10:00, 2026-09-06), or a duration before --until or now
+    /// (5d, 12h, 1h30m).
+    #[arg(long, value_name = "TIME", value_parser = sous::bench::window::parse_time, requires = "prometheus", conflicts_with_all = ["urls", "window"])]
+    since: Option<sous::bench::window::TimeArg>,
+    /// With --prometheus: the window's end (same forms as --since; default now).
+    #[arg(long, value_name = "TIME", value_parser = sous::bench::window::parse_time, requires = "prometheus", conflicts_with_all = ["urls", "window"])]
+    until: Option<sous::bench::window::TimeArg>,
+    /// With --prometheus: PromQL label matchers merged into every series selector, in
+    /// braces, e.g. '{job="vllm",namespace="prod"}'.
+    #[arg(long, value_name = "MATCHERS", requires = "prometheus", conflicts_with_all = ["urls", "window"])]
+    selector: Option<String>,
+    /// Draw the latency percentiles (TTFT, ITL, TPOT, E2E at p50/p90/p95/p99; per
+    /// instance and summed where there are several) into this SVG file.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -431,17 +467,125 @@ fn logs(args: &LogsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
 }
 
 /// `sous bench scrape`: every URL now, then on the schedule; the first round must
-/// reach them all, later failures are skipped.
+/// reach them all, later failures are skipped. With --prometheus, the Prometheus
+/// server's figures of a past window instead.
 fn watch(args: &ScrapeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
+    if let Some(url) = &args.prometheus {
+        return history(url, args, shell);
+    }
+    let Some(window) = args.window else {
+        return Err(UserError::new("pass --for DURATION", Some("e.g. --for 10m")).into());
+    };
     let runtime = super::runtime()?;
-    let (instances, scheduled) =
-        runtime.block_on(scrape::watch(&args.urls, args.window, args.interval, shell))?;
+    let (instances, scheduled) = runtime.block_on(scrape::watch(&args.urls, window, args.interval, shell))?;
     let report = scrape::analyze(&instances, scheduled)?;
     for r in &report.counter_resets {
         shell.warn(&format!(
             "{} restarted before scrape {} (a counter went down); its figures span the restart",
             r.url, r.scrape
         ));
+    }
+    if let Some(path) = &args.svg {
+        // Each URL alone, beside the sum, where there are several.
+        let each: Vec<(String, Vec<scrape::report::Latency>)> = if instances.len() > 1 {
+            instances
+                .iter()
+                .map(|i| {
+                    let alone = scrape::analyze(std::slice::from_ref(i), scheduled);
+                    (i.url.clone(), alone.map(|r| r.latency).unwrap_or_default())
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut series = vec![scrape::Series {
+            name: if instances.len() > 1 {
+                "all URLs"
+            } else {
+                report.urls.first().map_or("", String::as_str)
+            },
+            latency: &report.latency,
+        }];
+        series.extend(
+            each.iter()
+                .map(|(name, latency)| scrape::Series { name, latency }),
+        );
+        let title = format!(
+            "Latency percentiles over {:.0} s of live scrapes",
+            report.window_s
+        );
+        scrape::draw_chart(path, &title, &series)?;
+        shell.status("wrote", &path.display().to_string());
+    }
+    if args.json {
+        shell.data(&serde_json::to_string_pretty(&report)?)?;
+    } else {
+        shell.data(&report.to_table())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sous bench scrape --prometheus URL --since ...`: the window placed on the clock
+/// (relative times back from --until or now), then the Prometheus server's figures.
+fn history(url: &str, args: &ScrapeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let window = sous::bench::window::Window {
+        since: args.since,
+        until: args.until,
+    };
+    let bounds = window
+        .place(now)
+        .map_err(|e| UserError::new(e, Some("--since must come before --until")))?;
+    let (Some(since), until) = (bounds.since, bounds.until.unwrap_or(now)) else {
+        return Err(UserError::new("--prometheus needs --since", Some("e.g. --since 1d")).into());
+    };
+    if since >= until {
+        return Err(UserError::new(
+            format!(
+                "the window is empty: --since is {} and it ends at {}",
+                sous::bench::window::format_utc(since),
+                sous::bench::window::format_utc(until)
+            ),
+            Some("--since must come before --until (and now)"),
+        )
+        .into());
+    }
+    let selector = match &args.selector {
+        Some(text) => scrape::promql::Selector::parse(text)?,
+        None => scrape::promql::Selector::NONE,
+    };
+    let ask = scrape::Ask {
+        url,
+        selector: &selector,
+        selector_text: args.selector.as_deref(),
+        since,
+        until,
+        now,
+    };
+    let runtime = super::runtime()?;
+    let report = runtime.block_on(scrape::ask(&ask, shell))?;
+    if let Some(path) = &args.svg {
+        let mut series = Vec::new();
+        if report.instances.len() != 1 {
+            series.push(scrape::Series {
+                name: "all instances",
+                latency: &report.total.latency,
+            });
+        }
+        for f in &report.instances {
+            series.push(scrape::Series {
+                name: f.instance.as_deref().unwrap_or_default(),
+                latency: &f.latency,
+            });
+        }
+        let title = format!(
+            "Latency percentiles, {} to {} (Prometheus {})",
+            report.start, report.end, report.prometheus
+        );
+        scrape::draw_chart(path, &title, &series)?;
+        shell.status("wrote", &path.display().to_string());
     }
     if args.json {
         shell.data(&serde_json::to_string_pretty(&report)?)?;

@@ -17,9 +17,16 @@
 //! does (`promql/functions.go`): the pre-reset delta plus the value after the reset.
 //! Unlike `increase()`, nothing is extrapolated to the window's edges: the figures are
 //! those between the first and the last scrape.
+//!
+//! With `--prometheus`, the same figures of a past window come from a Prometheus
+//! server instead, computed there by PromQL ([`promql`] writes it, [`prometheus`] asks
+//! it); the `--svg` chart of either is drawn by [`chart`].
 
 mod analyze;
+mod chart;
 mod names;
+mod prometheus;
+pub mod promql;
 pub mod quantile;
 mod render;
 pub mod report;
@@ -34,10 +41,20 @@ use sous_engine::dialect::Family;
 use super::prom::Scrape;
 
 pub use analyze::analyze;
+pub use chart::{Series, draw as draw_chart};
+pub use prometheus::{Ask, ask};
 pub use watch::watch;
 
 /// What the report says about how its percentiles were computed.
 pub const PERCENTILE_METHOD: &str = "prometheus histogram_quantile (linear within buckets)";
+
+/// What the `--prometheus` report says about how its percentiles were computed.
+pub const PROMETHEUS_PERCENTILE_METHOD: &str =
+    "prometheus histogram_quantile (linear within buckets), evaluated by the Prometheus server";
+
+/// What the `--prometheus` report says about how its counts were computed.
+pub const PROMETHEUS_INCREASE_METHOD: &str =
+    "prometheus increase() over the window, extrapolated to its edges (up to 1.1 scrape intervals each)";
 
 /// The quantiles reported for each histogram, with their JSON names.
 pub(crate) const QUANTILES: [(f64, &str); 4] = [(0.5, "p50"), (0.9, "p90"), (0.95, "p95"), (0.99, "p99")];
@@ -68,6 +85,105 @@ pub enum ScrapeError {
         /// Why, with its causes.
         error: String,
     },
+    /// `--selector` is not a PromQL label matcher set.
+    #[error("--selector `{selector}` is not a PromQL label matcher set: {why}")]
+    Selector {
+        /// As given.
+        selector: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The Prometheus server does not answer.
+    #[error("cannot reach Prometheus at {url}: {error}")]
+    PrometheusUnreachable {
+        /// The API URL asked.
+        url: String,
+        /// Why, with its causes.
+        error: String,
+    },
+    /// The Prometheus server answered with an error status and no error of its API.
+    #[error("{url} answered {status} to `{query}`{}", if body.is_empty() { String::new() } else { format!(": {body}") })]
+    PrometheusStatus {
+        /// The API URL asked.
+        url: String,
+        /// The query (or API request) sent.
+        query: String,
+        /// The HTTP status.
+        status: u16,
+        /// The start of what it said.
+        body: String,
+    },
+    /// The Prometheus API answered `status: error`.
+    #[error("Prometheus at {url} refused `{query}`: {error}")]
+    PrometheusRefused {
+        /// The API URL asked.
+        url: String,
+        /// The query sent.
+        query: String,
+        /// Its `errorType` and `error`.
+        error: String,
+    },
+    /// The Prometheus API answered something that is not its JSON.
+    #[error("{url} did not answer `{query}` with Prometheus's JSON: {error}")]
+    PrometheusBody {
+        /// The API URL asked.
+        url: String,
+        /// The query sent.
+        query: String,
+        /// What is wrong with the answer.
+        error: String,
+    },
+    /// Nothing matched: no engine metric, or no figure at all.
+    #[error("no series matched `{query}` at {url} between {start} and {end}")]
+    NoSeries {
+        /// The Prometheus server.
+        url: String,
+        /// The query (or API request) that found nothing.
+        query: String,
+        /// `--selector`, as given (empty without one).
+        selector: String,
+        /// The window's first second, RFC 3339.
+        start: String,
+        /// The window's end, RFC 3339.
+        end: String,
+    },
+    /// The window starts before what the Prometheus server keeps.
+    #[error(
+        "the window starts at {start}, before what Prometheus at {url} retains: its storage retention is {retention} (data from {retained_from} at the earliest)"
+    )]
+    BeyondRetention {
+        /// The Prometheus server.
+        url: String,
+        /// The window's first second, RFC 3339.
+        start: String,
+        /// `storageRetention` as the server states it.
+        retention: String,
+        /// Now less the retention, RFC 3339.
+        retained_from: String,
+    },
+    /// The window starts before the data: no sample at its start.
+    #[error(
+        "the window is longer than the data: Prometheus at {url} has no sample of `{query}` at the window's start {start} (nor in the 5 minutes before){}",
+        first.as_ref().map_or(String::new(), |f| format!("; its samples begin at about {f}"))
+    )]
+    BeforeData {
+        /// The Prometheus server.
+        url: String,
+        /// The query evaluated at the start.
+        query: String,
+        /// The window's first second, RFC 3339.
+        start: String,
+        /// When the series begin within the window, RFC 3339, when found.
+        first: Option<String>,
+    },
+    /// `--svg` could not be drawn or written.
+    #[error("cannot draw the chart {path}: {error}")]
+    Chart {
+        /// The file.
+        path: String,
+        /// Why.
+        error: String,
+    },
 }
 
 impl Diagnose for ScrapeError {
@@ -84,6 +200,25 @@ impl Diagnose for ScrapeError {
             ),
             ScrapeError::Unreachable { .. } => {
                 Some("check the URL, and that the server is up and exposes /metrics".into())
+            }
+            ScrapeError::Selector { .. } => Some(
+                r#"write label matchers in braces, e.g. --selector '{job="vllm",namespace!="test"}'"#.into(),
+            ),
+            ScrapeError::PrometheusUnreachable { .. } | ScrapeError::PrometheusStatus { .. } => Some(
+                "--prometheus takes the Prometheus server's base URL, e.g. http://prometheus:9090".into(),
+            ),
+            ScrapeError::NoSeries { selector, .. } => Some(if selector.is_empty() {
+                "no vLLM, SGLang or TensorRT-LLM metric was stored in that window; narrow or move it \
+                 (--since/--until), or check that Prometheus scrapes the servers"
+                    .into()
+            } else {
+                format!(
+                    "check --selector {selector}: it must match the labels Prometheus gave the servers' \
+                     series (job, instance, namespace, ...); try without it"
+                )
+            }),
+            ScrapeError::BeyondRetention { .. } | ScrapeError::BeforeData { .. } => {
+                Some("start the window later (--since), within the data Prometheus holds".into())
             }
             _ => None,
         }

@@ -145,3 +145,47 @@ pub struct Report {
     /// Restarts seen; increases span them.
     pub counter_resets: Vec<Reset>,
 }
+
+/// The figures of one instance, or of all of them summed, over a window Prometheus
+/// stored.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Figures {
+    /// The `instance` label (empty for series without one); `None` for every instance
+    /// summed.
+    pub instance: Option<String>,
+    /// The latency histograms found, as [`Report::latency`]; `count` and `sum_s` are
+    /// `increase()`s, so extrapolated like the counters.
+    pub latency: Vec<Latency>,
+    /// Counter increases and rates, as [`Report::counters`].
+    pub counters: Counters,
+}
+
+/// The figures of a past window, computed by a Prometheus server
+/// (`sous bench scrape --prometheus`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrometheusReport {
+    /// `prometheus`.
+    pub source: &'static str,
+    /// How the percentiles were computed: [`super::PROMETHEUS_PERCENTILE_METHOD`].
+    pub percentile_method: &'static str,
+    /// How the counts were computed: [`super::PROMETHEUS_INCREASE_METHOD`].
+    pub increase_method: &'static str,
+    /// The Prometheus server asked.
+    pub prometheus: String,
+    /// `--selector` as given (its matchers went into every series selector).
+    pub selector: Option<String>,
+    /// The window's first second, RFC 3339 (UTC).
+    pub start: String,
+    /// The window's end, RFC 3339 (UTC): every query's evaluation time.
+    pub end: String,
+    /// Its length in seconds: every range selector's, and the rates' denominator.
+    pub window_s: f64,
+    /// Whose metric names were found: `vllm`, `sglang`, `trtllm`.
+    pub families: Vec<&'static str>,
+    /// Every instance summed (by Prometheus: `sum by (le)`, `sum`).
+    pub total: Figures,
+    /// Each instance (`sum by (le, instance)`, `sum by (instance)`), by name.
+    pub instances: Vec<Figures>,
+    /// The PromQL queries evaluated.
+    pub queries: usize,
+}

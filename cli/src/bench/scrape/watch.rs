@@ -90,7 +90,7 @@ async fn fetch(client: &reqwest::Client, url: &str, timeout: Duration) -> Result
 
 /// An error and its sources on one line (reqwest's own message says little:
 /// "error sending request").
-fn causes(err: &dyn std::error::Error) -> String {
+pub(super) fn causes(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
