@@ -3,13 +3,16 @@
 # - docker-compose: a real Compose parser for `sous deploy --target compose`
 #   (`docker-compose config`), bookworm's 1.29.2, without the Docker daemon it
 #   recommends;
-# - systemd: `systemd-analyze verify` for `sous deploy --target systemd`.
+# - systemd: `systemd-analyze verify` for `sous deploy --target systemd`;
+# - prometheus: a real Prometheus server for `sous bench scrape --prometheus`
+#   (bookworm's 2.42; the test runs its own, on a loopback port, never the service).
 # Idempotent; installs only what is missing, with sudo when not root.
 set -euo pipefail
 
 missing=()
 command -v docker-compose >/dev/null || missing+=("docker-compose=1.29.2-3")
 command -v systemd-analyze >/dev/null || missing+=("systemd")
+command -v prometheus >/dev/null || missing+=("prometheus=2.42.0+ds-5+b6")
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 as_root=()

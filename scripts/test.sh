@@ -33,11 +33,11 @@ SOUS_BIN="${CARGO_TARGET_DIR:-target}/debug/sous" scripts/fetch-test-model.sh
 step "python test environment"
 scripts/python-env.sh
 
-step "debian packages the checks run (docker-compose, systemd-analyze)"
+step "debian packages the checks run (docker-compose, systemd-analyze, prometheus)"
 if ! scripts/debian-deps.sh; then
   # Outside CI the checks that need them skip loudly; in CI they must run.
   [ "${CI:-}" = true ] && exit 1
-  echo "warning: could not install them; the compose and systemd checks will be skipped" >&2
+  echo "warning: could not install them; the compose, systemd and Prometheus checks will be skipped" >&2
 fi
 
 step "cargo clippy --all-targets -- -D warnings"

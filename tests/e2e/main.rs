@@ -20,6 +20,7 @@ mod quantize_large;
 mod quantize_reference;
 mod quantize_util;
 mod recipe;
+mod scrape_prometheus;
 mod serve;
 mod serve_run;
 mod tune;
