@@ -689,7 +689,9 @@ pub(crate) enum Panels<'a> {
         scales: &'a [u8],
         scale_stride: usize,
         divisors: &'a [f32; 256],
-        /// The table's values computed, where [`Form`] allows.
+        /// The table's values computed, where [`Form`] allows (read by the x86 kernels;
+        /// the portable one looks the table up).
+        #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
         form: Option<Form>,
     },
     /// `[kk][16]` codes and `[kk/32][16]` f16 scale bits per panel; the slice starts at
@@ -1399,12 +1401,17 @@ fn widen(isa: Isa, panels: Panels, np: usize, kc: usize, wide: &mut Vec<f32>) ->
     wide.resize(np * kc * NR, 0.0);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => x86::widen_avx512(panels, np, kc, wide),
+        Isa::Avx512 => {
+            x86::widen_avx512(panels, np, kc, wide);
+            true
+        }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::widen_avx2(panels, np, kc, wide),
-        _ => return false,
+        Isa::Avx2 => {
+            x86::widen_avx2(panels, np, kc, wide);
+            true
+        }
+        _ => false,
     }
-    true
 }
 
 /// The weights of panel `panel` and the ones after it, from `kk = k0`.

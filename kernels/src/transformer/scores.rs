@@ -144,6 +144,8 @@ pub(super) fn pairs16(pairs: &[(&[f32], &[f32])], scale: f32, out: &mut [[f32; L
 /// The cache holds `T`: f32, or bf16 bits (`u16`) that [`rows`] widens as it loads them;
 /// the other kernels read f32 alone.
 #[derive(Clone, Copy)]
+// Read by the x86 kernels; elsewhere `rows` and `lanes` decline and the tile loop runs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) struct Head<'a, T = f32> {
     pub keys: &'a [T],
     pub values: &'a [T],
