@@ -6,7 +6,9 @@
 //! them, at about the same speed. Without them they differ: `sha2` falls back to
 //! portable Rust, `ring` to the AVX or SSSE3 assembly it shares with OpenSSL, which
 //! is the faster of the two (BENCHMARKS.md, "`sous pull` at line rate"). So
-//! [`Backend::auto`] picks `sha2` on a CPU with SHA-NI and `ring` on one without.
+//! [`Backend::auto`] picks `sha2` on a CPU with SHA-NI and `ring` on one without, and
+//! `ring` on aarch64, where it is the one of the two that uses the Arm SHA-2
+//! instructions.
 //!
 //! `SOUS_SHA256=sha2|ring|portable` overrides the choice, for tests and benchmarks.
 //! `portable` is RustCrypto's software implementation with every CPU extension
@@ -47,8 +49,14 @@ impl Backend {
         })
     }
 
-    /// The fastest backend for this CPU.
+    /// The fastest backend for this CPU. On aarch64, `ring` always: `sha2` 0.10 uses the
+    /// Arm SHA-2 instructions only when built with its `asm` feature, which sous does
+    /// not enable, while `ring` 0.17 (`src/digest/sha2/sha2_32.rs`) calls its
+    /// `sha256-armv8` assembly wherever the CPU reports them and scalar code elsewhere.
     pub fn auto() -> Backend {
+        if cfg!(target_arch = "aarch64") {
+            return Backend::Ring;
+        }
         if cpu_has_sha_extensions() {
             Backend::Sha2
         } else {
