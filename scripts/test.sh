@@ -33,7 +33,7 @@ SOUS_BIN="${CARGO_TARGET_DIR:-target}/debug/sous" scripts/fetch-test-model.sh
 step "python test environment"
 scripts/python-env.sh
 
-step "debian packages the checks run (docker-compose, systemd-analyze, prometheus)"
+step "debian packages the checks run (docker-compose, systemd-analyze, prometheus, the aarch64 toolchain)"
 if ! scripts/debian-deps.sh; then
   # Outside CI the checks that need them skip loudly; in CI they must run.
   [ "${CI:-}" = true ] && exit 1
@@ -56,3 +56,6 @@ else
   echo "warning: NVRTC not found in target/py: the CUDA kernels are not compiled by this run" >&2
 fi
 cargo test --workspace --locked
+
+step "aarch64 (scripts/aarch64.sh)"
+scripts/aarch64.sh
