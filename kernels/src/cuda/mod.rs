@@ -166,26 +166,45 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-/// The virtual architecture to compile for: the device's own where NVRTC knows it
-/// (CUDA 13's list), else the newest one below it, whose PTX the driver compiles
-/// forward.
-fn virtual_arch(cc: (i32, i32)) -> &'static str {
-    const KNOWN: [((i32, i32), &str); 10] = [
-        ((12, 1), "compute_121"),
-        ((12, 0), "compute_120"),
-        ((11, 0), "compute_110"),
-        ((10, 3), "compute_103"),
-        ((10, 0), "compute_100"),
-        ((9, 0), "compute_90"),
-        ((8, 9), "compute_89"),
-        ((8, 6), "compute_86"),
-        ((8, 0), "compute_80"),
-        ((7, 5), "compute_75"),
-    ];
-    KNOWN
+/// The virtual architecture to compile for: the device's own (`compute_121` for a GB10,
+/// compute capability 12.1) where this NVRTC compiles for it, else the newest it does
+/// below the device, whose PTX the driver compiles forward. `supported` is NVRTC's own
+/// list ([`nvrtc_archs`], SM numbers such as 75, 90, 121), so a chip newer than this
+/// build of sous is served by whatever the installed NVRTC knows. An NVRTC that lists
+/// nothing gets the device's own; one that lists nothing old enough, its oldest (and
+/// its compile error then says why).
+fn virtual_arch(cc: (i32, i32), supported: &[i32]) -> String {
+    let own = cc.0 * 10 + cc.1;
+    let pick = supported
         .iter()
-        .find(|(known, _)| *known <= cc)
-        .map_or("compute_75", |(_, arch)| arch)
+        .copied()
+        .filter(|&sm| sm <= own)
+        .max()
+        .or_else(|| supported.iter().copied().min())
+        .unwrap_or(own);
+    format!("compute_{pick}")
+}
+
+/// The architectures the NVRTC library compiles for (`nvrtcGetSupportedArchs`, CUDA 11.2
+/// and later), as SM numbers; empty without NVRTC or when it cannot say.
+fn nvrtc_archs() -> Vec<i32> {
+    use cudarc::nvrtc::sys;
+    // SAFETY: the library is checked first; both calls write at most `count` integers
+    // into a buffer of that size.
+    unsafe {
+        if !sys::is_culib_present() {
+            return Vec::new();
+        }
+        let mut count = 0;
+        if sys::nvrtcGetNumSupportedArchs(&mut count) != sys::nvrtcResult::NVRTC_SUCCESS || count <= 0 {
+            return Vec::new();
+        }
+        let mut archs = vec![0; count as usize];
+        if sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) != sys::nvrtcResult::NVRTC_SUCCESS {
+            return Vec::new();
+        }
+        archs
+    }
 }
 
 fn dtype_index(dtype: Dtype) -> usize {
@@ -227,8 +246,8 @@ impl Gpu {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver("device query"))?
             .max(1) as u32;
-        let arch = virtual_arch(compute_capability);
-        let (ptx, compile_ms) = load_or_compile(arch, cache)?;
+        let arch = virtual_arch(compute_capability, &nvrtc_archs());
+        let (ptx, compile_ms) = load_or_compile(&arch, cache)?;
         let module = ctx.load_module(ptx).map_err(driver("module load"))?;
         let load = |name: &str| module.load_function(name).map_err(driver("kernel lookup"));
         let kernels = Kernels {
@@ -259,7 +278,7 @@ impl Gpu {
                 name,
                 compute_capability,
                 memory_bytes,
-                arch: arch.to_owned(),
+                arch,
                 compile_ms,
             },
             // Blocks of 256 threads, 32 per multiprocessor: measured on an H200, the
@@ -855,7 +874,7 @@ fn half_bits(v: f32) -> u16 {
 }
 
 /// The PTX for `arch`: from the cache if it is there, else compiled (and cached).
-fn load_or_compile(arch: &'static str, cache: Option<&Path>) -> Result<(Ptx, Option<f64>), GpuError> {
+fn load_or_compile(arch: &str, cache: Option<&Path>) -> Result<(Ptx, Option<f64>), GpuError> {
     let file = cache.map(|dir| dir.join("kernels").join(cache_name(arch)));
     if let Some(path) = &file
         && let Ok(src) = std::fs::read_to_string(path)
@@ -875,8 +894,8 @@ fn load_or_compile(arch: &'static str, cache: Option<&Path>) -> Result<(Ptx, Opt
         prec_sqrt: Some(true),
         ftz: Some(false),
         use_fast_math: Some(false),
-        arch: Some(arch),
-        options: vec!["--std=c++17".into()],
+        // As an option, not `arch`, which takes only a `&'static str`.
+        options: vec!["--std=c++17".into(), format!("--gpu-architecture={arch}")],
         ..CompileOptions::default()
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, options).map_err(|e| GpuError::Compile {
@@ -920,12 +939,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn architectures_fall_back_to_the_newest_known() {
-        assert_eq!(virtual_arch((9, 0)), "compute_90");
-        assert_eq!(virtual_arch((12, 1)), "compute_121");
-        assert_eq!(virtual_arch((8, 7)), "compute_86");
-        assert_eq!(virtual_arch((13, 0)), "compute_121");
-        assert_eq!(virtual_arch((7, 0)), "compute_75");
+    fn the_device_gets_its_own_architecture_or_the_newest_below_it() {
+        // What the NVRTC of CUDA 13.5 lists (the test environment's nvidia-cuda-nvrtc
+        // wheel, `nvrtcGetSupportedArchs`).
+        let cuda13 = [75, 80, 86, 87, 88, 89, 90, 100, 103, 107, 110, 120, 121];
+        for (cc, want) in [
+            ((12, 1), "compute_121"), // GB10 (DGX Spark)
+            ((12, 0), "compute_120"), // RTX 50
+            ((10, 0), "compute_100"), // B200
+            ((9, 0), "compute_90"),   // H100, H200
+            ((8, 9), "compute_89"),
+            ((8, 0), "compute_80"),
+            ((8, 5), "compute_80"),   // not listed: the newest below
+            ((13, 0), "compute_121"), // newer than this NVRTC
+        ] {
+            assert_eq!(virtual_arch(cc, &cuda13), want, "{cc:?}");
+        }
+        // A later NVRTC that knows a later chip serves it with no change to sous.
+        assert_eq!(virtual_arch((13, 0), &[90, 121, 130]), "compute_130");
+        // Older than everything listed: the oldest, whose compile error says why.
+        assert_eq!(virtual_arch((7, 0), &cuda13), "compute_75");
+        // No list: the device's own.
+        assert_eq!(virtual_arch((12, 1), &[]), "compute_121");
     }
 
     #[test]
@@ -944,12 +979,19 @@ mod tests {
             return;
         }
         let cache = std::env::temp_dir().join(format!("sous-nvrtc-test-{}", std::process::id()));
+        // The installed NVRTC's own list gives a GB10 its architecture.
+        let archs = nvrtc_archs();
+        assert!(archs.contains(&90), "NVRTC lists {archs:?}");
+        if archs.contains(&121) {
+            assert_eq!(virtual_arch((12, 1), &archs), "compute_121");
+        }
         for arch in [
             "compute_75",
             "compute_80",
             "compute_90",
             "compute_100",
             "compute_120",
+            "compute_121",
         ] {
             let (ptx, compiled) = load_or_compile(arch, Some(&cache)).expect("NVRTC compiles the kernels");
             assert!(compiled.is_some(), "{arch}: compiled, not cached");
