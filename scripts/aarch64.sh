@@ -46,6 +46,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/aarch64"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER=qemu-aarch64-static
 export RUSTFLAGS="-D warnings"
+# The test environment's NVRTC is an x86-64 library: an aarch64 process cannot load it.
+unset SOUS_TEST_NVRTC
 
 step "aarch64: cargo check --workspace --all-targets ($("$RUSTC" --version))"
 cargo check --workspace --all-targets --locked --target "$target"
