@@ -8,18 +8,46 @@
 # makes the tag the recipes default to (`deploy.sous_image` is `sous:<version>`, the
 # workspace version in Cargo.toml). Push it to a registry the cluster pulls from and
 # set `deploy.sous_image`, or import it into the node's container runtime.
+#
+# For x86-64 and Arm nodes at once (a DGX Spark is linux/arm64), one multi-arch tag:
+#
+#   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/sous:0.1.0 --push .
+#
+# The build stage runs on the build machine's own platform and cross-compiles for the
+# target's (rustup's target and Debian's cross gcc for the C of `ring`), so no stage
+# runs under emulation; only the runtime stage's `apt-get` does, which takes seconds.
 
 # --- build -------------------------------------------------------------------------
-FROM rust:1-bookworm AS build
+FROM --platform=$BUILDPLATFORM rust:1-bookworm AS build
+ARG TARGETARCH
+ARG BUILDARCH
 WORKDIR /src
+# The Rust target of the image's platform, and for a cross build its linker.
+RUN case "$TARGETARCH" in \
+      amd64) target=x86_64-unknown-linux-gnu; gcc=x86-64-linux-gnu; linker=x86_64-linux-gnu-gcc ;; \
+      arm64) target=aarch64-unknown-linux-gnu; gcc=aarch64-linux-gnu; linker=aarch64-linux-gnu-gcc ;; \
+      *) echo "sous images are built for amd64 and arm64, not $TARGETARCH" >&2; exit 1 ;; \
+    esac \
+ && echo "$target" > /rust-target \
+ && rustup target add "$target" \
+ && if [ "$TARGETARCH" != "$BUILDARCH" ]; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends "gcc-$gcc" "libc6-dev-$TARGETARCH-cross" \
+      && rm -rf /var/lib/apt/lists/* \
+      && echo "$linker" > /cross-linker; \
+    fi
 COPY . .
 # The registry and target/ are cache mounts (BuildKit): a rebuild after a source change
 # recompiles sous, not its dependencies. target/ does not outlive the RUN, so the
 # binary is copied out within it.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p sous --bin sous \
- && install -m 0755 target/release/sous /usr/local/bin/sous
+    target=$(cat /rust-target) \
+ && if [ -f /cross-linker ]; then \
+      export "CARGO_TARGET_$(echo "$target" | tr 'a-z-' 'A-Z_')_LINKER=$(cat /cross-linker)"; \
+    fi \
+ && cargo build --release --locked -p sous --bin sous --target "$target" \
+ && install -m 0755 "target/$target/release/sous" /usr/local/bin/sous
 
 # --- runtime -----------------------------------------------------------------------
 FROM debian:bookworm-slim
