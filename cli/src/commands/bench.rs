@@ -458,12 +458,7 @@ fn logs(args: &LogsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             .map_err(|e| UserError::new(format!("cannot draw {}: {e}", path.display()), None))?;
         shell.status("wrote", &path.display().to_string());
     }
-    if args.json {
-        shell.data(&serde_json::to_string_pretty(&report)?)?;
-    } else {
-        shell.data(&report.to_table())?;
-    }
-    Ok(ExitCode::SUCCESS)
+    print_report(shell, args.json, &report, || report.to_table())
 }
 
 /// `sous bench scrape`: every URL now, then on the schedule; the first round must
@@ -517,12 +512,7 @@ fn watch(args: &ScrapeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         scrape::draw_chart(path, &title, &series)?;
         shell.status("wrote", &path.display().to_string());
     }
-    if args.json {
-        shell.data(&serde_json::to_string_pretty(&report)?)?;
-    } else {
-        shell.data(&report.to_table())?;
-    }
-    Ok(ExitCode::SUCCESS)
+    print_report(shell, args.json, &report, || report.to_table())
 }
 
 /// `sous bench scrape --prometheus URL --since ...`: the window placed on the clock
@@ -587,10 +577,20 @@ fn history(url: &str, args: &ScrapeArgs, shell: &Shell) -> anyhow::Result<ExitCo
         scrape::draw_chart(path, &title, &series)?;
         shell.status("wrote", &path.display().to_string());
     }
-    if args.json {
-        shell.data(&serde_json::to_string_pretty(&report)?)?;
+    print_report(shell, args.json, &report, || report.to_table())
+}
+
+/// A passive report on stdout: its JSON with `--json`, else its table.
+fn print_report(
+    shell: &Shell,
+    json: bool,
+    report: &impl serde::Serialize,
+    table: impl FnOnce() -> String,
+) -> anyhow::Result<ExitCode> {
+    if json {
+        shell.data(&serde_json::to_string_pretty(report)?)?;
     } else {
-        shell.data(&report.to_table())?;
+        shell.data(&table())?;
     }
     Ok(ExitCode::SUCCESS)
 }

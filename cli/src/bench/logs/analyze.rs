@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::parse::{ParsedLog, Patterns, Sample, parse_log};
 use super::report::{
     ClusterMinute, ClusterReport, ClusterSummary, CurvePoint, Distribution, IdleGaps, InstanceReport,
-    InstanceWindow, LoggedRate, LogsReport, Peak, SpecDecode, Spread, WindowReport,
+    InstanceWindow, LoggedRate, LogsReport, Peak, SpecDecode, Spread, WindowReport, window_text,
 };
 use super::spec::SpecSample;
 use super::time::LogTime;
@@ -156,7 +156,7 @@ fn summarise(
         return Err(LogsError::EmptyWindow {
             name: name.to_owned(),
             samples: log.samples.len(),
-            window: window_text(window),
+            window: window_text(window.since.map(LogTime), window.until.map(LogTime)),
             span: (at(log.samples.first()), at(log.samples.last())),
         });
     };
@@ -340,16 +340,6 @@ fn spread(values: &[f64]) -> Spread {
             sorted.iter().sum::<f64>() / sorted.len() as f64
         },
         max: sorted.last().copied().unwrap_or(0.0),
-    }
-}
-
-/// `from A to B`, `from A`, `to B`.
-fn window_text(window: Bounds) -> String {
-    match (window.since, window.until) {
-        (Some(s), Some(u)) => format!("from {} to {}", LogTime(s), LogTime(u)),
-        (Some(s), None) => format!("from {}", LogTime(s)),
-        (None, Some(u)) => format!("before {}", LogTime(u)),
-        (None, None) => "the whole log".into(),
     }
 }
 

@@ -1,7 +1,7 @@
 //! `sous bench logs`'s report for a terminal: per instance its counts and curve, then the
 //! cluster. Not here: the JSON (the report's own serialization).
 
-use super::report::{ClusterReport, ClusterSummary, InstanceReport, LogsReport};
+use super::report::{ClusterReport, ClusterSummary, InstanceReport, LogsReport, window_text};
 use crate::bench::table::{self, First};
 
 impl LogsReport {
@@ -33,12 +33,7 @@ fn render_instance(out: &mut String, i: &InstanceReport, idle_gap_s: u32) {
         duration(i.span_s)
     ));
     let w = &i.window;
-    let mut window = match (w.since, w.until) {
-        (Some(s), Some(u)) => format!("from {s} to {u}"),
-        (Some(s), None) => format!("from {s}"),
-        (None, Some(u)) => format!("before {u}"),
-        (None, None) => "the whole log".into(),
-    };
+    let mut window = window_text(w.since, w.until);
     if let Some(r) = w.after_restart {
         window.push_str(&format!(" (after the restart at {r})"));
     }

@@ -98,6 +98,16 @@ pub struct InstanceWindow {
     pub lines_outside: usize,
 }
 
+/// `from A to B`, `from A`, `before B` or `the whole log`.
+pub(super) fn window_text(since: Option<LogTime>, until: Option<LogTime>) -> String {
+    match (since, until) {
+        (Some(s), Some(u)) => format!("from {s} to {u}"),
+        (Some(s), None) => format!("from {s}"),
+        (None, Some(u)) => format!("before {u}"),
+        (None, None) => "the whole log".into(),
+    }
+}
+
 /// The window asked for.
 #[derive(Debug, Clone, Serialize)]
 pub struct WindowReport {

@@ -12,7 +12,7 @@ use super::names::{
     HISTOGRAMS, Names, POSITION, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS, REQUESTS,
 };
 use super::quantile::bucket_quantile;
-use super::report::{Bucket, Counters, Gauge, Latency, Report, Reset};
+use super::report::{Counters, Gauge, Latency, Report, Reset};
 use super::{Instance, PERCENTILE_METHOD, QUANTILES, ScrapeError, families};
 use crate::bench::ratio::{WhenEmpty, ratio};
 
@@ -134,47 +134,11 @@ impl Analysis<'_> {
         let sum_s = self
             .increase_by(&format!("{metric}_sum"), None)
             .map_or(0.0, |m| m.values().sum());
-        let mut parsed: Vec<(f64, String, f64)> = by_le
-            .into_iter()
-            .filter_map(|(le, n)| {
-                let bound = match le.as_str() {
-                    "+Inf" | "Inf" | "inf" => f64::INFINITY,
-                    text => text.parse().ok()?,
-                };
-                Some((bound, le, n))
-            })
-            .collect();
-        parsed.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let pairs: Vec<(f64, f64)> = parsed.iter().map(|(b, _, n)| (*b, *n)).collect();
-        let mut latency = Latency {
-            name,
-            metric: metric.to_owned(),
-            count,
-            sum_s,
-            mean_ms: (count > 0.0).then(|| sum_s / count * 1000.0),
-            p50_ms: None,
-            p90_ms: None,
-            p95_ms: None,
-            p99_ms: None,
-            beyond_last_bucket: Vec::new(),
-            buckets: parsed
-                .into_iter()
-                .map(|(_, le, count)| Bucket { le, count })
-                .collect(),
-            label,
-        };
+        let (mut latency, pairs) = Latency::from_buckets(name, label, metric, (count, sum_s), by_le);
         for (q, key) in QUANTILES {
             let estimate = bucket_quantile(q, &pairs);
-            if estimate.is_some_and(|e| e.beyond_last_bucket) {
-                latency.beyond_last_bucket.push(key);
-            }
-            let ms = estimate.map(|e| e.value * 1000.0);
-            match key {
-                "p50" => latency.p50_ms = ms,
-                "p90" => latency.p90_ms = ms,
-                "p95" => latency.p95_ms = ms,
-                _ => latency.p99_ms = ms,
-            }
+            let beyond = estimate.is_some_and(|e| e.beyond_last_bucket);
+            latency.set_percentile(key, estimate.map(|e| e.value * 1000.0), beyond);
         }
         Some(latency)
     }

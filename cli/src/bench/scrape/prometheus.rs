@@ -33,7 +33,7 @@ use super::names::{
 };
 use super::promql::{Queries, Scope, Selector};
 use super::quantile::bucket_quantile;
-use super::report::{Bucket, Counters, Figures, Latency, PrometheusReport};
+use super::report::{Counters, Figures, Latency, PrometheusReport};
 use super::watch::causes;
 use super::{PROMETHEUS_INCREASE_METHOD, PROMETHEUS_PERCENTILE_METHOD, QUANTILES, ScrapeError};
 use crate::bench::ratio::{WhenEmpty, ratio};
@@ -390,45 +390,20 @@ impl Results<'_> {
         who: Who<'_>,
     ) -> Option<Latency> {
         let scope = who.scope();
-        let mut parsed: Vec<(f64, String, f64)> = self
+        let by_le: Vec<(String, f64)> = self
             .of(&self.queries.buckets(metric, scope), who)
-            .filter_map(|(labels, n)| {
-                let le = labels.get("le")?;
-                let bound = match le.as_str() {
-                    "+Inf" | "Inf" | "inf" => f64::INFINITY,
-                    text => text.parse().ok()?,
-                };
-                Some((bound, le.clone(), *n))
-            })
+            .filter_map(|(labels, n)| Some((labels.get("le")?.clone(), *n)))
             .collect();
-        if parsed.is_empty() {
-            return None;
-        }
-        parsed.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let pairs: Vec<(f64, f64)> = parsed.iter().map(|(b, _, n)| (*b, *n)).collect();
         let count = self
             .total(&self.queries.counter(&format!("{metric}_count"), scope), who)
             .unwrap_or(0.0);
         let sum_s = self
             .total(&self.queries.counter(&format!("{metric}_sum"), scope), who)
             .unwrap_or(0.0);
-        let mut latency = Latency {
-            name,
-            metric: metric.to_owned(),
-            count,
-            sum_s,
-            mean_ms: (count > 0.0).then(|| sum_s / count * 1000.0),
-            p50_ms: None,
-            p90_ms: None,
-            p95_ms: None,
-            p99_ms: None,
-            beyond_last_bucket: Vec::new(),
-            buckets: parsed
-                .into_iter()
-                .map(|(_, le, count)| Bucket { le, count })
-                .collect(),
-            label,
-        };
+        let (mut latency, pairs) = Latency::from_buckets(name, label, metric, (count, sum_s), by_le);
+        if latency.buckets.is_empty() {
+            return None;
+        }
         for (q, key) in QUANTILES {
             // Prometheus's figure; whether its rank fell in +Inf, from the same buckets.
             let ms = self
@@ -436,15 +411,8 @@ impl Results<'_> {
                 .map(|(_, v)| *v)
                 .find(|v| v.is_finite())
                 .map(|v| v * 1000.0);
-            if ms.is_some() && bucket_quantile(q, &pairs).is_some_and(|e| e.beyond_last_bucket) {
-                latency.beyond_last_bucket.push(key);
-            }
-            match key {
-                "p50" => latency.p50_ms = ms,
-                "p90" => latency.p90_ms = ms,
-                "p95" => latency.p95_ms = ms,
-                _ => latency.p99_ms = ms,
-            }
+            let beyond = ms.is_some() && bucket_quantile(q, &pairs).is_some_and(|e| e.beyond_last_bucket);
+            latency.set_percentile(key, ms, beyond);
         }
         Some(latency)
     }

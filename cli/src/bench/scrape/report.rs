@@ -44,6 +44,62 @@ pub struct Latency {
 }
 
 impl Latency {
+    /// A histogram's figures before its percentiles: the buckets (`le` text, increase)
+    /// in bound order, those whose `le` is not a number left out. Also returns the
+    /// `(bound, increase)` pairs the percentiles are read from.
+    pub(super) fn from_buckets(
+        name: &'static str,
+        label: &'static str,
+        metric: &str,
+        (count, sum_s): (f64, f64),
+        by_le: impl IntoIterator<Item = (String, f64)>,
+    ) -> (Latency, Vec<(f64, f64)>) {
+        let mut parsed: Vec<(f64, String, f64)> = by_le
+            .into_iter()
+            .filter_map(|(le, n)| {
+                let bound = match le.as_str() {
+                    "+Inf" | "Inf" | "inf" => f64::INFINITY,
+                    text => text.parse().ok()?,
+                };
+                Some((bound, le, n))
+            })
+            .collect();
+        parsed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let pairs = parsed.iter().map(|(b, _, n)| (*b, *n)).collect();
+        let latency = Latency {
+            name,
+            metric: metric.to_owned(),
+            count,
+            sum_s,
+            mean_ms: (count > 0.0).then(|| sum_s / count * 1000.0),
+            p50_ms: None,
+            p90_ms: None,
+            p95_ms: None,
+            p99_ms: None,
+            beyond_last_bucket: Vec::new(),
+            buckets: parsed
+                .into_iter()
+                .map(|(_, le, count)| Bucket { le, count })
+                .collect(),
+            label,
+        };
+        (latency, pairs)
+    }
+
+    /// Sets the percentile `key` (`p50`, `p90`, `p95`, `p99`), noting when its rank fell
+    /// in the `+Inf` bucket.
+    pub(super) fn set_percentile(&mut self, key: &'static str, ms: Option<f64>, beyond_last_bucket: bool) {
+        if beyond_last_bucket {
+            self.beyond_last_bucket.push(key);
+        }
+        match key {
+            "p50" => self.p50_ms = ms,
+            "p90" => self.p90_ms = ms,
+            "p95" => self.p95_ms = ms,
+            _ => self.p99_ms = ms,
+        }
+    }
+
     pub(super) fn percentile(&self, key: &str) -> Option<f64> {
         match key {
             "p50" => self.p50_ms,
