@@ -20,17 +20,19 @@
 //! to be widened in memory before every product and NVFP4 weights dequantized at load
 //! (the memory of bf16). The numbers: `BENCHMARKS.md`, issue 16.
 //!
-//! The arithmetic is the same on every path (AVX-512, AVX2, portable): each output is
+//! The arithmetic is the same on every path (AVX-512, AVX2, NEON, portable): each output is
 //! one chain of fused multiply-adds over `kk` in order, starting from zero, so a row's
 //! result does not depend on which other rows share its batch, on the blocking, or on
 //! the CPU's vector width. An NVFP4 weight is `fp4 value × divisor`, one f32 multiply,
 //! exactly [`crate::reference::dequantize`]'s value; the product from packed NVFP4
 //! equals the product from the dequantized f32 matrix bit for bit (tested).
 //!
-//! The kernel in use is chosen at run time ([`Isa::current`]); `SOUS_KERNELS_ISA=avx2` or
-//! `=portable` forces a narrower one, for tests and for measuring the paths an older
-//! CPU would take.
+//! The kernel in use is chosen at run time ([`Isa::current`]): AVX-512 or AVX2 on x86-64,
+//! NEON on aarch64 (every ARMv8-A CPU has it). `SOUS_KERNELS_ISA=avx2` or `=portable`
+//! forces a narrower one, for tests and for measuring the paths an older CPU would take.
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -99,13 +101,16 @@ pub enum Isa {
     Avx512,
     /// AVX2 with FMA: 6 rows × 16 columns per tile.
     Avx2,
+    /// aarch64's Advanced SIMD (NEON, in every ARMv8-A CPU): 6 rows × 16 columns per
+    /// tile (up to 4 panels side by side for one to three rows).
+    Neon,
     /// Scalar code with `f32::mul_add`: 4 rows × 16 columns per tile.
     Portable,
 }
 
 impl Isa {
-    /// The widest set this CPU has, narrowed by `SOUS_KERNELS_ISA` (`avx512`, `avx2` or
-    /// `portable`) if set; checked once per process.
+    /// The widest set this CPU has, narrowed by `SOUS_KERNELS_ISA` (`avx2` or `portable`;
+    /// `avx512` and `neon` name the widest) if set; checked once per process.
     pub fn current() -> Isa {
         static CURRENT: OnceLock<Isa> = OnceLock::new();
         *CURRENT.get_or_init(|| {
@@ -130,6 +135,8 @@ impl Isa {
                 sets.push(Isa::Avx2);
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        sets.push(Isa::Neon);
         sets.push(Isa::Portable);
         sets
     }
@@ -165,6 +172,14 @@ impl Isa {
             Isa::Avx512 if rows <= 16 => batch_tile(),
             Isa::Avx512 => (12, 2),
             Isa::Avx2 => (6, 1),
+            // Within 24 of NEON's 32 vector registers for the accumulators: four
+            // panels for one row of float weights, whose chains of multiply-adds would
+            // otherwise wait on themselves; two where the NVFP4 and Q8_0 factors take
+            // registers too.
+            Isa::Neon if rows <= 1 && !quantized => (1, 4),
+            Isa::Neon if rows <= 2 && !quantized => (2, 3),
+            Isa::Neon if rows <= 3 => (3, 2),
+            Isa::Neon => (6, 1),
             Isa::Portable => (4, 1),
         }
     }
@@ -174,6 +189,7 @@ impl Isa {
         match self {
             Isa::Avx512 => "avx512",
             Isa::Avx2 => "avx2",
+            Isa::Neon => "neon",
             Isa::Portable => "portable",
         }
     }
@@ -774,6 +790,8 @@ fn run_tile(isa: Isa, tile: &mut Tile) {
         Isa::Avx512 => x86::tile_avx512(tile),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::tile_avx2(tile),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::tile(tile),
         _ => portable::tile(tile),
     }
 }
@@ -1394,7 +1412,7 @@ fn columns(
 fn widen(isa: Isa, panels: Panels, np: usize, kc: usize, wide: &mut Vec<f32>) -> bool {
     match panels {
         Panels::F32 { .. } => return false,
-        Panels::Bf16 { .. } if isa == Isa::Avx512 => return false,
+        Panels::Bf16 { .. } if matches!(isa, Isa::Avx512 | Isa::Neon) => return false,
         _ => {}
     }
     panels.check(np, kc);
@@ -1408,6 +1426,11 @@ fn widen(isa: Isa, panels: Panels, np: usize, kc: usize, wide: &mut Vec<f32>) ->
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => {
             x86::widen_avx2(panels, np, kc, wide);
+            true
+        }
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => {
+            neon::widen(panels, np, kc, wide);
             true
         }
         _ => false,

@@ -613,3 +613,54 @@ fn bf16_pairs_are_packed_with_the_scalar_rounding_bits() {
         }
     }
 }
+
+/// Every tile shape the NEON kernel takes, in every weight format, from one pass and from
+/// two (the second adding to the first's sums), gives the portable kernel's bits.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn every_neon_tile_gives_the_portable_bits_in_every_format() -> Result {
+    // Nine panels: no multiple of two, three or four, so a narrower tile ends each run.
+    let n = 16 * 9;
+    for k in [96, KC + 96] {
+        let w = values(n * k, 21);
+        let bytes: Vec<u8> = bf16_bits(&w).iter().flat_map(|b| b.to_le_bytes()).collect();
+        let matrix = Matrix::new(Dtype::Bf16, n, k, &bytes)?;
+        let scale = TensorScale::from_amax(Flavor::CompressedTensors, Dtype::Bf16, reference::amax(&matrix));
+        let q = reference::quantize(&matrix, &scale);
+        let computed = Packed::from_nvfp4_scale(&q.packed, &q.scales, &scale, n, k)?;
+        assert!(computed.computes_factors());
+        let formats = [
+            ("f32", Packed::from_f32(&w, n, k)?),
+            // An odd depth: the last pair of bf16 values holds one.
+            (
+                "bf16",
+                Packed::from_bf16(&bf16_bits(&w[..n * (k - 1)]), n, k - 1)?,
+            ),
+            ("nvfp4 computed", computed),
+            (
+                "nvfp4 table",
+                Packed::from_nvfp4(&q.packed, &q.scales, |s| scale.divisor(s), n, k)?,
+            ),
+            ("q8_0", Packed::q8_0(&w, n, k)?),
+        ];
+        for (name, packed) in &formats {
+            let shapes = (1..=6)
+                .map(|mr| (mr, 1))
+                .chain([(1, 2), (2, 2), (3, 2), (1, 3), (2, 3), (1, 4)]);
+            for (mr, np) in shapes {
+                for rows in [mr, 2 * mr + 1] {
+                    let x = values(rows * packed.k, 22 + rows as u64);
+                    let mut want = vec![0.0f32; rows * n];
+                    matmul_tiled(Isa::Portable, (4, 1), &x, rows, packed, &mut want);
+                    let mut got = vec![f32::NAN; rows * n];
+                    matmul_tiled(Isa::Neon, (mr, np), &x, rows, packed, &mut got);
+                    assert!(
+                        bits_eq(&want, &got),
+                        "{name} k {k}: {rows} rows in tiles of {mr} x {np}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
