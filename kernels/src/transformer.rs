@@ -790,10 +790,12 @@ fn attend_tile(
 ) {
     // The vector kernels below are x86's (`scores`); asking another architecture's
     // target for x86's `fma` panics in `target-features`, so elsewhere the tile loop runs.
+    // On aarch64 it runs in fused multiply-adds, which every ARMv8-A CPU has (`fmla`,
+    // what `mul_add` compiles to there): the bits of x86's FMA kernels.
     #[cfg(target_arch = "x86_64")]
     let fma = multiversion::target::selected_target!().supports_feature_str("fma");
     #[cfg(not(target_arch = "x86_64"))]
-    let fma = false;
+    let fma = cfg!(target_arch = "aarch64");
     let (hd, bs, slot) = (shape.head_dim, shape.block_size, layout.shape.slot_len());
     let group = heads / shape.kv_heads;
     let (span, first, count, kv_head) = (tile.span, tile.first, tile.count, tile.kv_head);
