@@ -84,6 +84,10 @@ pub(super) fn max_abs(dtype: Dtype, bytes: &[u8]) -> f32 {
     }
 }
 
+// Not inlined: called once per chunk of blocks (`CHUNK_BLOCKS`), so a call costs nothing,
+// and its code keeps a symbol of its own, which `scripts/bench/aarch64-asm.sh` finds to
+// show what the compiler made of the loop.
+#[inline(never)]
 pub(super) fn quantize_blocks<const STATS: bool>(
     dtype: Dtype,
     src: &[u8],
