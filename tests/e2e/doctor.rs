@@ -287,11 +287,16 @@ fn a_gb10_has_fp4_and_unified_memory() {
     );
     assert!(!recipe(&json, &w4a4)["warnings"].to_string().contains("FP4"));
 
+    // No memory of its own: the machine's RAM, which it shares.
     let (_, stdout, _) = machine.doctor(&["--recipe", SPARK], &[]);
-    assert!(
-        stdout.contains("✓ cuda:0  NVIDIA GB10  unified memory  compute capability 12.1  native FP4"),
-        "{stdout}"
+    let ram = json["engines"]["native"]["cpu"]["memory_bytes"]
+        .as_u64()
+        .expect("this machine's RAM");
+    let line = format!(
+        "✓ cuda:0  NVIDIA GB10  unified memory: shares the {:.2} GiB of RAM  compute capability 12.1  native FP4",
+        ram as f64 / (1u64 << 30) as f64
     );
+    assert!(stdout.contains(&line), "no {line:?} in\n{stdout}");
 }
 
 #[test]

@@ -116,11 +116,15 @@ fn render(report: &Report) -> String {
     let mut out = String::new();
 
     let mut rows = Vec::new();
+    // A GPU that shares the CPU's memory (a GB10) has no memory of its own to report:
+    // what it can use is the machine's RAM, less what the OS and the rest take.
+    let ram = m.engines.native.cpu.memory_bytes;
     for g in &m.gpus {
-        let memory = match (g.memory_bytes, g.unified_memory) {
-            (Some(bytes), false) => gib(bytes),
-            (Some(bytes), true) => format!("{} unified", gib(bytes)),
-            (None, _) => "unified memory".to_owned(),
+        let memory = match (g.memory_bytes, g.unified_memory, ram) {
+            (Some(bytes), false, _) => gib(bytes),
+            (Some(bytes), true, _) => format!("{} unified", gib(bytes)),
+            (None, _, Some(ram)) => format!("unified memory: shares the {} of RAM", gib(ram)),
+            (None, _, None) => "unified memory".to_owned(),
         };
         rows.push(vec![
             OK.to_owned(),

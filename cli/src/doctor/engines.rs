@@ -79,7 +79,7 @@ pub struct Cpu {
     pub threads: usize,
     /// RAM (`MemTotal`).
     pub memory_bytes: Option<u64>,
-    /// The matrix kernels the native engine runs (`avx512`, `avx2` or `portable`;
+    /// The matrix kernels the native engine runs (`avx512`, `avx2`, `neon` or `portable`;
     /// `SOUS_KERNELS_ISA` narrows it).
     pub kernels: &'static str,
     /// Every kernel set this CPU can run, widest first.
@@ -270,14 +270,77 @@ pub fn native() -> Native {
 }
 
 /// The CPU's name in `/proc/cpuinfo`: `model name` on x86, `Model` or `Hardware` on
-/// some Arm kernels.
+/// some Arm kernels; elsewhere on Arm, its cores named from their implementer and part
+/// numbers, counted (a DGX Spark's GB10: `10× Arm Cortex-X925 + 10× Arm Cortex-A725`).
 pub fn cpu_model(cpuinfo: &str) -> Option<String> {
-    ["model name", "Model", "Hardware"].iter().find_map(|key| {
-        cpuinfo.lines().find_map(|line| {
-            let (k, v) = line.split_once(':')?;
-            (k.trim() == *key && !v.trim().is_empty()).then(|| v.trim().to_owned())
+    ["model name", "Model", "Hardware"]
+        .iter()
+        .find_map(|key| {
+            cpuinfo.lines().find_map(|line| {
+                let (k, v) = line.split_once(':')?;
+                (k.trim() == *key && !v.trim().is_empty()).then(|| v.trim().to_owned())
+            })
         })
-    })
+        .or_else(|| arm_cores(cpuinfo))
+}
+
+/// Arm cores by `CPU implementer` and `CPU part`, in order of first appearance, each
+/// with its count.
+fn arm_cores(cpuinfo: &str) -> Option<String> {
+    let mut cores: Vec<(String, usize)> = Vec::new();
+    let mut implementer = None;
+    for line in cpuinfo.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let number = || u32::from_str_radix(value.trim().trim_start_matches("0x"), 16).ok();
+        match key.trim() {
+            "CPU implementer" => implementer = number(),
+            "CPU part" => {
+                let (Some(imp), Some(part)) = (implementer, number()) else {
+                    continue;
+                };
+                let name = arm_core_name(imp, part);
+                match cores.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, count)) => *count += 1,
+                    None => cores.push((name, 1)),
+                }
+            }
+            _ => {}
+        }
+    }
+    let named: Vec<String> = cores
+        .iter()
+        .map(|(name, count)| format!("{count}× {name}"))
+        .collect();
+    (!named.is_empty()).then(|| named.join(" + "))
+}
+
+/// The name of an Arm core, from the implementer and part numbers of its MIDR_EL1 (the
+/// Linux kernel's `arch/arm64/include/asm/cputype.h`; Arm's Trusted Firmware-A
+/// `include/lib/cpus/aarch64/*.h` for the newest): the server and DGX cores, and a few
+/// boards'. Any other is named by its numbers.
+fn arm_core_name(implementer: u32, part: u32) -> String {
+    let known = match (implementer, part) {
+        (0x41, 0xD03) => "Arm Cortex-A53",
+        (0x41, 0xD05) => "Arm Cortex-A55",
+        (0x41, 0xD08) => "Arm Cortex-A72",
+        (0x41, 0xD0B) => "Arm Cortex-A76",
+        (0x41, 0xD0C) => "Arm Neoverse N1",
+        (0x41, 0xD40) => "Arm Neoverse V1",
+        (0x41, 0xD41) => "Arm Cortex-A78",
+        (0x41, 0xD44) => "Arm Cortex-X1",
+        (0x41, 0xD49) => "Arm Neoverse N2",
+        (0x41, 0xD4F) => "Arm Neoverse V2",
+        (0x41, 0xD84) => "Arm Neoverse V3",
+        (0x41, 0xD85) => "Arm Cortex-X925",
+        (0x41, 0xD87) => "Arm Cortex-A725",
+        (0x41, 0xD8E) => "Arm Neoverse N3",
+        (0x4E, 0x004) => "NVIDIA Carmel",
+        (0xC0, 0xAC3) => "Ampere-1",
+        _ => return format!("Arm core (implementer {implementer:#04x}, part {part:#05x})"),
+    };
+    known.to_owned()
 }
 
 #[cfg(test)]
@@ -334,9 +397,29 @@ mod tests {
     fn names_the_cpu() {
         let x86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n";
         assert_eq!(cpu_model(x86).as_deref(), Some("Intel(R) Xeon(R) Platinum 8480+"));
-        // Arm kernels list implementer and part numbers, and no name.
-        let arm = "processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd85\n";
-        assert_eq!(cpu_model(arm), None);
+        // Arm kernels list implementer and part numbers, and no name: a GB10's ten
+        // Cortex-X925 and ten Cortex-A725 cores, named and counted in the order listed.
+        let core = |n: usize, part: &str| {
+            format!(
+                "processor\t: {n}\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd sha2 bf16\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: {part}\nCPU revision\t: 1\n\n"
+            )
+        };
+        let gb10: String = (0..20)
+            .map(|n| core(n, if n < 10 { "0xd87" } else { "0xd85" }))
+            .collect();
+        assert_eq!(
+            cpu_model(&gb10).as_deref(),
+            Some("10× Arm Cortex-A725 + 10× Arm Cortex-X925")
+        );
+        assert_eq!(
+            cpu_model(&core(0, "0xd4f")).as_deref(),
+            Some("1× Arm Neoverse V2")
+        );
+        assert_eq!(
+            cpu_model(&core(0, "0xabc")).as_deref(),
+            Some("1× Arm core (implementer 0x41, part 0xabc)")
+        );
+        assert_eq!(cpu_model("processor\t: 0\n"), None);
         assert_eq!(cpu_model("Hardware\t: BCM2835\n").as_deref(), Some("BCM2835"));
     }
 
