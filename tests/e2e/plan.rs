@@ -569,6 +569,23 @@ fn on_a_dgx_spark_0_90_of_the_gpu_holds_far_more_than_0_45() {
             .contains("shares its memory with the CPU"),
         "{tuned}"
     );
+    // The text names the memory as the CPU's too.
+    let path = format!("model.path={model}");
+    let (code, out, stderr) = offline_plan(&[
+        "--recipe",
+        "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml",
+        "--gpu",
+        "dgx-spark",
+        "--set",
+        &path,
+        "--set",
+        "quantize.scheme=nvfp4a16",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        out.contains("machine       gb10 (NVIDIA DGX Spark (GB10 Grace Blackwell superchip), 119.21 GiB of unified memory, shared with the CPU and the OS)"),
+        "{out}"
+    );
     // 65 GB of bf16 weights on a 32 GB GPU: no cache at all, and the ways out (two
     // GPUs would still hold 30.5 GiB of weights each: four).
     let path = format!("model.path={model}");

@@ -92,10 +92,15 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
         (
             "machine".into(),
             format!(
-                "{} ({}, {})",
+                "{} ({}, {}{})",
                 hardware.name,
                 hardware.description,
-                gib(hardware.memory)
+                gib(hardware.memory),
+                if hardware.unified && !hardware.cpu {
+                    " of unified memory, shared with the CPU and the OS"
+                } else {
+                    ""
+                }
             ),
         ),
         ("model".into(), from.to_owned()),
