@@ -8,13 +8,22 @@
 #   - gcc-aarch64-linux-gnu: the linker;
 #   - qemu-user-static: runs the aarch64 test binaries on this machine.
 #
-# What it does, chosen for coverage per minute on 2 cores:
-#   1. `cargo check` of the whole workspace, every target, for aarch64, warnings denied;
-#   2. every test of sous-kernels under qemu (the NVFP4 test vectors, the bit-exactness
-#      and property tests, products, attention) but for two that ask the kernel whether
-#      a mapping was advised for huge pages: qemu's user mode accepts madvise and
-#      ignores it, so they cannot pass under it. The exhaustive FP4 encoder test takes
-#      every 257th f32 (and every f32 near the rounding boundaries), not all of them.
+# What it does, chosen for coverage per minute on 2 cores, in the `cross` profile
+# (Cargo.toml: dependencies at opt-level 0, which halves the build; the kernels
+# optimized as in dev):
+#   1. builds the sous binary for aarch64, warnings denied;
+#   2. `cargo check` of the whole workspace, every target (tests, examples), the same;
+#   3. every test of sous-kernels under qemu (the NVFP4 test vectors, the bit-exactness
+#      and property tests, products on the NEON kernels against the portable ones,
+#      attention) but for two that ask the kernel whether a mapping was advised for
+#      huge pages: qemu's user mode accepts madvise and ignores it, so they cannot pass
+#      under it. The exhaustive FP4 encoder test takes every 257th f32 (and every f32
+#      near the rounding boundaries), not all of them;
+#   4. the aarch64 sous under qemu against this machine's x86-64 one, on the SmolLM2
+#      test model (tests/e2e/aarch64.rs): `sous quantize` in both checkpoint formats and
+#      W4A4 (calibrated by the native engine) to the same bytes, and the native engine's
+#      greedy continuations of the fixture's prompts in f32 to the same tokens and
+#      logprobs. This step runs the host's e2e test binary, built by scripts/test.sh.
 #
 # qemu runs the binaries with the machine's own arm64 libc (libc6:arm64, which
 # libstd-rust-web-dev:arm64 brings), never `-L /usr/aarch64-linux-gnu`: that directory's
@@ -40,19 +49,33 @@ if [ ${#missing[@]} -gt 0 ]; then
   exit 0
 fi
 
-export RUSTC=/usr/bin/rustc
-# Apart from the host build: another rustc, other flags.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/aarch64"
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER=qemu-aarch64-static
-export RUSTFLAGS="-D warnings"
-# The test environment's NVRTC is an x86-64 library: an aarch64 process cannot load it.
-unset SOUS_TEST_NVRTC
+host_target_dir="${CARGO_TARGET_DIR:-target}"
+# Apart from the host build: another rustc, other flags, another directory. Set per
+# command, so that step 4's host build is the suite's own (the same flags, no rebuild).
+# SOUS_TEST_NVRTC is unset: the test environment's NVRTC is an x86-64 library, which an
+# aarch64 process cannot load.
+cross() {
+  env -u SOUS_TEST_NVRTC \
+    RUSTC=/usr/bin/rustc \
+    CARGO_TARGET_DIR="$host_target_dir/aarch64" \
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER=qemu-aarch64-static \
+    RUSTFLAGS="-D warnings" \
+    cargo "$@"
+}
+flags=(--locked --profile cross --target "$target")
 
-step "aarch64: cargo check --workspace --all-targets ($("$RUSTC" --version))"
-cargo check --workspace --all-targets --locked --target "$target"
+step "aarch64: build sous ($(/usr/bin/rustc --version))"
+cross build -p sous --bin sous "${flags[@]}"
+
+step "aarch64: cargo check --workspace --all-targets"
+cross check --workspace --all-targets "${flags[@]}"
 
 step "aarch64: sous-kernels tests under qemu"
-SOUS_TEST_F32_STRIDE=257 cargo test -p sous-kernels --lib --tests --locked --target "$target" -- \
+SOUS_TEST_F32_STRIDE=257 cross test -p sous-kernels --lib --tests "${flags[@]}" -- \
   --skip pages::tests::the_mapping_is_advised_for_huge_pages_and_reported \
   --skip pages::tests::a_zeroed_buffer_is_zero_writable_and_advised
+
+step "aarch64: sous under qemu against x86-64 (quantize, native greedy decoding)"
+SOUS_TEST_AARCH64_BIN="$host_target_dir/aarch64/$target/cross/sous" \
+  cargo test --workspace --locked --test e2e -- --ignored aarch64::

@@ -4,6 +4,7 @@
 // A check that cannot run on this machine says so on stderr.
 #![allow(clippy::print_stderr)]
 
+mod aarch64;
 mod bench;
 mod broken;
 mod deploy;

@@ -16,7 +16,11 @@ pub fn root() -> PathBuf {
 
 /// `sous` with a clean environment, run from the workspace root.
 pub fn sous() -> Command {
-    let mut cmd = Command::cargo_bin("sous").expect("the sous binary is built");
+    clean(Command::cargo_bin("sous").expect("the sous binary is built"))
+}
+
+/// `cmd` (a `sous`) with the clean environment of [`sous`].
+pub fn clean(mut cmd: Command) -> Command {
     for (name, _) in std::env::vars() {
         if name.starts_with("SOUS_") {
             cmd.env_remove(name);
@@ -257,8 +261,17 @@ pub struct Running {
 impl Running {
     /// Starts `sous` with `args` (and the clean environment of [`sous`]).
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Running {
+        Running::start_program(
+            std::process::Command::new(assert_cmd::cargo::cargo_bin("sous")),
+            args,
+            envs,
+        )
+    }
+
+    /// [`Running::start`] with another `sous`: `cmd` is the program and the arguments
+    /// that come before sous's own (an aarch64 build under qemu).
+    pub fn start_program(mut cmd: std::process::Command, args: &[&str], envs: &[(&str, &str)]) -> Running {
         use std::io::{BufRead, BufReader};
-        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("sous"));
         for (name, _) in std::env::vars() {
             if name.starts_with("SOUS_") {
                 cmd.env_remove(name);
