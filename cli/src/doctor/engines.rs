@@ -271,7 +271,8 @@ pub fn native() -> Native {
 
 /// The CPU's name in `/proc/cpuinfo`: `model name` on x86, `Model` or `Hardware` on
 /// some Arm kernels; elsewhere on Arm, its cores named from their implementer and part
-/// numbers, counted (a DGX Spark's GB10: `10× Arm Cortex-X925 + 10× Arm Cortex-A725`).
+/// numbers and counted, in the order listed (a GB10: `10× Arm Cortex-X925 + 10× Arm
+/// Cortex-A725`).
 pub fn cpu_model(cpuinfo: &str) -> Option<String> {
     ["model name", "Model", "Hardware"]
         .iter()
