@@ -11,15 +11,18 @@
 # What it does, chosen for coverage per minute on 2 cores, in the `cross` profile
 # (Cargo.toml: dependencies at opt-level 0, which halves the build; the kernels
 # optimized as in dev):
-#   1. builds the sous binary for aarch64, warnings denied;
-#   2. `cargo check` of the whole workspace, every target (tests, examples), the same;
-#   3. every test of sous-kernels under qemu (the NVFP4 test vectors, the bit-exactness
+#   1. builds every library and binary of the workspace for aarch64 (sous, its engine
+#      and kernels, the fake engine), warnings denied. The tests and examples build for
+#      x86-64 in the main run; for aarch64, those that run under qemu (step 3). Checking
+#      the others for aarch64 too took another minute and a half, which the suite's
+#      30 minutes on two cores do not have;
+#   2. every test of sous-kernels under qemu (the NVFP4 test vectors, the bit-exactness
 #      and property tests, products on the NEON kernels against the portable ones,
 #      attention) but for two that ask the kernel whether a mapping was advised for
 #      huge pages: qemu's user mode accepts madvise and ignores it, so they cannot pass
 #      under it. The exhaustive FP4 encoder test takes every 257th f32 (and every f32
 #      near the rounding boundaries), not all of them;
-#   4. the aarch64 sous under qemu against this machine's x86-64 one, on the SmolLM2
+#   3. the aarch64 sous under qemu against this machine's x86-64 one, on the SmolLM2
 #      test model (tests/e2e/aarch64.rs): `sous quantize` in both checkpoint formats and
 #      W4A4 (calibrated by the native engine) to the same bytes, and the native engine's
 #      greedy continuations of the fixture's prompts in f32 to the same tokens and
@@ -33,7 +36,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+step() { printf '\n==> %s (%s)\n' "$*" "$(date -u +%T)" >&2; }
 
 target=aarch64-unknown-linux-gnu
 missing=()
@@ -51,7 +54,7 @@ fi
 
 host_target_dir="${CARGO_TARGET_DIR:-target}"
 # Apart from the host build: another rustc, other flags, another directory. Set per
-# command, so that step 4's host build is the suite's own (the same flags, no rebuild).
+# command, so that step 3's host build is the suite's own (the same flags, no rebuild).
 # SOUS_TEST_NVRTC is unset: the test environment's NVRTC is an x86-64 library, which an
 # aarch64 process cannot load.
 cross() {
@@ -65,11 +68,8 @@ cross() {
 }
 flags=(--locked --profile cross --target "$target")
 
-step "aarch64: build sous ($(/usr/bin/rustc --version))"
-cross build -p sous --bin sous "${flags[@]}"
-
-step "aarch64: cargo check --workspace --all-targets"
-cross check --workspace --all-targets "${flags[@]}"
+step "aarch64: build the workspace's libraries and binaries ($(/usr/bin/rustc --version))"
+cross build --workspace --lib --bins "${flags[@]}"
 
 step "aarch64: sous-kernels tests under qemu"
 SOUS_TEST_F32_STRIDE=257 cross test -p sous-kernels --lib --tests "${flags[@]}" -- \
@@ -77,5 +77,5 @@ SOUS_TEST_F32_STRIDE=257 cross test -p sous-kernels --lib --tests "${flags[@]}" 
   --skip pages::tests::a_zeroed_buffer_is_zero_writable_and_advised
 
 step "aarch64: sous under qemu against x86-64 (quantize, native greedy decoding)"
-SOUS_TEST_AARCH64_BIN="$host_target_dir/aarch64/$target/cross/sous" \
+SOUS_TEST_AARCH64_BIN="$(realpath -m "$host_target_dir/aarch64/$target/cross/sous")" \
   cargo test --workspace --locked --test e2e -- --ignored aarch64::

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+step() { printf '\n==> %s (%s)\n' "$*" "$(date -u +%T)" >&2; }
 
 for tool in cargo rustfmt cargo-clippy python3; do
   command -v "$tool" >/dev/null || { echo "error: $tool is not installed" >&2; exit 1; }

@@ -70,7 +70,7 @@ fn aarch64_quantizes_smollm2_to_the_bytes_of_x86_64() {
         ("modelopt", &["--format", "modelopt"]),
         (
             "w4a4",
-            &["--scheme", "nvfp4", "--samples", "1", "--seq-len", "48"],
+            &["--scheme", "nvfp4", "--samples", "1", "--seq-len", "32"],
         ),
     ];
     for (name, args) in cases {
@@ -206,7 +206,7 @@ fn aarch64_continues_greedily_with_the_tokens_and_logprobs_of_x86_64() {
     let Some(model) = smollm2() else { return };
     let work = tempfile::tempdir().expect("tempdir");
     let prompts = prompts();
-    let tokens = 32;
+    let tokens = 16;
     let mut results = Vec::new();
     for (arch, program, within) in [
         ("x86-64", Command::new(assert_cmd::cargo::cargo_bin("sous")), 60),
