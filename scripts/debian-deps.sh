@@ -6,9 +6,11 @@
 # - systemd: `systemd-analyze verify` for `sous deploy --target systemd`;
 # - prometheus: a real Prometheus server for `sous bench scrape --prometheus`
 #   (bookworm's 2.42; the test runs its own, on a loopback port, never the service);
-# - rustc-web, libstd-rust-web-dev:arm64, gcc-aarch64-linux-gnu, qemu-user-static: the
-#   aarch64 cross-build and its tests under emulation (scripts/aarch64.sh), after
-#   `dpkg --add-architecture arm64`.
+# - rustc-web, libstd-rust-web-dev:arm64, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
+#   qemu-user-static: the aarch64 cross-build and its tests under emulation
+#   (scripts/aarch64.sh), after `dpkg --add-architecture arm64`. The C library's
+#   headers are only a recommendation of the cross gcc, which --no-install-recommends
+#   leaves out, and `ring`'s C needs them.
 # Idempotent; installs only what is missing, with sudo when not root.
 set -euo pipefail
 
@@ -19,6 +21,7 @@ command -v prometheus >/dev/null || missing+=("prometheus=2.42.0+ds-5+b6")
 [ -x /usr/bin/rustc ] || missing+=("rustc-web")
 [ -d /usr/lib/rustlib/aarch64-unknown-linux-gnu ] || missing+=("libstd-rust-web-dev:arm64")
 command -v aarch64-linux-gnu-gcc >/dev/null || missing+=("gcc-aarch64-linux-gnu")
+[ -f /usr/aarch64-linux-gnu/include/stdint.h ] || missing+=("libc6-dev-arm64-cross")
 command -v qemu-aarch64-static >/dev/null || missing+=("qemu-user-static")
 [ ${#missing[@]} -eq 0 ] && exit 0
 
