@@ -38,6 +38,17 @@ impl Scrape {
         Scrape { samples }
     }
 
+    /// Several servers' scrapes as one (their samples side by side: sums add up,
+    /// maxima are the largest server's); `None` when any server gave none, since a
+    /// fleet's counters are only comparable when every server's are there.
+    pub fn merged(scrapes: &[Option<Scrape>]) -> Option<Scrape> {
+        let mut samples = Vec::new();
+        for s in scrapes {
+            samples.extend(s.as_ref()?.samples.iter().cloned());
+        }
+        Some(Scrape { samples })
+    }
+
     /// The sum of every series of `name`, `None` when there is none.
     pub fn sum(&self, name: &str) -> Option<f64> {
         let mut found = None;
@@ -131,6 +142,17 @@ fn parse_labels(text: &str) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fleets_scrapes_add_up_and_need_every_server() {
+        let a = Scrape::parse("vllm:prefix_cache_hits_total 10\nvllm:kv_cache_usage_perc 0.25\n");
+        let b = Scrape::parse("vllm:prefix_cache_hits_total 32\nvllm:kv_cache_usage_perc 0.5\n");
+        let both = Scrape::merged(&[Some(a.clone()), Some(b)]).expect("merged");
+        assert_eq!(both.sum("vllm:prefix_cache_hits_total"), Some(42.0));
+        assert_eq!(both.max("vllm:kv_cache_usage_perc"), Some(0.5));
+        // A server that did not answer makes the fleet's counters meaningless.
+        assert!(Scrape::merged(&[Some(a), None]).is_none());
+    }
 
     #[test]
     fn exposition_lines_parse_with_labels_and_escapes() {

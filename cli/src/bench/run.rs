@@ -18,7 +18,7 @@ use super::client::{self, Endpoint};
 use super::discover;
 use super::plan::{Planned, Workload};
 use super::prom::Scrape;
-use super::report::{AgentSummary, ErrorCount, Level, ProbeSummary, Report};
+use super::report::{AgentSummary, ErrorCount, InstanceFigures, Level, ProbeSummary, Report};
 use super::server::ServerFigures;
 use super::stats::{RequestRecord, RunMetrics, Slo};
 use super::workload::PromptMaker;
@@ -37,6 +37,10 @@ pub struct Target {
     /// The tokenizer (a `tokenizer.json` or a model directory); default: the served
     /// model's.
     pub tokenizer: Option<PathBuf>,
+    /// The instances behind `url` when it is a router: their base URLs, whose
+    /// `/metrics` are scraped (each reported, and summed for the level) instead of the
+    /// router's.
+    pub instances: Vec<String>,
 }
 
 /// How to run and report.
@@ -93,7 +97,11 @@ pub async fn run(
     for planned in levels {
         let run = LevelRun {
             probe_client: &probe_client,
-            url,
+            scraped: if target.instances.is_empty() {
+                std::slice::from_ref(url)
+            } else {
+                &target.instances
+            },
             target: &client_target,
             workload,
             options,
@@ -120,7 +128,8 @@ pub async fn run(
 /// What every level of a run shares.
 struct LevelRun<'a> {
     probe_client: &'a reqwest::Client,
-    url: &'a str,
+    /// The servers whose `/metrics` count: the URL, or the instances behind it.
+    scraped: &'a [String],
     target: &'a client::Target,
     workload: &'a Workload,
     options: &'a Options,
@@ -157,18 +166,17 @@ impl LevelRun<'_> {
                 bar.note(&format!("{n} tokens"));
             }
         });
-        let before = scrape(self.probe_client, self.url).await;
+        let before = scrape_all(self.probe_client, self.scraped).await;
         // A scrape a second while it runs, for the KV-usage peak.
         let during = Arc::new(Mutex::new(Vec::new()));
         let sampling = tokio::spawn({
-            let (c, u, during) = (self.probe_client.clone(), self.url.to_owned(), during.clone());
+            let (c, urls, during) = (self.probe_client.clone(), self.scraped.to_vec(), during.clone());
             async move {
                 loop {
                     tokio::time::sleep(Duration::from_secs(1)).await;
-                    if let Some(s) = scrape(&c, &u).await
-                        && let Ok(mut d) = during.lock()
-                    {
-                        d.push(s);
+                    let scrapes = scrape_all(&c, &urls).await;
+                    if let Ok(mut d) = during.lock() {
+                        d.push(scrapes);
                     }
                 }
             }
@@ -184,11 +192,39 @@ impl LevelRun<'_> {
         .await;
         sampling.abort();
         bar.finish(None);
-        let after = scrape(self.probe_client, self.url).await;
-        let during = during.lock().map(|d| d.clone()).unwrap_or_default();
-        let server = match (&before, &after) {
-            (Some(b), Some(a)) => ServerFigures::between(b, a, &during),
-            _ => ServerFigures::default(),
+        let after = scrape_all(self.probe_client, self.scraped).await;
+        let during: Vec<Vec<Option<Scrape>>> = during.lock().map(|d| d.clone()).unwrap_or_default();
+        // Each server's figures, then the fleet's: the servers' scrapes taken together
+        // (counters add up; the KV peak is the fullest server's).
+        let figures = |i: usize| match (&before[i], &after[i]) {
+            (Some(b), Some(a)) => {
+                let seen: Vec<Scrape> = during.iter().filter_map(|d| d[i].clone()).collect();
+                Some(ServerFigures::between(b, a, &seen))
+            }
+            _ => None,
+        };
+        let server = if self.scraped.len() == 1 {
+            figures(0).unwrap_or_default()
+        } else {
+            match (Scrape::merged(&before), Scrape::merged(&after)) {
+                (Some(b), Some(a)) => {
+                    let seen: Vec<Scrape> = during.iter().filter_map(|d| Scrape::merged(d)).collect();
+                    ServerFigures::between(&b, &a, &seen)
+                }
+                _ => ServerFigures::default(),
+            }
+        };
+        let instances = if self.scraped.len() == 1 {
+            Vec::new()
+        } else {
+            self.scraped
+                .iter()
+                .enumerate()
+                .map(|(i, url)| InstanceFigures {
+                    url: url.clone(),
+                    server: figures(i),
+                })
+                .collect()
         };
         let flat: Vec<RequestRecord> = records.iter().map(|(_, _, r)| r.clone()).collect();
         let options = self.options;
@@ -206,6 +242,7 @@ impl LevelRun<'_> {
             traffic,
             metrics,
             server,
+            instances,
             probe: matches!(self.workload, Workload::Probe(_)).then(|| ProbeSummary::of(&flat)),
             agent: matches!(self.workload, Workload::Agent(_)).then(|| AgentSummary::of(&records)),
             errors: ErrorCount::tally(&flat),
@@ -216,6 +253,11 @@ impl LevelRun<'_> {
                 .collect(),
         }
     }
+}
+
+/// Every server's `/metrics` at once, in order.
+async fn scrape_all(client: &reqwest::Client, urls: &[String]) -> Vec<Option<Scrape>> {
+    futures_util::future::join_all(urls.iter().map(|u| scrape(client, u))).await
 }
 
 /// The server's `/metrics`, or none when it has none or does not answer in 5 s.

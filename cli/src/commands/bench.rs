@@ -183,6 +183,11 @@ pub struct Common {
     /// the report, pass it back to repeat a run exactly).
     #[arg(long)]
     salt: Option<u64>,
+    /// The instances behind --url when it is a router (their base URLs): the server
+    /// figures (prefix-cache hits, speculation, KV peak) are scraped from each and
+    /// reported per instance and for all of them.
+    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    instances: Vec<String>,
     /// Environment variable holding the API key.
     #[arg(long, value_name = "VAR")]
     api_key_env: Option<String>,
@@ -696,6 +701,11 @@ async fn measure(
         api_key: key,
         endpoint: common.endpoint.into(),
         tokenizer: common.tokenizer.clone(),
+        instances: common
+            .instances
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_owned())
+            .collect(),
     };
     let report = run::run(&target, workload, options, shell).await?;
     let text = report.to_json()?;

@@ -653,6 +653,7 @@ impl Ctx<'_> {
             api_key: key,
             endpoint: Endpoint::Completions,
             tokenizer: self.args.tokenizer.clone(),
+            instances: Vec::new(),
         };
         let silent = self.shell.quiet();
         // Warm-up: one short request, not measured.

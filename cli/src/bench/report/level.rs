@@ -22,8 +22,10 @@ pub struct Level {
     pub traffic: Traffic,
     /// Client-side figures.
     pub metrics: RunMetrics,
-    /// What the engine counted.
+    /// What the engine counted (with `--instances`, every instance together).
     pub server: ServerFigures,
+    /// With `--instances`: what each instance counted.
+    pub instances: Vec<InstanceFigures>,
     /// The probe's repetitions (`sous bench probe`).
     pub probe: Option<ProbeSummary>,
     /// The agent's steps (`sous bench agent`).
@@ -32,6 +34,15 @@ pub struct Level {
     pub errors: Vec<ErrorCount>,
     /// Each completed request's TTFT, ms (for the CDF chart; not in the JSON).
     pub ttfts_ms: Vec<f64>,
+}
+
+/// What one instance behind a router counted during a level.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceFigures {
+    /// Its base URL.
+    pub url: String,
+    /// Its figures; `None` when its `/metrics` did not answer before and after.
+    pub server: Option<ServerFigures>,
 }
 
 /// `p99`, `p99.9`: a percentile as the keys name it.
@@ -105,6 +116,9 @@ impl Level {
         );
         map.insert("usage_cached_fraction".into(), json!(m.usage_cached_fraction));
         map.insert("server".into(), json!(self.server));
+        if !self.instances.is_empty() {
+            map.insert("instances".into(), json!(self.instances));
+        }
         if let Some(probe) = &self.probe {
             map.insert("probe".into(), json!(probe));
         }

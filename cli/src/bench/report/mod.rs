@@ -17,7 +17,7 @@ use super::client::Endpoint;
 
 pub use csv::csv;
 pub use extras::{AgentSummary, ErrorCount, ProbeSummary};
-pub use level::Level;
+pub use level::{InstanceFigures, Level};
 pub use render::{compare, summary};
 pub use write::write;
 

@@ -99,12 +99,32 @@ pub fn summary(report: &Report) -> String {
             ));
         }
         let s = &level.server;
+        let fleet = if level.instances.is_empty() {
+            ""
+        } else {
+            " (all instances)"
+        };
         if let (Some(rate), Some(q)) = (s.prefix_cache_hit_rate, s.prefix_cache_queries) {
             out.push_str(&format!(
-                "server: prefix-cache hit rate {:.1}% ({:.0} of {q:.0} prompt tokens)\n",
+                "server: prefix-cache hit rate {:.1}%{fleet} ({:.0} of {q:.0} prompt tokens)\n",
                 rate * 100.0,
                 s.prefix_cache_hits.unwrap_or(0.0)
             ));
+        }
+        for instance in &level.instances {
+            let figures = instance.server.as_ref();
+            match figures.and_then(|f| Some((f.prefix_cache_hit_rate?, f.prefix_cache_queries?))) {
+                Some((rate, q)) => out.push_str(&format!(
+                    "  {}: prefix-cache hit rate {:.1}% ({:.0} of {q:.0} prompt tokens)\n",
+                    instance.url,
+                    rate * 100.0,
+                    figures.and_then(|f| f.prefix_cache_hits).unwrap_or(0.0)
+                )),
+                None => out.push_str(&format!(
+                    "  {}: no prefix-cache figures (its /metrics)\n",
+                    instance.url
+                )),
+            }
         }
         if let (Some(drafts), Some(rate), Some(length)) = (
             s.spec_decode_num_drafts,
