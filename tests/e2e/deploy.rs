@@ -144,10 +144,12 @@ fn the_dgx_spark_recipe_renders_the_reports_system() {
     assert_eq!(requests["nvidia.com/gpu"].0, "1");
     assert_eq!(limits["memory"].0, "120Gi");
     assert_eq!(requests["memory"].0, "64Gi");
-    // The start-up probe covers the report's 180 × 10 s, and server.startup_timeout.
+    // The report's start-up probe: 180 failures over the hour the recipe gives the
+    // start-up, and its container name.
     let startup = engine.startup_probe.clone().expect("startup probe");
-    let budget = startup.failure_threshold.expect("threshold") * startup.period_seconds.expect("period");
-    assert!(budget >= 180 * 10, "start-up budget {budget} s");
+    assert_eq!(startup.failure_threshold, Some(180));
+    assert_eq!(startup.period_seconds, Some(20));
+    assert_eq!(engine.name, "vllm-nvfp4");
     for probe in [
         &engine.readiness_probe,
         &engine.liveness_probe,
@@ -204,6 +206,9 @@ fn the_dgx_spark_recipe_renders_the_reports_system() {
         .collect();
     assert_eq!(engine.command.clone().expect("command"), argv);
     assert_eq!(engine.image.as_deref(), Some("vllm/vllm-openai:v0.27.1"));
+    // No `served_name`: vLLM names the model by its path, as the report's clients call it.
+    assert_eq!(argv[..3], ["vllm", "serve", "/models/qwen3.8-27b-inferact-nvfp4"]);
+    assert!(!argv.iter().any(|a| a == "--served-model-name"), "{argv:?}");
 
     // The recipe's ConfigMap is named by the same hash the pods carry.
     let cm: ConfigMap = kind(&docs, "ConfigMap");
@@ -231,6 +236,69 @@ fn the_dgx_spark_recipe_renders_the_reports_system() {
     for lesson in ["local-path", "unified-memory", "oom_fallback", "a branch"] {
         assert!(stderr.contains(lesson), "no warning about {lesson}: {stderr}");
     }
+}
+
+#[test]
+fn the_oom_fallback_is_one_line_on_kubernetes() {
+    let annotation = |stream: &str| {
+        let d: Deployment = kind(&documents(stream), "Deployment");
+        d.metadata
+            .annotations
+            .unwrap_or_default()
+            .get("sous.dev/oom-fallback")
+            .cloned()
+    };
+    let argv = |stream: &str| {
+        let d: Deployment = kind(&documents(stream), "Deployment");
+        pod_spec(&d).containers[0].command.clone().expect("command")
+    };
+    let utilization = |argv: &[String]| {
+        let at = argv
+            .iter()
+            .position(|a| a == "--gpu-memory-utilization")
+            .expect("--gpu-memory-utilization");
+        argv[at + 1].clone()
+    };
+    // The tuned recipe: 0.90, and 0.85 after an out-of-memory start.
+    let (tuned, stderr) = render_ok(&["--recipe", DGX]);
+    assert_eq!(utilization(&argv(&tuned)), "0.9");
+    let note = annotation(&tuned).expect("an annotation naming the fallback");
+    assert!(
+        note.contains("sous deploy render --set memory.gpu_utilization=0.85"),
+        "{note}"
+    );
+    assert!(stderr.contains("--set memory.gpu_utilization=0.85"), "{stderr}");
+    // The one line: the recipe's fallback is the step taken, none is left.
+    let (stepped, stderr) = render_ok(&["--recipe", DGX, "--set", "memory.gpu_utilization=0.85"]);
+    assert_eq!(utilization(&argv(&stepped)), "0.85");
+    assert_eq!(annotation(&stepped), None);
+    assert!(!stderr.contains("oom_fallback"), "{stderr}");
+    // A value that is not a step of the recipe is still checked against the rest.
+    let (code, _, stderr) = deploy(
+        &[
+            "render",
+            "--recipe",
+            DGX,
+            "--set",
+            "memory.gpu_utilization=0.9",
+            "--set",
+            "memory.oom_fallback=[0.95]",
+        ],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(stderr.contains("0.95 is not below"), "{stderr}");
+    // A probe threshold that gives up before `sous serve` would is said.
+    let (_, stderr) = render_ok(&[
+        "--recipe",
+        DGX,
+        "--set",
+        "deploy.startup_probe.failure_threshold=10",
+    ]);
+    assert!(
+        stderr.contains("gives up after 10 x 20s = 200s, before `server.startup_timeout` (3600s)"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -401,34 +469,167 @@ fn the_titan_recipe_runs_three_single_gpu_instances() {
     assert_eq!(model.claim_name, "qwen3-8-flash-next-model");
     assert_eq!(model.read_only, Some(true));
 
-    let (compose, _) = render_ok(&["--recipe", TITAN, "--target", "compose"]);
+    // vLLM's router in front, under the recipe's name; it finds the engine pods by
+    // their labels, with the RBAC that needs and nothing more.
+    let routers: Vec<Deployment> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Deployment")
+        .map(|d| serde_yaml_ng::from_value(d.clone()).expect("Deployment"))
+        .collect();
+    assert_eq!(routers.len(), 2);
+    let router = &routers[1];
+    assert_eq!(
+        router.metadata.name.as_deref(),
+        Some("qwen3-8-flash-next-titan-router")
+    );
+    let router_pod = pod_spec(router);
+    assert_eq!(
+        router_pod.service_account_name.as_deref(),
+        Some("qwen3-8-flash-next-titan-router")
+    );
+    let command = router_pod.containers[0]
+        .command
+        .clone()
+        .expect("command")
+        .join(" ");
+    assert!(
+        command.starts_with("vllm-router --host 0.0.0.0 --port 8000 --policy cache_aware "),
+        "{command}"
+    );
+    assert!(
+        command.contains(
+            "--service-discovery --selector app.kubernetes.io/name=qwen3-8-flash-next-titan \
+             --service-discovery-port 8000 --service-discovery-namespace $(POD_NAMESPACE)"
+        ),
+        "{command}"
+    );
+    assert_eq!(
+        router_pod.containers[0].image.as_deref(),
+        Some("vllm-router:0.1.17")
+    );
+    let services: Vec<Service> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Service")
+        .map(|d| serde_yaml_ng::from_value(d.clone()).expect("Service"))
+        .collect();
+    let selector_of = |name: &str| {
+        services
+            .iter()
+            .find(|s| s.metadata.name.as_deref() == Some(name))
+            .and_then(|s| s.spec.clone())
+            .and_then(|s| s.selector)
+            .unwrap_or_else(|| panic!("no Service {name}"))
+    };
+    assert_eq!(
+        selector_of("qwen3-8-flash-next-titan")["app.kubernetes.io/name"],
+        "qwen3-8-flash-next-titan-router"
+    );
+    assert_eq!(
+        selector_of("qwen3-8-flash-next-titan-engine")["app.kubernetes.io/name"],
+        "qwen3-8-flash-next-titan"
+    );
+    let role = docs.iter().find(|d| d["kind"] == "Role").expect("a Role");
+    assert_eq!(role["rules"][0]["resources"][0], "pods");
+    assert_eq!(
+        role["rules"][0]["verbs"],
+        serde_yaml_ng::from_str::<Value>("[get, list, watch]").expect("yaml")
+    );
+    let binding = docs
+        .iter()
+        .find(|d| d["kind"] == "RoleBinding")
+        .expect("a RoleBinding");
+    assert_eq!(binding["subjects"][0]["name"], "qwen3-8-flash-next-titan-router");
+
+    let (compose, stderr) = render_ok(&["--recipe", TITAN, "--target", "compose"]);
+    assert!(stderr.contains("docker/router.Dockerfile"), "{stderr}");
     let compose = compose
         .split("# ==> recipe.toml <==")
         .next()
         .expect("compose part");
     let compose: Value = serde_yaml_ng::from_str(compose).expect("compose parses");
     let services = compose["services"].as_mapping().expect("services");
-    assert_eq!(services.len(), 3);
+    assert_eq!(services.len(), 4);
     for i in 0..3 {
         let svc = &compose["services"][format!("qwen3-8-flash-next-titan-{i}").as_str()];
         assert_eq!(
             svc["ports"][0].as_str(),
-            Some(format!("{}:8000", 8000 + i).as_str())
+            Some(format!("{}:8000", 8001 + i).as_str())
         );
         assert_eq!(
             svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0].as_str(),
             Some(i.to_string().as_str())
         );
     }
+    let router = &compose["services"]["qwen3-8-flash-next-titan-router"];
+    assert_eq!(router["ports"][0].as_str(), Some("8000:8000"));
+    assert_eq!(router["entrypoint"][0].as_str(), Some("vllm-router"));
+    let args: Vec<&str> = router["command"]
+        .as_sequence()
+        .expect("command")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--worker-urls")
+        .expect("--worker-urls");
+    assert_eq!(
+        args[at + 1..at + 4],
+        [
+            "http://qwen3-8-flash-next-titan-0:8000",
+            "http://qwen3-8-flash-next-titan-1:8000",
+            "http://qwen3-8-flash-next-titan-2:8000"
+        ]
+    );
+
     let (units, _) = render_ok(&["--recipe", TITAN, "--target", "systemd"]);
     for i in 0..3 {
         assert!(units.contains(&format!("# ==> sous-qwen3-8-flash-next-titan-{i}.service <==")));
         assert!(units.contains(&format!("Environment=CUDA_VISIBLE_DEVICES={i}\n")));
         assert!(units.contains(&format!(
             "--set name=qwen3.8-flash-next-titan-{i} --set server.port={}",
-            8000 + i
+            8001 + i
         )));
     }
+    assert!(units.contains("# ==> sous-qwen3-8-flash-next-titan-router.service <=="));
+    assert!(
+        units.contains("--worker-urls http://127.0.0.1:8001 http://127.0.0.1:8002 http://127.0.0.1:8003")
+    );
+    assert!(units.contains("After=network-online.target sous-qwen3-8-flash-next-titan-0.service"));
+
+    // One replica has no router unless the recipe asks; `none` with several is said.
+    let (one, _) = render_ok(&[
+        "--recipe",
+        TITAN,
+        "--set",
+        "deploy.replicas=1",
+        "--set",
+        "deploy.router.kind=none",
+    ]);
+    assert!(!one.contains("kind: Role"), "{one}");
+    let (_, stderr) = render_ok(&["--recipe", TITAN, "--set", "deploy.router.kind=none"]);
+    assert!(
+        stderr.contains("3 replicas with `deploy.router.kind = \"none\"`"),
+        "{stderr}"
+    );
+    // consistent_hash is vllm-router's only.
+    let (code, _, stderr) = deploy(
+        &[
+            "render",
+            "--recipe",
+            TITAN,
+            "--set",
+            "deploy.router.kind=sglang-router",
+            "--set",
+            "deploy.router.policy=consistent_hash",
+        ],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("`sglang-router` has no `consistent_hash` policy"),
+        "{stderr}"
+    );
 }
 
 /// A recipe across nodes: 16 GPUs, 8 a node.
@@ -544,6 +745,7 @@ fn rendered_dirs(work: &Path, mirror: Option<&Mirror>) -> Vec<(PathBuf, &'static
     let mut recipes: Vec<PathBuf> = shipped().iter().map(|r| root().join(r)).collect();
     recipes.push(multi_node(work, "vllm", 8));
     recipes.push(multi_node(work, "sglang", 8));
+    let router_bin = root().join("target/py/bin/vllm-router");
     let mut dirs = Vec::new();
     for (i, recipe) in recipes.iter().enumerate() {
         let local = recipe.to_string_lossy().contains("recipes/local");
@@ -568,6 +770,9 @@ fn rendered_dirs(work: &Path, mirror: Option<&Mirror>) -> Vec<(PathBuf, &'static
                     out.to_str().expect("utf-8"),
                     "--sous-bin",
                     env!("CARGO_BIN_EXE_sous"),
+                    // The router scripts/python-env.sh installs, for systemd-analyze.
+                    "--router-bin",
+                    router_bin.to_str().expect("utf-8"),
                     "--set",
                     "deploy.service_monitor=true",
                 ],
@@ -1221,6 +1426,17 @@ fn every_target_runs_the_dry_run_command_line_in_the_image() {
                 // What `command` alone did: the image's entrypoint in front of the argv.
                 let before = compose_effective(&image, None, Some(argv.clone()));
                 assert_ne!(before, argv, "the image's ENTRYPOINT makes `command` alone wrong");
+            } else if name.ends_with("-router") {
+                // docker/router.Dockerfile sets no ENTRYPOINT: the service's is the router.
+                assert_eq!(
+                    entrypoint,
+                    Some(vec!["vllm-router".to_owned()]),
+                    "{recipe}: {name}"
+                );
+                assert!(
+                    command.is_some_and(|c| c.iter().any(|a| a == "--worker-urls")),
+                    "{recipe}: {name}"
+                );
             } else {
                 let effective = compose_effective(&image::SOUS_IMAGE, entrypoint, command);
                 assert_eq!(

@@ -28,9 +28,8 @@ fn dgx_spark_tuned_recipe_renders_the_reports_command_line() {
     let expected = [
         "vllm",
         "serve",
+        // The report's clients call the model by this path: no --served-model-name.
         "/models/qwen3.8-27b-inferact-nvfp4",
-        "--served-model-name",
-        "qwen3.8-27b",
         "--max-model-len",
         "262144",
         "--gpu-memory-utilization",

@@ -66,6 +66,10 @@ pub struct RenderArgs {
     /// systemd: where the `sous` binary is on the machine that runs the units.
     #[arg(long, value_name = "PATH", default_value = deploy::pod::SOUS_IN_IMAGE)]
     sous_bin: String,
+    /// systemd: where the router's program is on that machine (default: its name,
+    /// found on systemd's search path).
+    #[arg(long, value_name = "PATH")]
+    router_bin: Option<String>,
     /// Print JSON: the files and warnings, or with --out what was written.
     #[arg(long)]
     json: bool,
@@ -89,6 +93,10 @@ pub struct DiffArgs {
     /// systemd: where the `sous` binary is on the machine that runs the units.
     #[arg(long, value_name = "PATH", default_value = deploy::pod::SOUS_IN_IMAGE)]
     sous_bin: String,
+    /// systemd: where the router's program is on that machine (default: its name,
+    /// found on systemd's search path).
+    #[arg(long, value_name = "PATH")]
+    router_bin: Option<String>,
     #[command(flatten)]
     overrides: OverrideArgs,
 }
@@ -102,7 +110,12 @@ pub fn exec(command: DeployCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
 
 fn render(args: RenderArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let recipe = load(&args.recipe.recipe, &args.overrides, shell)?;
-    let rendering = rendered(&recipe, args.target.into(), &args.sous_bin, &args.recipe.recipe)?;
+    let rendering = rendered(
+        &recipe,
+        args.target.into(),
+        (&args.sous_bin, args.router_bin.as_deref()),
+        &args.recipe.recipe,
+    )?;
     for w in &rendering.warnings {
         shell.warn(w);
     }
@@ -172,7 +185,12 @@ fn diff(args: DiffArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             }
         },
     };
-    let rendering = rendered(&recipe, target, &args.sous_bin, &args.recipe.recipe)?;
+    let rendering = rendered(
+        &recipe,
+        target,
+        (&args.sous_bin, args.router_bin.as_deref()),
+        &args.recipe.recipe,
+    )?;
     let text = deploy::out::diff(&rendering, &args.dir)?;
     if text.is_empty() {
         shell.status(
@@ -195,7 +213,13 @@ fn load(path: &Path, overrides: &OverrideArgs, shell: &Shell) -> anyhow::Result<
 
 /// Renders, asking the disk or the Hub for the model's size only when the volume sous
 /// creates has no `deploy.storage.size`.
-fn rendered(recipe: &Recipe, target: Target, sous_bin: &str, file: &Path) -> anyhow::Result<Rendering> {
+/// `bins`: where the `sous` binary and the router are on a systemd machine.
+fn rendered(
+    recipe: &Recipe,
+    target: Target,
+    (sous_bin, router_bin): (&str, Option<&str>),
+    file: &Path,
+) -> anyhow::Result<Rendering> {
     let storage = &recipe.deploy.storage;
     let model_bytes = if target == Target::K8s && storage.size.is_none() && storage.existing_claim.is_none() {
         let runtime = super::runtime()?;
@@ -206,6 +230,7 @@ fn rendered(recipe: &Recipe, target: Target, sous_bin: &str, file: &Path) -> any
     let options = Options {
         model_bytes,
         sous_bin: sous_bin.to_owned(),
+        router_bin: router_bin.map(str::to_owned),
     };
     deploy::render(recipe, target, &options).with_context(|| format!("recipe {}", display(file)))
 }

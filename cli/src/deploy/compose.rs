@@ -4,7 +4,9 @@
 //! waits for (`service_completed_successfully`), one engine service per replica with
 //! its own GPUs (`device_ids`) and host port, the caches on a named volume, the
 //! recipe files bound read-only from the rendered directory, a health check on the
-//! engine's `/health`.
+//! engine's `/health`; with `[deploy.router]`, the router as one more service on the
+//! recipe's port, given the replicas by their service names, which move to the ports
+//! after it.
 //!
 //! Every service sets `entrypoint` to its program and `command` to the arguments:
 //! compose's `command` alone replaces only the image's `CMD` and runs after its
@@ -24,6 +26,7 @@ use sous_engine::launch::Arg;
 use sous_engine::recipe::EngineKind;
 
 use super::pod::{self, CONFIG_DIR, DATA_DIR, ModelMount, Plan};
+use super::router::{self, Workers};
 use super::{DeployError, File};
 
 /// The compose file's name.
@@ -55,6 +58,7 @@ struct Service {
     command: Vec<String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     environment: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     volumes: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     ports: Vec<String>,
@@ -200,13 +204,18 @@ pub(super) fn render(plan: &Plan, warnings: &mut Vec<String>) -> Result<Vec<File
             format!("import urllib.request; urllib.request.urlopen('{url}', timeout={timeout})"),
         ],
     };
+    // With a router, it takes the recipe's port and the replicas the ports after it.
+    let routed = deploy.router.is_some();
+    let first_port = u32::from(port) + u32::from(routed);
+    let mut instances = Vec::new();
     for replica in 0..deploy.replicas {
         let name = if deploy.replicas == 1 {
             plan.name.clone()
         } else {
             format!("{}-{replica}", plan.name)
         };
-        let host_port = u32::from(port) + replica;
+        instances.push(name.clone());
+        let host_port = first_port + replica;
         if host_port > u32::from(u16::MAX) {
             return Err(DeployError::Ports {
                 port,
@@ -255,11 +264,48 @@ pub(super) fn render(plan: &Plan, warnings: &mut Vec<String>) -> Result<Vec<File
     }
     if deploy.replicas > 1 && plan.gpus > 0 {
         warnings.push(format!(
-            "compose gives each of the {} replicas {} GPU(s) of its own, in order from GPU 0, and host port {port}, {port}+1, ...: this machine needs {} GPUs",
+            "compose gives each of the {} replicas {} GPU(s) of its own, in order from GPU 0, and host port {first_port}, {first_port}+1, ...: this machine needs {} GPUs",
             deploy.replicas,
             plan.gpus,
             plan.gpus * deploy.replicas
         ));
+    }
+    if routed {
+        // The replicas by their service names on the compose network.
+        let workers = Workers::Urls(instances.iter().map(|n| format!("http://{n}:{port}")).collect());
+        let args = router::args(&plan.recipe, "0.0.0.0", &workers);
+        let mut environment = BTreeMap::new();
+        for arg in &args {
+            if let Arg::FromEnv(var) = arg {
+                environment.insert(var.clone(), secret(var, false));
+            }
+        }
+        services.insert(
+            format!("{}-router", plan.name),
+            Service {
+                image: deploy.router.image.clone(),
+                entrypoint: router::program(deploy.router.kind)
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect(),
+                command: pod::argv_with(&args, escape, |var| secret(var, false)),
+                environment,
+                ports: vec![format!("{port}:{port}")],
+                depends_on: instances
+                    .iter()
+                    .map(|n| {
+                        (
+                            n.clone(),
+                            Dependency {
+                                condition: "service_started",
+                            },
+                        )
+                    })
+                    .collect(),
+                restart: Some("unless-stopped"),
+                ..Default::default()
+            },
+        );
     }
 
     let compose = Compose {

@@ -5,6 +5,7 @@
 //!
 //! - `pod`: what runs, decided once for every target ([`Plan`]).
 //! - `k8s`: typed Kubernetes objects (`k8s-openapi`), never string templates.
+//! - `router`: the router in front of the replicas, decided once for every target.
 //! - `compose`, `systemd`: the same plan for one machine.
 //! - `yaml`: YAML that YAML 1.1 readers (Kubernetes, Compose v1) read back exactly.
 //! - `out`: writing a rendering into a directory sous owns, and diffing one.
@@ -16,6 +17,7 @@ mod error;
 mod k8s;
 pub mod out;
 pub mod pod;
+pub mod router;
 mod size;
 mod systemd;
 mod yaml;
@@ -56,6 +58,9 @@ pub struct Options {
     pub model_bytes: Option<u64>,
     /// Where the `sous` binary is on the machine a systemd unit runs on.
     pub sous_bin: String,
+    /// Where the router's program is on that machine; default: its name, which
+    /// systemd finds on its search path (`/usr/local/bin` first).
+    pub router_bin: Option<String>,
 }
 
 impl Default for Options {
@@ -63,6 +68,7 @@ impl Default for Options {
         Options {
             model_bytes: None,
             sous_bin: pod::SOUS_IN_IMAGE.to_owned(),
+            router_bin: None,
         }
     }
 }

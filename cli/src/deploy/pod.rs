@@ -28,10 +28,11 @@ pub const CONFIG_DIR: &str = "/etc/sous";
 pub const RECIPE_FILE: &str = "recipe.toml";
 /// The sous binary in the sous image (the `Dockerfile`'s).
 pub const SOUS_IN_IMAGE: &str = "/usr/local/bin/sous";
-/// Seconds between start-up probes (the field report's 10 s).
-pub const STARTUP_PERIOD: u64 = 10;
 /// Seconds the pod keeps serving after it is taken out of the Service, before SIGTERM.
 pub const PRE_STOP_SECONDS: u64 = 5;
+/// The workload annotation that says how to apply the recipe's next
+/// `memory.oom_fallback` step, which nothing applies by itself off `sous serve`.
+pub const OOM_ANNOTATION: &str = "sous.dev/oom-fallback";
 /// The variable the Hub token is read from (huggingface_hub's).
 pub const HF_TOKEN: &str = "HF_TOKEN";
 
@@ -205,8 +206,33 @@ impl Plan {
 
         if let Some(first) = recipe.memory.oom_fallback.first() {
             warnings.push(format!(
-                "`memory.oom_fallback` is applied by `sous serve` only: here the engine runs by itself, and an out-of-memory start is restarted with the same settings; lower `memory.gpu_utilization` to {first} if it happens"
+                "`memory.oom_fallback` is applied by `sous serve` only: here the engine runs by itself, and an out-of-memory start is restarted with the same settings; if it happens, render again with `--set memory.gpu_utilization={first}` (the annotation `{OOM_ANNOTATION}` on the workload says so too)"
             ));
+        }
+        let router = &deploy.router;
+        if router.is_some() && router.image == format!("{}:{}", router.kind.as_str(), router.version) {
+            warnings.push(format!(
+                "the router image {image} is the one `docker/router.Dockerfile` builds (no official image of {kind} is published): `docker build -f docker/router.Dockerfile --build-arg ROUTER={kind} --build-arg VERSION={version} -t {image} .`, or set `deploy.router.image`",
+                image = router.image,
+                kind = router.kind.as_str(),
+                version = router.version,
+            ));
+        }
+        if !router.is_some() && deploy.replicas > 1 {
+            warnings.push(format!(
+                "{} replicas with `deploy.router.kind = \"none\"`: a conversation's next turn lands on another replica most of the time and its prefix is computed again; `vllm-router` keeps each conversation where its cache is",
+                deploy.replicas
+            ));
+        }
+        if let Some(failures) = deploy.startup_failure_threshold {
+            let budget = u64::from(failures) * deploy.startup_period.as_secs();
+            let timeout = recipe.server.startup_timeout.as_secs();
+            if budget < timeout {
+                warnings.push(format!(
+                    "the start-up probe gives up after {failures} x {}s = {budget}s, before `server.startup_timeout` ({timeout}s): Kubernetes restarts an engine that `sous serve` would still wait for; raise `deploy.startup_probe.failure_threshold` or lower the timeout",
+                    deploy.startup_period.as_secs()
+                ));
+            }
         }
 
         let config_dir = PathBuf::from(CONFIG_DIR);
@@ -353,15 +379,38 @@ impl Plan {
         health_timeout(self.recipe.engine.kind)
     }
 
-    /// Failed start-up probes, [`STARTUP_PERIOD`] apart, that cover
-    /// `server.startup_timeout` (180 for the default 30 minutes).
+    /// Seconds between start-up probes (`deploy.startup_probe.period`).
+    pub fn startup_period(&self) -> u64 {
+        self.recipe.deploy.startup_period.as_secs().max(1)
+    }
+
+    /// Failed start-up probes before a restart: the recipe's, or as many as cover
+    /// `server.startup_timeout` (180 for the default 30 minutes at 10 s).
     pub fn startup_failure_threshold(&self) -> u64 {
-        self.recipe
-            .server
-            .startup_timeout
-            .as_secs()
-            .div_ceil(STARTUP_PERIOD)
-            .max(1)
+        match self.recipe.deploy.startup_failure_threshold {
+            Some(n) => u64::from(n),
+            None => self
+                .recipe
+                .server
+                .startup_timeout
+                .as_secs()
+                .div_ceil(self.startup_period())
+                .max(1),
+        }
+    }
+
+    /// What the workload's [`OOM_ANNOTATION`] says: the one line that applies the next
+    /// `memory.oom_fallback` step, when the recipe has one.
+    pub fn oom_fallback_note(&self) -> Option<String> {
+        let next = self.recipe.memory.oom_fallback.first()?;
+        let now = self
+            .recipe
+            .memory
+            .gpu_utilization
+            .map_or_else(|| "unset".to_owned(), |u| u.to_string());
+        Some(format!(
+            "memory.gpu_utilization is {now}; if the engine runs out of memory at start-up, render again with `sous deploy render --set memory.gpu_utilization={next}` (same --recipe and --out) and apply"
+        ))
     }
 
     /// Seconds between SIGTERM and SIGKILL, the pre-stop pause included.

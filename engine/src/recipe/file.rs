@@ -89,8 +89,9 @@ pub struct ModelSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
 
-    /// The model name clients send in requests and `/v1/models` reports. Default: the
-    /// repository id, or the last component of `path`.
+    /// The model name clients send in requests and `/v1/models` reports. Default: what
+    /// the engine calls it when given no name, the argument it is started with:
+    /// `path` when set (as written), else the repository id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_name: Option<String>,
 }
@@ -320,7 +321,8 @@ pub struct MemorySection {
 
     /// Values of `gpu_utilization` to fall back to, in order, when the engine dies of
     /// an out-of-memory error at start-up (e.g. `[0.85]`). Each must be below the one
-    /// before it.
+    /// before it. Overriding `gpu_utilization` (`--set memory.gpu_utilization=0.85`)
+    /// keeps only the fallbacks below the new value: the way to step down by hand.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub oom_fallback: Vec<f64>,
 
@@ -628,6 +630,16 @@ pub struct DeploySection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_limit: Option<String>,
 
+    /// Name of the engine's container in the pod (what `kubectl logs -c` takes).
+    /// Default: `engine`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_name: Option<String>,
+
+    /// The engine container's start-up probe. Default: every `10s`, as many failures as
+    /// cover `server.startup_timeout`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub startup_probe: StartupProbeSection,
+
     /// Size of the in-memory `/dev/shm` the engine gets (NCCL, tensor parallelism).
     /// Default: `2Gi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -642,6 +654,10 @@ pub struct DeploySection {
     /// Also render a Prometheus Operator `ServiceMonitor` that scrapes `/metrics`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_monitor: Option<bool>,
+
+    /// What sits in front of the replicas: a prefix-cache-aware router, or nothing.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub router: RouterSection,
 
     /// The volume the model, the Hugging Face cache, the quantized checkpoint and the
     /// engine's compile cache live on.
@@ -692,6 +708,118 @@ pub struct StorageSection {
     /// on one node) or `ReadWriteMany` (replicas on several nodes share it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_mode: Option<AccessMode>,
+}
+
+/// `[deploy.router]`: the router in front of the replicas. sous renders an existing
+/// router (vllm-project/router's `vllm-router`, sgl-project's `sglang-router`, both on
+/// PyPI); it never routes itself.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RouterSection {
+    /// `vllm-router`, `sglang-router` or `none` (one Service, which balances by
+    /// connection). Default: `none` for one replica; for more, the engine's own router
+    /// (`sglang-router` for SGLang, `vllm-router` otherwise), because behind a plain
+    /// Service a conversation's next turn lands on another replica, whose prefix cache
+    /// has never seen it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<RouterKind>,
+
+    /// How a request picks its replica. Default: `cache_aware` (the replica whose
+    /// recent prompts share the longest prefix with it, unless the load is uneven).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<RouterPolicy>,
+
+    /// The router's release, as on PyPI. Default: `0.1.17` (`vllm-router`), `0.3.2`
+    /// (`sglang-router`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+
+    /// The image the router runs in (Kubernetes, compose). Default:
+    /// `vllm-router:VERSION` or `sglang-router:VERSION`, built from the repository's
+    /// `docker/router.Dockerfile`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+
+    /// `cache_aware`: the share of a prompt (0..1) that must match a replica's cache
+    /// for it to win. Unset: the router's default (0.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_threshold: Option<f64>,
+
+    /// `cache_aware`: requests of difference between the busiest and the idlest replica
+    /// above which load wins over cache. Unset: the router's default (64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance_abs_threshold: Option<u32>,
+
+    /// `cache_aware`: ratio of the busiest to the idlest replica's load above which load
+    /// wins over cache (with `balance_abs_threshold`). Unset: the router's default (1.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance_rel_threshold: Option<f64>,
+}
+
+/// The routers sous renders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouterKind {
+    /// No router: the replicas behind one Service.
+    None,
+    /// vLLM's router (vllm-project/router, `vllm-router` on PyPI).
+    VllmRouter,
+    /// SGLang's router (sgl-project/sglang `sgl-router`, `sglang-router` on PyPI).
+    SglangRouter,
+}
+
+impl RouterKind {
+    /// The spelling in recipes, and the PyPI package.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouterKind::None => "none",
+            RouterKind::VllmRouter => "vllm-router",
+            RouterKind::SglangRouter => "sglang-router",
+        }
+    }
+}
+
+/// Routing policies, as both routers spell them (`--policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RouterPolicy {
+    /// The replica with the longest shared prefix, unless the load is uneven.
+    CacheAware,
+    /// A hash of the session (vllm-router only).
+    ConsistentHash,
+    /// Each replica in turn.
+    RoundRobin,
+    /// The less loaded of two replicas drawn at random.
+    PowerOfTwo,
+    /// A replica drawn at random.
+    Random,
+}
+
+impl RouterPolicy {
+    /// The spelling on the routers' command lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouterPolicy::CacheAware => "cache_aware",
+            RouterPolicy::ConsistentHash => "consistent_hash",
+            RouterPolicy::RoundRobin => "round_robin",
+            RouterPolicy::PowerOfTwo => "power_of_two",
+            RouterPolicy::Random => "random",
+        }
+    }
+}
+
+/// `[deploy.startup_probe]`: how Kubernetes waits for a loading engine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartupProbeSection {
+    /// Time between probes: `10s`, `20s`. Default: `10s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<String>,
+
+    /// Failed probes before the pod is restarted. Default: as many as cover
+    /// `server.startup_timeout` (180 for the default 30 minutes at `10s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<u32>,
 }
 
 /// Access modes of a volume claim, as Kubernetes spells them.

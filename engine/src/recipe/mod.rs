@@ -12,15 +12,18 @@ pub use crate::size::{ByteSize, ByteSizeError};
 pub use error::{At, Location, RecipeError, closest};
 pub use file::{
     AccessMode, CalibrationFormat, DeploySection, EmbeddingDtype, EngineKind, EngineSection, KvCacheDtype,
-    MemorySection, ModelDtype, ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeFile, Runtime,
-    ServerSection, ServingSection, SpeculativeSection, StorageSection, TolerationSection,
+    MemorySection, ModelDtype, ModelSection, QuantFormat, QuantScheme, QuantizeSection, RecipeFile,
+    RouterKind, RouterPolicy, RouterSection, Runtime, ServerSection, ServingSection, SpeculativeSection,
+    StartupProbeSection, StorageSection, TolerationSection,
 };
 pub use load::{ENV_PREFIX, Overrides, Provenance};
 pub use resolve::{
     Calibration, CalibrationText, DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SEQ_LEN,
-    DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION, DEFAULT_SHM_SIZE, Deploy, Engine,
-    Memory, Model, QuantDevice, Quantity, Quantize, RESTART_WINDOW, Recipe, Server, Storage, Warning,
-    default_sous_image, is_dns_label, is_dns_subdomain, is_label_value, is_mtp, is_qualified_name,
+    DEFAULT_CONTAINER_NAME, DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION,
+    DEFAULT_SHM_SIZE, DEFAULT_STARTUP_PERIOD, Deploy, Engine, Memory, Model, QuantDevice, Quantity, Quantize,
+    RESTART_WINDOW, Recipe, Router, SGLANG_ROUTER_VERSION, Server, Storage, VLLM_ROUTER_VERSION, Warning,
+    default_router, default_sous_image, is_dns_label, is_dns_subdomain, is_label_value, is_mtp,
+    is_qualified_name,
 };
 
 use std::path::Path;

@@ -18,7 +18,7 @@ use serde::Serialize;
 use sous_engine::recipe::EngineKind;
 
 use super::Names;
-use super::workload::{pod_parts, pod_spec};
+use super::workload::{pod_parts, pod_spec, workload_meta};
 use crate::deploy::DeployError;
 use crate::deploy::pod::{self, Plan};
 
@@ -139,7 +139,7 @@ pub(super) fn leader_worker_set(
     Ok(LeaderWorkerSet {
         api_version: "leaderworkerset.x-k8s.io/v1",
         kind: "LeaderWorkerSet",
-        metadata: names.meta(&plan.name),
+        metadata: workload_meta(plan, names),
         spec: Spec {
             replicas: plan.recipe.deploy.replicas,
             leader_worker_template: Template {

@@ -7,6 +7,7 @@
 //! `kubectl apply -k`.
 
 mod lws;
+mod router;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -156,11 +157,28 @@ pub(super) fn render(
             &workload::deployment(plan, &names),
         )?);
     }
-    files.push(yaml(
-        plan,
-        "service.yaml",
-        &service(plan, &names, service_selector),
-    )?);
+    if deploy.router.is_some() {
+        // Clients call the router under the recipe's name; the engines' Service stays
+        // for scraping and for calling one replica.
+        let r = router::objects(plan, &names, &service_selector);
+        let engine_service = service(
+            plan,
+            names.meta(&format!("{}-engine", plan.name)),
+            service_selector,
+        );
+        files.push(yaml(plan, "service.yaml", &engine_service)?);
+        files.push(yaml(plan, "router-serviceaccount.yaml", &r.service_account)?);
+        files.push(yaml(plan, "router-role.yaml", &r.role)?);
+        files.push(yaml(plan, "router-rolebinding.yaml", &r.role_binding)?);
+        files.push(yaml(plan, "router-deployment.yaml", &r.deployment)?);
+        files.push(yaml(plan, "router-service.yaml", &r.service)?);
+    } else {
+        files.push(yaml(
+            plan,
+            "service.yaml",
+            &service(plan, names.meta(&plan.name), service_selector),
+        )?);
+    }
     if deploy.service_monitor {
         files.push(yaml(plan, "servicemonitor.yaml", &service_monitor(plan, &names))?);
     }
@@ -242,9 +260,11 @@ fn config_map(plan: &Plan, names: &Names) -> ConfigMap {
     }
 }
 
-fn service(plan: &Plan, names: &Names, selector: BTreeMap<String, String>) -> Service {
+/// A Service named by `metadata` in front of the pods `selector` picks, on the
+/// recipe's port.
+fn service(plan: &Plan, metadata: ObjectMeta, selector: BTreeMap<String, String>) -> Service {
     Service {
-        metadata: names.meta(&plan.name),
+        metadata,
         spec: Some(ServiceSpec {
             selector: Some(selector),
             ports: Some(vec![ServicePort {

@@ -25,7 +25,7 @@ use sous_engine::launch::Arg;
 use sous_engine::recipe::Deploy;
 
 use super::{Names, PORT_NAME};
-use crate::deploy::pod::{self, CONFIG_DIR, DATA_DIR, ModelMount, PRE_STOP_SECONDS, Plan, STARTUP_PERIOD};
+use crate::deploy::pod::{self, CONFIG_DIR, DATA_DIR, ModelMount, PRE_STOP_SECONDS, Plan};
 
 /// The group the sous image's user belongs to; the pod's volumes are made writable
 /// for it.
@@ -179,7 +179,7 @@ pub(super) fn pod_parts(plan: &Plan, names: &Names, gpus: u32) -> PodParts {
         ..Default::default()
     });
     let engine = Container {
-        name: "engine".into(),
+        name: deploy.container_name.clone(),
         image: Some(plan.image.clone()),
         command: Some(command),
         env: Some(env.into_values().collect()),
@@ -194,8 +194,9 @@ pub(super) fn pod_parts(plan: &Plan, names: &Names, gpus: u32) -> PodParts {
             requests: (!requests.is_empty()).then_some(requests),
             ..Default::default()
         }),
-        // Covers `server.startup_timeout`: 180 × 10 s for the default 30 minutes.
-        startup_probe: Some(health(STARTUP_PERIOD, plan.startup_failure_threshold())),
+        // Covers `server.startup_timeout` unless the recipe sets the threshold: 180 ×
+        // 10 s for the default 30 minutes.
+        startup_probe: Some(health(plan.startup_period(), plan.startup_failure_threshold())),
         readiness_probe: Some(health(10, 3)),
         liveness_probe: Some(health(30, 3)),
         lifecycle: Some(Lifecycle {
@@ -283,7 +284,7 @@ pub(super) fn deployment(plan: &Plan, names: &Names) -> Deployment {
         }
     };
     Deployment {
-        metadata: names.meta(&plan.name),
+        metadata: workload_meta(plan, names),
         spec: Some(DeploymentSpec {
             replicas: Some(deploy.replicas as i32),
             selector: LabelSelector {
@@ -304,4 +305,16 @@ pub(super) fn deployment(plan: &Plan, names: &Names) -> Deployment {
         }),
         ..Default::default()
     }
+}
+
+/// The workload's metadata: the shared one, and where the recipe has an OOM fallback,
+/// the one line that applies it ([`pod::OOM_ANNOTATION`]).
+pub(super) fn workload_meta(plan: &Plan, names: &Names) -> ObjectMeta {
+    let mut meta = names.meta(&plan.name);
+    if let Some(note) = plan.oom_fallback_note() {
+        meta.annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(pod::OOM_ANNOTATION.into(), note);
+    }
+    meta
 }

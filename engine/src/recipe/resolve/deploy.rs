@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::recipe::RecipeError;
-use crate::recipe::file::{AccessMode, DeploySection, TolerationSection};
+use crate::recipe::file::{AccessMode, DeploySection, EngineKind, StartupProbeSection, TolerationSection};
 
 use super::Invalid;
+use super::router::{Router, resolve_router};
 
 /// The sous image the init containers run in when `deploy.sous_image` is unset: the
 /// tag the repository's `Dockerfile` is built with in the README.
@@ -27,6 +28,13 @@ pub const DEFAULT_SHM_SIZE: &str = "2Gi";
 
 /// Default `deploy.download_timeout`.
 pub const DEFAULT_DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Default `deploy.container_name`.
+pub const DEFAULT_CONTAINER_NAME: &str = "engine";
+
+/// Default `deploy.startup_probe.period`: vLLM's Kubernetes guide probes every 10 s
+/// (vllm-project/vllm, `docs/deployment/k8s.md`).
+pub const DEFAULT_STARTUP_PERIOD: Duration = Duration::from_secs(10);
 
 /// `[deploy]`, resolved.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,12 +59,21 @@ pub struct Deploy {
     pub memory_request: Option<Quantity>,
     /// Memory limit of the engine container.
     pub memory_limit: Option<Quantity>,
+    /// The engine container's name.
+    pub container_name: String,
+    /// Time between start-up probes.
+    pub startup_period: Duration,
+    /// Failed start-up probes before a restart, when the recipe fixes it (otherwise
+    /// enough to cover `server.startup_timeout`).
+    pub startup_failure_threshold: Option<u32>,
     /// Size of `/dev/shm`.
     pub shm_size: Quantity,
     /// Longest first download (and quantization).
     pub download_timeout: Duration,
     /// Render a ServiceMonitor.
     pub service_monitor: bool,
+    /// The router in front of the replicas.
+    pub router: Router,
     /// The cache volume.
     pub storage: Storage,
     /// An existing claim holding a path-only model.
@@ -197,6 +214,7 @@ fn default_name(recipe_name: &str) -> String {
 pub(super) fn resolve_deploy(
     raw: DeploySection,
     recipe_name: &str,
+    engine: EngineKind,
     invalid: &Invalid<'_>,
 ) -> Result<Deploy, RecipeError> {
     let name = raw.name.unwrap_or_else(|| default_name(recipe_name));
@@ -212,6 +230,7 @@ pub(super) fn resolve_deploy(
     for (key, value) in [
         ("namespace", &raw.namespace),
         ("runtime_class", &raw.runtime_class),
+        ("container_name", &raw.container_name),
     ] {
         if let Some(value) = value
             && !is_dns_label(value)
@@ -290,6 +309,35 @@ pub(super) fn resolve_deploy(
             Some("remove one of the two"),
         ));
     }
+    let startup_period = match &raw.startup_probe.period {
+        None => DEFAULT_STARTUP_PERIOD,
+        Some(text) => {
+            let period = humantime::parse_duration(text).map_err(|e| {
+                invalid(
+                    &["deploy", "startup_probe", "period"],
+                    format!("`{text}` is not a duration ({e})"),
+                    Some("write e.g. `10s` or `20s`"),
+                )
+            })?;
+            if period.as_secs() == 0 || period.subsec_nanos() != 0 {
+                return Err(invalid(
+                    &["deploy", "startup_probe", "period"],
+                    format!(
+                        "`{text}` is not a whole number of seconds, which is all a probe's period can be"
+                    ),
+                    Some("write e.g. `10s` or `20s`"),
+                ));
+            }
+            period
+        }
+    };
+    if raw.startup_probe.failure_threshold == Some(0) {
+        return Err(invalid(
+            &["deploy", "startup_probe", "failure_threshold"],
+            "0 is not allowed here".into(),
+            Some("use 1 or more"),
+        ));
+    }
     let download_timeout = match &raw.download_timeout {
         None => DEFAULT_DOWNLOAD_TIMEOUT,
         Some(text) => humantime::parse_duration(text).map_err(|e| {
@@ -360,10 +408,12 @@ pub(super) fn resolve_deploy(
         }
     }
     let secret = raw.secret.unwrap_or_else(|| format!("{name}-secrets"));
+    let replicas = raw.replicas.unwrap_or(1);
+    let router = resolve_router(raw.router, replicas, engine, invalid)?;
     Ok(Deploy {
         name,
         namespace: raw.namespace,
-        replicas: raw.replicas.unwrap_or(1),
+        replicas,
         gpus_per_node: raw.gpus_per_node,
         sous_image: raw.sous_image.unwrap_or_else(default_sous_image),
         runtime_class: raw.runtime_class,
@@ -371,9 +421,15 @@ pub(super) fn resolve_deploy(
         tolerations: raw.tolerations,
         memory_request,
         memory_limit,
+        container_name: raw
+            .container_name
+            .unwrap_or_else(|| DEFAULT_CONTAINER_NAME.to_owned()),
+        startup_period,
+        startup_failure_threshold: raw.startup_probe.failure_threshold,
         shm_size,
         download_timeout,
         service_monitor: raw.service_monitor.unwrap_or(false),
+        router,
         storage: Storage {
             size,
             class: raw.storage.class,
@@ -402,9 +458,15 @@ impl Deploy {
             tolerations: self.tolerations.clone(),
             memory_request: self.memory_request.as_ref().map(|q| q.text.clone()),
             memory_limit: self.memory_limit.as_ref().map(|q| q.text.clone()),
+            container_name: Some(self.container_name.clone()),
+            startup_probe: StartupProbeSection {
+                period: Some(humantime::format_duration(self.startup_period).to_string()),
+                failure_threshold: self.startup_failure_threshold,
+            },
             shm_size: Some(self.shm_size.text.clone()),
             download_timeout: Some(humantime::format_duration(self.download_timeout).to_string()),
             service_monitor: Some(self.service_monitor),
+            router: self.router.to_section(),
             storage: StorageSection {
                 size: self.storage.size.as_ref().map(|q| q.text.clone()),
                 class: self.storage.class.clone(),

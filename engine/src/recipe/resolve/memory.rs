@@ -2,7 +2,7 @@
 //! fall back to after an out-of-memory start, and the KV-cache type and budgets in
 //! bytes. How an engine spells them is its adapter's concern (`launch/`).
 
-use crate::recipe::{At, EmbeddingDtype, KvCacheDtype, MemorySection, Provenance, RecipeError};
+use crate::recipe::{At, EmbeddingDtype, KvCacheDtype, Location, MemorySection, Provenance, RecipeError};
 
 use super::Invalid;
 
@@ -37,6 +37,22 @@ pub(super) fn resolve_memory(
             format!("{u} is outside (0, 1]"),
             Some("it is a fraction of the GPU's memory: 0.9 means 90 %"),
         ));
+    }
+    let mut raw = raw;
+    // Stepping down by hand: an override of the utilization (`--set
+    // memory.gpu_utilization=0.85`, what a deployment does after an out-of-memory start)
+    // keeps only the recipe's fallbacks below it, the steps still to come.
+    let overridden = |path: &[&str]| {
+        matches!(
+            provenance.locate(path, false),
+            Some(Location::Set(_) | Location::Env(_))
+        )
+    };
+    if let Some(u) = raw.gpu_utilization
+        && overridden(&["memory", "gpu_utilization"])
+        && !overridden(&["memory", "oom_fallback"])
+    {
+        raw.oom_fallback.retain(|&f| f < u);
     }
     let mut previous = raw.gpu_utilization;
     for (i, &f) in raw.oom_fallback.iter().enumerate() {

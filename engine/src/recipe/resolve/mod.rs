@@ -14,13 +14,14 @@ mod deploy;
 mod engine;
 mod memory;
 mod model;
+mod router;
 mod server;
 mod serving;
 
 use deploy::resolve_deploy;
 pub use deploy::{
-    DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_SHM_SIZE, Deploy, Quantity, Storage, default_sous_image, is_dns_label,
-    is_dns_subdomain, is_label_value, is_qualified_name,
+    DEFAULT_CONTAINER_NAME, DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_SHM_SIZE, DEFAULT_STARTUP_PERIOD, Deploy,
+    Quantity, Storage, default_sous_image, is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name,
 };
 use engine::resolve_engine;
 pub use engine::{Engine, RESTART_WINDOW};
@@ -31,6 +32,7 @@ pub use model::{
     Model, QuantDevice, Quantize,
 };
 use model::{resolve_model, resolve_quantize};
+pub use router::{Router, SGLANG_ROUTER_VERSION, VLLM_ROUTER_VERSION, default_router};
 use server::resolve_server;
 pub use server::{DEFAULT_HOST, DEFAULT_PORT, Server};
 use serving::check_serving;
@@ -130,7 +132,7 @@ pub fn resolve(raw: RecipeFile, provenance: &Provenance) -> Result<(Recipe, Vec<
     let memory = resolve_memory(raw.memory, provenance, &invalid)?;
     let serving = check_serving(raw.serving, provenance, &invalid)?;
     let server = resolve_server(raw.server, &invalid)?;
-    let deploy = resolve_deploy(raw.deploy, &name, &invalid)?;
+    let deploy = resolve_deploy(raw.deploy, &name, engine.kind, &invalid)?;
 
     for key in raw.env.keys() {
         if !is_env_name(key) {

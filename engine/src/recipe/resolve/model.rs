@@ -163,13 +163,11 @@ pub(super) fn resolve_model(raw: ModelSection, invalid: &Invalid<'_>) -> Result<
             ));
         }
         Some(name) => name,
-        None => match (&raw.repo, &raw.path) {
-            (Some(repo), _) => repo.clone(),
-            (None, Some(path)) => Path::new(path)
-                .file_name()
-                .map_or_else(|| path.clone(), |n| n.to_string_lossy().into_owned()),
-            (None, None) => String::new(),
-        },
+        // What the engine itself calls the model without `--served-model-name`: the
+        // argument it was started with (vLLM's `served_model_name` defaults to
+        // `model`, SGLang's to `model_path`), so clients that call the model by its
+        // path keep working when sous serves it.
+        None => raw.path.clone().or_else(|| raw.repo.clone()).unwrap_or_default(),
     };
     let revision = raw
         .repo
