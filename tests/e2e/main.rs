@@ -21,6 +21,7 @@ mod quantize_large;
 mod quantize_reference;
 mod quantize_util;
 mod recipe;
+mod route;
 mod scrape_prometheus;
 mod serve;
 mod serve_run;
