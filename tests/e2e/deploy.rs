@@ -302,6 +302,48 @@ fn the_oom_fallback_is_one_line_on_kubernetes() {
 }
 
 #[test]
+fn the_kv_host_tier_is_in_the_pods_memory() {
+    let offload = ["--set", "memory.kv_offload_bytes=100GiB"];
+    let (stream, stderr) = render_ok(&[&["--recipe", TITAN][..], &offload].concat());
+    assert!(stream.contains("--kv-offloading-size"), "{stream}");
+    assert!(
+        stderr.contains("`memory.kv_offload_bytes` keeps 100.00 GiB of KV in the engine's host memory, but `deploy.memory_request` (unset) does not ask for it"),
+        "{stderr}"
+    );
+    let (_, stderr) = render_ok(
+        &[
+            &["--recipe", TITAN, "--set", "deploy.memory_request=128Gi"][..],
+            &offload,
+        ]
+        .concat(),
+    );
+    assert!(!stderr.contains("does not ask for it"), "{stderr}");
+    for target in ["k8s", "compose"] {
+        let (code, _, stderr) = deploy(
+            &[
+                &[
+                    "render",
+                    "--recipe",
+                    TITAN,
+                    "--target",
+                    target,
+                    "--set",
+                    "deploy.memory_limit=64Gi",
+                ][..],
+                &offload,
+            ]
+            .concat(),
+            &[],
+        );
+        assert_eq!(code, 1, "{target}");
+        assert!(
+            stderr.contains("`deploy.memory_limit` (64Gi) is below `memory.kv_offload_bytes` (100.00 GiB)"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
 fn the_hash_moves_with_the_recipe_and_the_claim_never_does() {
     let (base, _) = render_ok(&["--recipe", DGX]);
     let docs = documents(&base);

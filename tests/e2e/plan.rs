@@ -515,6 +515,89 @@ fn the_titan_recipe_explains_where_its_kv_budget_goes() {
 }
 
 #[test]
+fn the_host_tier_is_counted_and_checked_against_the_hosts_memory() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let model = model_dir(&work.path().join("qwen3-next"), "qwen3-next-80b-a3b.json", false);
+    let path = format!("model.path={model}");
+    let titan = |extra: &[&str]| {
+        let args = [
+            &[
+                "--recipe",
+                "recipes/titan/qwen3.8-flash-next.toml",
+                "--set",
+                &path,
+                "--set",
+                "memory.kv_offload_bytes=100GiB",
+            ][..],
+            extra,
+        ]
+        .concat();
+        offline_plan(&args)
+    };
+    let (code, out, stderr) = titan(&["--gpu", "rtx-pro-6000", "--host-memory", "128GiB"]);
+    assert_eq!(code, 0, "{stderr}");
+    // 100 GiB at the GPU cache's own ratio (158,304 tokens in 14.5 GiB).
+    let tokens = (100u64 << 30) as u128 * 158_304 / 15_569_256_448;
+    let line = format!(
+        "host tier     {} tokens more in 100.00 GiB of host memory",
+        thousands(tokens as u64)
+    );
+    assert!(out.contains(&line), "no {line:?} in\n{out}");
+    // 524,288 tokens × 12 layers × 2,048 B.
+    assert!(out.contains("is 12.00 GiB to load back"), "{out}");
+    assert!(
+        out.contains("host memory   100.00 GiB per instance for the host tier, of 128.00 GiB"),
+        "{out}"
+    );
+    let json = plan_json_offline(&[
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--set",
+        &path,
+        "--set",
+        "memory.kv_offload_bytes=100GiB",
+        "--gpu",
+        "rtx-pro-6000",
+    ]);
+    assert_eq!(json["host_tier"]["kv_tokens"].as_u64(), Some(tokens as u64));
+    assert_eq!(json["host_tier"]["host_memory"], Value::Null);
+    assert!(json["host_tier"]["request_bytes"].as_u64() == Some(524_288 * 12 * 2_048));
+    // More than the host has: the plan does not fit, and says what to lower.
+    let (code, out, _) = titan(&["--gpu", "rtx-pro-6000", "--host-memory", "64GiB"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("lower `memory.kv_offload_bytes`"), "{out}");
+    // Unknown host memory is said; on unified memory the tier adds nothing.
+    let (_, _, stderr) = titan(&["--gpu", "rtx-pro-6000"]);
+    assert!(stderr.contains("pass `--host-memory SIZE`"), "{stderr}");
+    let (_, _, stderr) = titan(&["--gpu", "dgx-spark"]);
+    assert!(
+        stderr.contains("the host tier is the same memory as the GPU's cache"),
+        "{stderr}"
+    );
+    // Without the offload, no tier.
+    let (_, out, _) = offline_plan(&[
+        "--recipe",
+        "recipes/titan/qwen3.8-flash-next.toml",
+        "--set",
+        &path,
+        "--gpu",
+        "rtx-pro-6000",
+    ]);
+    assert!(!out.contains("host tier"), "{out}");
+}
+
+fn plan_json_offline(args: &[&str]) -> Value {
+    let (code, out, stderr) = offline_plan(&[args, &["--json"]].concat());
+    assert!(code == 0 || code == 1, "{stderr}");
+    serde_json::from_str(&out).expect("json")
+}
+
+/// `604705` → `604,705`, as the plan prints it.
+fn thousands(n: u64) -> String {
+    sous_engine::dialect::log::vllm::thousands(n as usize)
+}
+
+#[test]
 fn on_a_dgx_spark_0_90_of_the_gpu_holds_far_more_than_0_45() {
     // The report's checkpoint is not published; Qwen3-32B's config is the nearest
     // published dense shape, quantized to NVFP4 by the plan as `sous quantize` would.

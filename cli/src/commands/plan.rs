@@ -32,6 +32,10 @@ pub struct PlanArgs {
     /// A GPU sous has no entry for, by its memory: `48GiB`, `80GB`.
     #[arg(long, value_name = "SIZE")]
     gpu_memory: Option<ByteSize>,
+    /// The host memory one instance may use (RAM per GPU), which a host tier of the KV
+    /// cache (`memory.kv_offload_bytes`) is checked against: `100GiB`.
+    #[arg(long, value_name = "SIZE")]
+    host_memory: Option<ByteSize>,
     /// Print the plan as JSON.
     #[arg(long)]
     json: bool,
@@ -59,6 +63,10 @@ pub fn exec(args: PlanArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             )
             .into());
         }
+    };
+    let hardware = match args.host_memory {
+        Some(size) => hardware.with_host_memory(size.0),
+        None => hardware,
     };
     let runtime = super::runtime()?;
     let hub = HubConfig::from_env();
@@ -150,6 +158,38 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
             plan.max_concurrency
         ),
     ));
+    if let Some(tier) = &plan.host_tier {
+        rows.push((
+            "host tier".into(),
+            format!(
+                "{} tokens more in {} of host memory (`memory.kv_offload_bytes`): prefixes the GPU's cache evicts are loaded back from there instead of computed again",
+                group(tier.kv_tokens),
+                gib(tier.kv_bytes)
+            ),
+        ));
+        rows.push((
+            String::new(),
+            format!(
+                "a request of {} tokens runs from the GPU's cache; its prefix, once evicted, is {} to load back",
+                group(plan.max_model_len),
+                gib(tier.request_bytes)
+            ),
+        ));
+        rows.push((
+            "host memory".into(),
+            match tier.host_memory {
+                Some(host) => format!(
+                    "{} per instance for the host tier, of {}; the engine's own memory comes on top",
+                    gib(tier.kv_bytes),
+                    gib(host)
+                ),
+                None => format!(
+                    "{} per instance for the host tier; the machine's is unknown (`--host-memory`)",
+                    gib(tier.kv_bytes)
+                ),
+            },
+        ));
+    }
     if let Some(ceiling) = plan.decode_ceiling_tok_s {
         rows.push((
             "decode".into(),

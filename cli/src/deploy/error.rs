@@ -39,6 +39,16 @@ pub enum DeployError {
         /// The resolved path.
         path: String,
     },
+    /// A memory limit that the KV cache's host tier alone exceeds.
+    #[error(
+        "`deploy.memory_limit` ({limit}) is below `memory.kv_offload_bytes` ({offload}): the engine would be killed for memory once the host tier fills"
+    )]
+    OffloadAboveLimit {
+        /// The limit, as written.
+        limit: String,
+        /// The offload, in GiB.
+        offload: String,
+    },
     /// No image for an engine that has no official one sous can name.
     #[error("`engine.image` is not set, and sous names no default image for {engine}")]
     NoImage {
@@ -162,6 +172,9 @@ impl Diagnose for DeployError {
             DeployError::RelativePath { .. } => "write `model.path` as an absolute path, e.g. `/models/NAME`".into(),
             DeployError::CalibrationFile { .. } => {
                 "use `calibration = \"builtin\"`, or quantize on this machine (`sous quantize --recipe`) and deploy the checkpoint with `model.path`".into()
+            }
+            DeployError::OffloadAboveLimit { .. } => {
+                "raise `deploy.memory_limit` above the host tier plus the engine's own memory, or lower `memory.kv_offload_bytes`".into()
             }
             DeployError::NoImage { .. } => {
                 "set `engine.image` to the engine's image and release, e.g. `lmsysorg/sglang:v0.5.23`".into()

@@ -209,6 +209,33 @@ impl Plan {
                 "`memory.oom_fallback` is applied by `sous serve` only: here the engine runs by itself, and an out-of-memory start is restarted with the same settings; if it happens, render again with `--set memory.gpu_utilization={first}` (the annotation `{OOM_ANNOTATION}` on the workload says so too)"
             ));
         }
+        // The KV cache's host tier lives in the engine's own memory: a limit below it
+        // kills the engine once the tier fills; a request that does not count it lets
+        // the scheduler place the pod where the memory is not.
+        if let Some(offload) = recipe.memory.kv_offload_bytes {
+            let offload_text = sous_engine::size::gib(offload);
+            if let Some(limit) = &deploy.memory_limit
+                && limit.value < offload as f64
+            {
+                return Err(DeployError::OffloadAboveLimit {
+                    limit: limit.text.clone(),
+                    offload: offload_text,
+                });
+            }
+            if deploy
+                .memory_request
+                .as_ref()
+                .is_none_or(|r| r.value < offload as f64)
+            {
+                warnings.push(format!(
+                    "`memory.kv_offload_bytes` keeps {offload_text} of KV in the engine's host memory, but `deploy.memory_request` ({}) does not ask for it: set it to at least that plus the engine's own memory, so the pod lands where the memory is",
+                    deploy
+                        .memory_request
+                        .as_ref()
+                        .map_or("unset", |q| q.text.as_str())
+                ));
+            }
+        }
         let router = &deploy.router;
         if router.is_some() && router.image == format!("{}:{}", router.kind.as_str(), router.version) {
             warnings.push(format!(

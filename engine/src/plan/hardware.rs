@@ -26,6 +26,10 @@ pub struct Hardware {
     pub native_fp4: bool,
     /// This machine's CPU and RAM rather than a GPU.
     pub cpu: bool,
+    /// The host memory beside one GPU (per instance), bytes, when known: the table's
+    /// `host_memory` (the same pool as `memory` on a unified machine), or
+    /// `--host-memory`.
+    pub host_memory: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -45,6 +49,8 @@ struct Device {
     bandwidth_gbs: f64,
     unified: bool,
     native_fp4: bool,
+    #[serde(default)]
+    host_memory: Option<ByteSize>,
 }
 
 /// Why no machine could be chosen.
@@ -127,6 +133,7 @@ impl Hardware {
             unified: device.unified,
             native_fp4: device.native_fp4,
             cpu: false,
+            host_memory: device.host_memory.map(|b| b.0),
         })
     }
 
@@ -141,6 +148,7 @@ impl Hardware {
             unified: true,
             native_fp4: false,
             cpu: true,
+            host_memory: Some(memory),
         })
     }
 
@@ -154,7 +162,14 @@ impl Hardware {
             unified: false,
             native_fp4: false,
             cpu: false,
+            host_memory: None,
         }
+    }
+
+    /// The same machine with `bytes` of host memory per instance (`--host-memory`).
+    pub fn with_host_memory(mut self, bytes: u64) -> Hardware {
+        self.host_memory = Some(bytes);
+        self
     }
 }
 
@@ -168,6 +183,9 @@ mod tests {
         assert_eq!(spark.name, "gb10");
         assert_eq!(spark.memory, 128_000_000_000);
         assert!(spark.unified && spark.native_fp4);
+        // One pool: the host memory is the GPU's.
+        assert_eq!(spark.host_memory, Some(spark.memory));
+        assert_eq!(Hardware::named("rtx-pro-6000").expect("card").host_memory, None);
         assert_eq!(Hardware::named("H200").expect("case").bandwidth_gbs, Some(4800.0));
         assert!(!Hardware::named("h100").expect("h100").native_fp4);
         match Hardware::named("h300") {

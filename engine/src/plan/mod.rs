@@ -172,6 +172,27 @@ pub struct Plan {
     /// were accepted (`tokens + 1` per step); measured acceptance lengths are lower
     /// (2.3 to 2.6 of 3 in the DGX Spark report).
     pub decode_ceiling_speculative_tok_s: Option<f64>,
+    /// The second tier of the KV cache, in host memory (`memory.kv_offload_bytes`);
+    /// absent from the JSON without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_tier: Option<HostTier>,
+}
+
+/// The KV cache's second tier: blocks the engine moves to host memory when the GPU's
+/// cache evicts them, and loads back when a prompt's prefix is found there instead of
+/// computing it again. Requests run from the GPU's cache; the host tier holds prefixes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostTier {
+    /// Host memory the engine gets for it, per instance (`memory.kv_offload_bytes`).
+    pub kv_bytes: u64,
+    /// Tokens it holds, at the GPU cache's bytes per token (the engines keep the
+    /// GPU's block layout there).
+    pub kv_tokens: u64,
+    /// Bytes of KV of one request of `max_model_len` tokens: what loading its prefix
+    /// back moves.
+    pub request_bytes: u64,
+    /// The machine's host memory per instance, when known.
+    pub host_memory: Option<u64>,
 }
 
 /// Plans `recipe` for `model` on `hardware`.
@@ -197,6 +218,12 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
         );
     }
     plan.warnings.extend(warnings(recipe, hardware));
+    // The native engine refuses an offload (`sous serve` says so); the others keep it.
+    if let Some(offload) = recipe.memory.kv_offload_bytes
+        && recipe.engine.kind != EngineKind::Native
+    {
+        host_tier(&mut plan, offload, hardware, max_model_len);
+    }
     if let Some(bandwidth) = hardware.bandwidth_gbs
         && model.weight_bytes > 0
     {
@@ -212,6 +239,49 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
         }
     }
     Ok(plan)
+}
+
+/// Counts `memory.kv_offload_bytes` as the cache's second tier and checks it against
+/// the machine's host memory, when known.
+fn host_tier(plan: &mut Plan, offload: u64, hardware: &Hardware, max_model_len: u64) {
+    let per_token = plan.bytes_per_token_per_layer * plan.growing_layers as u64;
+    // The GPU cache's own ratio (blocks, groups and alignment included); the plain
+    // per-token size where the cache is empty.
+    let kv_tokens = if plan.budget.kv_bytes > 0 && plan.kv_tokens > 0 {
+        (u128::from(offload) * u128::from(plan.kv_tokens) / u128::from(plan.budget.kv_bytes)) as u64
+    } else {
+        offload.checked_div(per_token).unwrap_or(0)
+    };
+    plan.host_tier = Some(HostTier {
+        kv_bytes: offload,
+        kv_tokens,
+        request_bytes: per_token * max_model_len,
+        host_memory: hardware.host_memory,
+    });
+    if hardware.unified {
+        plan.warnings.push(format!(
+            "`memory.kv_offload_bytes` on unified memory ({}): the host tier is the same memory as the GPU's cache, so it adds no room; give the GPU's cache the memory instead",
+            hardware.name
+        ));
+    }
+    match hardware.host_memory {
+        Some(host) if offload > host => {
+            plan.fits = false;
+            plan.advice.insert(
+                0,
+                format!(
+                    "the host tier asks {} of host memory per instance, more than the machine's {}: lower `memory.kv_offload_bytes` (the engine's own memory comes on top)",
+                    gib(offload),
+                    gib(host)
+                ),
+            );
+        }
+        Some(_) => {}
+        None => plan.warnings.push(format!(
+            "the host tier's {} per instance is not checked against the machine's memory: pass `--host-memory SIZE` (per instance)",
+            gib(offload)
+        )),
+    }
 }
 
 /// Whether the weights, the engine's own memory and a fixed KV budget fit one GPU (the
@@ -387,6 +457,7 @@ fn native(
         warnings: Vec::new(),
         decode_ceiling_tok_s: None,
         decode_ceiling_speculative_tok_s: None,
+        host_tier: None,
     })
 }
 
@@ -589,6 +660,7 @@ fn vllm(
         warnings,
         decode_ceiling_tok_s: None,
         decode_ceiling_speculative_tok_s: None,
+        host_tier: None,
     };
     Ok((plan, overhead))
 }
@@ -825,6 +897,7 @@ fn pool(
         warnings: Vec::new(),
         decode_ceiling_tok_s: None,
         decode_ceiling_speculative_tok_s: None,
+        host_tier: None,
     };
     let overhead = vec![Part {
         what: "CUDA graphs and context".into(),
