@@ -12,7 +12,9 @@ use serde_json::{Map, Value};
 use sous_engine::checkpoint::index::Shards;
 use sous_engine::diagnose::{Class, Diagnose};
 use sous_engine::plan::{Model, Shape, ShapeError};
-use sous_engine::recipe::{DEFAULT_REVISION, EmbeddingDtype, EngineKind, Recipe};
+use sous_engine::recipe::{
+    DEFAULT_REVISION, EmbeddingDtype, EngineKind, Recipe, host_weight_glob, is_host_weight,
+};
 
 use crate::hub::api::{HubClient, HubError};
 use crate::hub::cache::RepoCache;
@@ -266,6 +268,22 @@ pub fn model(files: &ModelFiles, recipe: &Recipe) -> Result<Model, ModelError> {
     {
         weight_bytes = weight_bytes.saturating_sub(q8_0_saving(files, recipe)?);
     }
+    // Weights the engine keeps on the host, as the checkpoint stores them: the
+    // quantizer keeps embeddings and the like, which is what engines offload, in 16 bits.
+    let globs: Vec<_> = recipe
+        .memory
+        .host_weights
+        .iter()
+        .filter_map(|g| host_weight_glob(g).ok())
+        .collect();
+    let host_weight_bytes = files
+        .tensors
+        .iter()
+        .filter(|t| is_host_weight(&globs, &t.name))
+        .map(|t| t.len)
+        .sum::<u64>()
+        .min(weight_bytes);
+    weight_bytes -= host_weight_bytes;
     let expert_bytes = if original == 0 {
         0
     } else {
@@ -285,6 +303,7 @@ pub fn model(files: &ModelFiles, recipe: &Recipe) -> Result<Model, ModelError> {
         weight_bytes,
         expert_bytes,
         native_kv_per_token,
+        host_weight_bytes,
     })
 }
 

@@ -546,7 +546,7 @@ fn the_host_tier_is_counted_and_checked_against_the_hosts_memory() {
     // 524,288 tokens × 12 layers × 2,048 B.
     assert!(out.contains("is 12.00 GiB to load back"), "{out}");
     assert!(
-        out.contains("host memory   100.00 GiB per instance for the host tier, of 128.00 GiB"),
+        out.contains("host memory   100.00 GiB for the host tier per instance, of 128.00 GiB"),
         "{out}"
     );
     let json = plan_json_offline(&[
@@ -574,6 +574,47 @@ fn the_host_tier_is_counted_and_checked_against_the_hosts_memory() {
         stderr.contains("the host tier is the same memory as the GPU's cache"),
         "{stderr}"
     );
+    // Weights the engine keeps on the host leave the GPU's count for the host's.
+    let dense = model_dir(&work.path().join("qwen3-32b"), "qwen3-32b.json", true);
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/fixtures/plan/qwen3-32b.json")).expect("fixture"),
+    )
+    .expect("json");
+    let embed =
+        config["vocab_size"].as_u64().expect("vocab") * config["hidden_size"].as_u64().expect("hidden") * 2;
+    let plan_of = |extra: &[&str]| {
+        let dense_path = format!("model.path={dense}");
+        plan_json_offline(
+            &[
+                &[
+                    "--recipe",
+                    "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml",
+                    "--gpu",
+                    "rtx-pro-6000",
+                    "--set",
+                    &dense_path,
+                ][..],
+                extra,
+            ]
+            .concat(),
+        )
+    };
+    let on_gpu = plan_of(&[]);
+    let moved = plan_of(&["--set", "memory.host_weights=[\"model.embed_tokens.*\"]"]);
+    assert_eq!(moved["host_weight_bytes"].as_u64(), Some(embed));
+    assert_eq!(
+        moved["weight_bytes"].as_u64(),
+        on_gpu["weight_bytes"].as_u64().map(|w| w - embed)
+    );
+    assert!(on_gpu.get("host_weight_bytes").is_none(), "{on_gpu}");
+    let (code, _, stderr) = offline_plan(&[
+        "--recipe",
+        "recipes/dgx-spark/qwen3.8-27b-nvfp4.toml",
+        "--set",
+        "memory.host_weights=[\"model.[\"]",
+    ]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("is not a tensor-name glob"), "{stderr}");
     // Without the offload, no tier.
     let (_, out, _) = offline_plan(&[
         "--recipe",

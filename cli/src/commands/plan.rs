@@ -122,9 +122,17 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
         (
             "weights".into(),
             format!(
-                "{}{}",
+                "{}{}{}",
                 gib(plan.weight_bytes),
-                if hardware.cpu { "" } else { " per GPU" }
+                if hardware.cpu { "" } else { " per GPU" },
+                if plan.host_weight_bytes > 0 {
+                    format!(
+                        ", and {} in host memory (`memory.host_weights`)",
+                        gib(plan.host_weight_bytes)
+                    )
+                } else {
+                    String::new()
+                }
             ),
         ),
     ];
@@ -175,17 +183,28 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
                 gib(tier.request_bytes)
             ),
         ));
+    }
+    let host_kv = plan.host_tier.as_ref().map_or(0, |t| t.kv_bytes);
+    if host_kv + plan.host_weight_bytes > 0 {
+        let parts: Vec<String> = [
+            (host_kv, "the host tier"),
+            (plan.host_weight_bytes, "the host-side weights"),
+        ]
+        .iter()
+        .filter(|(bytes, _)| *bytes > 0)
+        .map(|(bytes, what)| format!("{} for {what}", gib(*bytes)))
+        .collect();
         rows.push((
             "host memory".into(),
-            match tier.host_memory {
+            match hardware.host_memory {
                 Some(host) => format!(
-                    "{} per instance for the host tier, of {}; the engine's own memory comes on top",
-                    gib(tier.kv_bytes),
+                    "{} per instance, of {}; the engine's own memory comes on top",
+                    join_and(&parts),
                     gib(host)
                 ),
                 None => format!(
-                    "{} per instance for the host tier; the machine's is unknown (`--host-memory`)",
-                    gib(tier.kv_bytes)
+                    "{} per instance; the machine's is unknown (`--host-memory`)",
+                    join_and(&parts)
                 ),
             },
         ));

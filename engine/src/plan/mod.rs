@@ -55,6 +55,9 @@ pub struct Model {
     pub expert_bytes: u64,
     /// The native engine's KV bytes per token (its own rule), when it can serve the model.
     pub native_kv_per_token: Option<u64>,
+    /// Bytes of weights the engine keeps in host memory (`memory.host_weights`), not
+    /// among `weight_bytes`.
+    pub host_weight_bytes: u64,
 }
 
 /// Why a plan could not be made.
@@ -172,6 +175,10 @@ pub struct Plan {
     /// were accepted (`tokens + 1` per step); measured acceptance lengths are lower
     /// (2.3 to 2.6 of 3 in the DGX Spark report).
     pub decode_ceiling_speculative_tok_s: Option<f64>,
+    /// Weights kept in host memory (`memory.host_weights`), bytes; absent from the
+    /// JSON when none are.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub host_weight_bytes: u64,
     /// The second tier of the KV cache, in host memory (`memory.kv_offload_bytes`);
     /// absent from the JSON without one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -218,12 +225,7 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
         );
     }
     plan.warnings.extend(warnings(recipe, hardware));
-    // The native engine refuses an offload (`sous serve` says so); the others keep it.
-    if let Some(offload) = recipe.memory.kv_offload_bytes
-        && recipe.engine.kind != EngineKind::Native
-    {
-        host_tier(&mut plan, offload, hardware, max_model_len);
-    }
+    host_side(&mut plan, recipe, model, hardware, max_model_len);
     if let Some(bandwidth) = hardware.bandwidth_gbs
         && model.weight_bytes > 0
     {
@@ -241,8 +243,52 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
     Ok(plan)
 }
 
-/// Counts `memory.kv_offload_bytes` as the cache's second tier and checks it against
-/// the machine's host memory, when known.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// What the engine keeps in host memory: the cache's second tier
+/// (`memory.kv_offload_bytes`, which the native engine refuses) and the weights of
+/// `memory.host_weights`, checked against the machine's host memory when known.
+fn host_side(plan: &mut Plan, recipe: &Recipe, model: &Model, hardware: &Hardware, max_model_len: u64) {
+    plan.host_weight_bytes = model.host_weight_bytes;
+    let offload = recipe
+        .memory
+        .kv_offload_bytes
+        .filter(|_| recipe.engine.kind != EngineKind::Native);
+    if let Some(offload) = offload {
+        host_tier(plan, offload, hardware, max_model_len);
+    }
+    let needed = offload.unwrap_or(0) + model.host_weight_bytes;
+    if needed == 0 {
+        return;
+    }
+    let what = match (offload.is_some(), model.host_weight_bytes > 0) {
+        (true, true) => "the host tier and the host-side weights ask",
+        (true, false) => "the host tier asks",
+        _ => "the host-side weights ask",
+    };
+    match hardware.host_memory {
+        Some(host) if needed > host => {
+            plan.fits = false;
+            plan.advice.insert(
+                0,
+                format!(
+                    "{what} {} of host memory per instance, more than the machine's {}: lower `memory.kv_offload_bytes` or keep fewer weights on the host (the engine's own memory comes on top)",
+                    gib(needed),
+                    gib(host)
+                ),
+            );
+        }
+        Some(_) => {}
+        None => plan.warnings.push(format!(
+            "{what} {} per instance, not checked against the machine's memory: pass `--host-memory SIZE` (per instance)",
+            gib(needed)
+        )),
+    }
+}
+
+/// Counts `memory.kv_offload_bytes` as the cache's second tier.
 fn host_tier(plan: &mut Plan, offload: u64, hardware: &Hardware, max_model_len: u64) {
     let per_token = plan.bytes_per_token_per_layer * plan.growing_layers as u64;
     // The GPU cache's own ratio (blocks, groups and alignment included); the plain
@@ -263,24 +309,6 @@ fn host_tier(plan: &mut Plan, offload: u64, hardware: &Hardware, max_model_len: 
             "`memory.kv_offload_bytes` on unified memory ({}): the host tier is the same memory as the GPU's cache, so it adds no room; give the GPU's cache the memory instead",
             hardware.name
         ));
-    }
-    match hardware.host_memory {
-        Some(host) if offload > host => {
-            plan.fits = false;
-            plan.advice.insert(
-                0,
-                format!(
-                    "the host tier asks {} of host memory per instance, more than the machine's {}: lower `memory.kv_offload_bytes` (the engine's own memory comes on top)",
-                    gib(offload),
-                    gib(host)
-                ),
-            );
-        }
-        Some(_) => {}
-        None => plan.warnings.push(format!(
-            "the host tier's {} per instance is not checked against the machine's memory: pass `--host-memory SIZE` (per instance)",
-            gib(offload)
-        )),
     }
 }
 
@@ -458,6 +486,7 @@ fn native(
         decode_ceiling_tok_s: None,
         decode_ceiling_speculative_tok_s: None,
         host_tier: None,
+        host_weight_bytes: 0,
     })
 }
 
@@ -661,6 +690,7 @@ fn vllm(
         decode_ceiling_tok_s: None,
         decode_ceiling_speculative_tok_s: None,
         host_tier: None,
+        host_weight_bytes: 0,
     };
     Ok((plan, overhead))
 }
@@ -898,6 +928,7 @@ fn pool(
         decode_ceiling_tok_s: None,
         decode_ceiling_speculative_tok_s: None,
         host_tier: None,
+        host_weight_bytes: 0,
     };
     let overhead = vec![Part {
         what: "CUDA graphs and context".into(),

@@ -344,6 +344,14 @@ pub struct MemorySection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_offload_bytes: Option<ByteSize>,
 
+    /// Weights the engine keeps in host memory rather than on the GPU, by tensor name
+    /// (globs: `*` within a name part, `**` across parts): what an engine option such
+    /// as vLLM's `--cpu-offload-gb` or a model's own offload switch (the Titan report's
+    /// `VLLM_PLE_CPU_OFFLOAD=1`) moves off the GPU. sous moves nothing: `sous plan`
+    /// counts these weights on the host side instead of the GPU's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_weights: Vec<String>,
+
     /// Native engine only: how the token embedding and a float output projection
     /// (`lm_head`, or the embedding where they are tied) are held in memory. `auto`: as
     /// the other float weights. `q8_0`: llama.cpp's Q8_0, quantized at load (8 bits a

@@ -22,8 +22,8 @@ pub use resolve::{
     DEFAULT_CONTAINER_NAME, DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_REVISION,
     DEFAULT_SHM_SIZE, DEFAULT_STARTUP_PERIOD, Deploy, Engine, Memory, Model, QuantDevice, Quantity, Quantize,
     RESTART_WINDOW, Recipe, Router, SGLANG_ROUTER_VERSION, Server, Storage, VLLM_ROUTER_VERSION, Warning,
-    default_router, default_sous_image, is_dns_label, is_dns_subdomain, is_label_value, is_mtp,
-    is_qualified_name,
+    default_router, default_sous_image, host_weight_glob, is_dns_label, is_dns_subdomain, is_host_weight,
+    is_label_value, is_mtp, is_qualified_name,
 };
 
 use std::path::Path;

@@ -19,6 +19,8 @@ pub struct Memory {
     pub kv_cache_bytes: Option<u64>,
     /// Host RAM for KV offload.
     pub kv_offload_bytes: Option<u64>,
+    /// Globs of the tensors the engine keeps in host memory.
+    pub host_weights: Vec<String>,
     /// How the native engine holds embeddings.
     pub embedding_dtype: Option<EmbeddingDtype>,
 }
@@ -100,12 +102,56 @@ pub(super) fn resolve_memory(
             None,
         ));
     }
+    for glob in &raw.host_weights {
+        if let Err(e) = host_weight_glob(glob) {
+            return Err(invalid(
+                &["memory", "host_weights"],
+                format!("`{glob}` is not a tensor-name glob: {e}"),
+                Some("write e.g. `model.embed_tokens_per_layer.*` or `**.per_layer_*`"),
+            ));
+        }
+    }
     Ok(Memory {
         gpu_utilization: raw.gpu_utilization,
         oom_fallback: raw.oom_fallback,
         kv_cache_dtype: raw.kv_cache_dtype,
         kv_cache_bytes: raw.kv_cache_bytes.map(|b| b.bytes()),
         kv_offload_bytes: raw.kv_offload_bytes.map(|b| b.bytes()),
+        host_weights: raw.host_weights,
         embedding_dtype: raw.embedding_dtype,
     })
+}
+
+/// A `memory.host_weights` glob as a matcher of tensor names, whose parts are joined by
+/// `.`: `*` stays within a part, `**` crosses them.
+pub fn host_weight_glob(glob: &str) -> Result<globset::GlobMatcher, globset::Error> {
+    // globset's separator is `/`: the names' dots become slashes on both sides.
+    Ok(globset::GlobBuilder::new(&glob.replace('.', "/"))
+        .literal_separator(true)
+        .build()?
+        .compile_matcher())
+}
+
+/// Whether tensor `name` matches one of `globs` (already checked by resolution).
+pub fn is_host_weight(globs: &[globset::GlobMatcher], name: &str) -> bool {
+    let path = name.replace('.', "/");
+    globs.iter().any(|g| g.is_match(&path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_weight_globs_match_tensor_names_part_by_part() {
+        let globs = [
+            host_weight_glob("model.embed_tokens_per_layer.*").expect("glob"),
+            host_weight_glob("**.per_layer_proj.weight").expect("glob"),
+        ];
+        assert!(is_host_weight(&globs, "model.embed_tokens_per_layer.weight"));
+        assert!(is_host_weight(&globs, "model.layers.3.per_layer_proj.weight"));
+        assert!(!is_host_weight(&globs, "model.embed_tokens.weight"));
+        assert!(!is_host_weight(&globs, "model.embed_tokens_per_layer.a.b"));
+        assert!(host_weight_glob("model.[").is_err());
+    }
 }

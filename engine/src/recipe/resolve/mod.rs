@@ -25,8 +25,8 @@ pub use deploy::{
 };
 use engine::resolve_engine;
 pub use engine::{Engine, RESTART_WINDOW};
-pub use memory::Memory;
 use memory::resolve_memory;
+pub use memory::{Memory, host_weight_glob, is_host_weight};
 pub use model::{
     Calibration, CalibrationText, DEFAULT_CALIBRATION_SAMPLES, DEFAULT_CALIBRATION_SEQ_LEN, DEFAULT_REVISION,
     Model, QuantDevice, Quantize,
@@ -229,6 +229,7 @@ impl Recipe {
                 kv_cache_dtype: self.memory.kv_cache_dtype,
                 kv_cache_bytes: self.memory.kv_cache_bytes.map(crate::size::ByteSize),
                 kv_offload_bytes: self.memory.kv_offload_bytes.map(crate::size::ByteSize),
+                host_weights: self.memory.host_weights.clone(),
                 embedding_dtype: self.memory.embedding_dtype,
             },
             serving: self.serving.clone(),
