@@ -318,7 +318,20 @@ fn the_kv_host_tier_is_in_the_pods_memory() {
         .concat(),
     );
     assert!(!stderr.contains("does not ask for it"), "{stderr}");
-    for target in ["k8s", "compose"] {
+    // systemd: the recipe's limit is the unit's.
+    let (units, _) = render_ok(&[
+        "--recipe",
+        TITAN,
+        "--target",
+        "systemd",
+        "--set",
+        "deploy.memory_limit=128Gi",
+    ]);
+    assert!(
+        units.contains(&format!("MemoryMax={}\n", 128u64 << 30)),
+        "{units}"
+    );
+    for target in ["k8s", "compose", "systemd"] {
         let (code, _, stderr) = deploy(
             &[
                 &[

@@ -31,6 +31,14 @@ pub(super) fn render(recipe: &Recipe, options: &Options) -> Result<Vec<File>, De
     let recipe_file = format!("{}.toml", recipe.name);
     let recipe_path = format!("{ETC_DIR}/{recipe_file}");
     let gpus = recipe.gpus();
+    if let (Some(offload), Some(limit)) = (recipe.memory.kv_offload_bytes, &deploy.memory_limit)
+        && limit.value < offload as f64
+    {
+        return Err(DeployError::OffloadAboveLimit {
+            limit: limit.text.clone(),
+            offload: sous_engine::size::gib(offload),
+        });
+    }
     if let Some(per_node) = deploy.gpus_per_node
         && gpus > per_node
     {
@@ -97,6 +105,10 @@ pub(super) fn render(recipe: &Recipe, options: &Options) -> Result<Vec<File>, De
         let _ = writeln!(text, "Environment=SOUS_STATE_DIR=/var/lib/sous/state");
         let _ = writeln!(text, "Environment=SOUS_CACHE_DIR=/var/cache/sous");
         let _ = writeln!(text, "Environment=HF_HOME=/var/lib/sous/huggingface");
+        if let Some(limit) = &deploy.memory_limit {
+            // sous and its engine in one cgroup: the limit the recipe gives the pod.
+            let _ = writeln!(text, "MemoryMax={}", limit.value as u64);
+        }
         let _ = writeln!(text, "StateDirectory=sous");
         let _ = writeln!(text, "CacheDirectory=sous");
         let mut exec = format!("{} serve --recipe {recipe_path}", options.sous_bin);
