@@ -9,7 +9,8 @@
 //!
 //! [`probe`] asks a live instance how it is: `/health`, and from its metrics page the
 //! running and waiting requests and the KV cache usage, in the metric names of its
-//! engine's family ([`sous_engine::dialect`]).
+//! engine's family ([`sous_engine::dialect`]); [`router_workers`] asks a router which
+//! instances it routes to, which [`probe_url`] then asks the same.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -190,34 +191,84 @@ pub struct Probe {
 
 /// Asks `state`'s instance for `/health` and its metrics page, each with `timeout`.
 pub async fn probe(state: &InstanceState, timeout: Duration) -> Probe {
+    let family = state.engine.map_or(Family::Vllm, Family::of_engine);
+    probe_url(&state.url, &[family], timeout).await
+}
+
+/// Asks the server at `url` for `/health` and its metrics page, each with `timeout`; the
+/// load is read in the first of `families` whose names the page has.
+pub async fn probe_url(url: &str, families: &[Family], timeout: Duration) -> Probe {
     let Ok(client) = reqwest::Client::builder().timeout(timeout).build() else {
         return Probe {
             health: "unreachable (no HTTP client)".into(),
             ..Probe::default()
         };
     };
-    let health = match client.get(format!("{}/health", state.url)).send().await {
+    let health = match client.get(format!("{url}/health")).send().await {
         Ok(r) if r.status().is_success() => "ok".to_owned(),
         Ok(r) => format!("unhealthy (HTTP {})", r.status().as_u16()),
         Err(e) if e.is_timeout() => "unreachable (timed out)".to_owned(),
         Err(_) => "unreachable (connection refused)".to_owned(),
     };
-    let family = state.engine.map_or(Family::Vllm, Family::of_engine);
-    let text = match client
-        .get(format!("{}{}", state.url, family.metrics_path()))
-        .send()
-        .await
-    {
-        Ok(r) if r.status().is_success() => r.text().await.ok(),
-        _ => None,
-    };
-    let scrape = text.as_deref().map(Scrape::parse);
-    let gauges = load_gauges(family, scrape.as_ref());
+    let mut gauges = (None, None, None);
+    for family in families {
+        let text = match client.get(format!("{url}{}", family.metrics_path())).send().await {
+            Ok(r) if r.status().is_success() => r.text().await.ok(),
+            _ => None,
+        };
+        let scrape = text.as_deref().map(Scrape::parse);
+        gauges = load_gauges(*family, scrape.as_ref());
+        if gauges != (None, None, None) {
+            break;
+        }
+    }
     Probe {
         health,
         running: gauges.0,
         waiting: gauges.1,
         kv_cache_usage: gauges.2,
+    }
+}
+
+/// The workers a router routes to, from its own API: `/workers` (vllm-router 0.1,
+/// sglang-router 0.2 and later: `{"workers": [{"url": ..}]}`), else `/list_workers`
+/// (older sglang-router: `{"urls": [..]}`).
+pub async fn router_workers(router: &str, timeout: Duration) -> Result<Vec<String>, String> {
+    let client = reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let get = |path: &str| {
+        let client = client.clone();
+        let url = format!("{router}{path}");
+        async move {
+            let response = client.get(&url).send().await.map_err(|e| format!("{url}: {e}"))?;
+            if !response.status().is_success() {
+                return Err(format!("{url}: HTTP {}", response.status().as_u16()));
+            }
+            response
+                .json::<serde_json::Value>()
+                .await
+                .map_err(|e| format!("{url}: {e}"))
+        }
+    };
+    let urls = |list: &serde_json::Value| -> Vec<String> {
+        list.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|w| w.get("url").unwrap_or(w).as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    match get("/workers").await {
+        Ok(body) if body.get("workers").is_some() => Ok(urls(&body["workers"])),
+        first => match get("/list_workers").await {
+            Ok(body) if body.get("urls").is_some() => Ok(urls(&body["urls"])),
+            Ok(_) | Err(_) => Err(first.err().unwrap_or_else(|| {
+                format!("{router} does not list its workers (`/workers`, `/list_workers`): is it vllm-router or sglang-router?")
+            })),
+        },
     }
 }
 

@@ -166,7 +166,31 @@ fn cache_aware_routing_keeps_one_instances_prefix_hits() {
     for (policy, salt) in [("round_robin", 2), ("cache_aware", 3)] {
         let port = free_port();
         let _router = router(&bin, port, policy, &workers);
-        let m = agent(&format!("http://127.0.0.1:{port}"), &workers, &model, salt);
+        let url = format!("http://127.0.0.1:{port}");
+        let m = agent(&url, &workers, &model, salt);
+        // `sous ps` sees the fleet: the router, and the instances it routes to.
+        let (code, stdout, stderr) = run(sous()
+            .env("SOUS_STATE_DIR", state)
+            .args(["ps", "--json", "--router", &url]));
+        assert_eq!(code, 0, "{stderr}");
+        let rows: Vec<Value> = serde_json::from_str(&stdout).expect("ps --json");
+        let router_row = rows.iter().find(|r| r["status"] == "router").expect("the router");
+        assert_eq!(router_row["health"], "ok", "{router_row}");
+        let mut seen: Vec<String> = rows
+            .iter()
+            .filter(|r| r["status"] == "worker")
+            .map(|r| {
+                assert_eq!(r["health"], "ok", "{r}");
+                assert!(r["kv_cache_usage"].is_number(), "{r}");
+                r["url"].as_str().expect("url").to_owned()
+            })
+            .collect();
+        seen.sort();
+        let mut expected = workers.clone();
+        expected.sort();
+        assert_eq!(seen, expected);
+        // The three `sous serve` of this machine are there too.
+        assert_eq!(rows.iter().filter(|r| r["status"] == "running").count(), 3);
         // The fleet's figures are its instances' added up, and every instance is there.
         assert_eq!(m.instances.len(), 3, "{:?}", m.instances);
         let sum = |key: &str| -> f64 {

@@ -1,6 +1,7 @@
-//! `sous ps [--json] [--prune]`: the instances `sous serve` runs on this machine, with
-//! their health and load (running and waiting requests, KV cache usage) as their
-//! engines report them, like `ollama ps` and `docker ps`.
+//! `sous ps [--json] [--prune] [--router URL]`: the instances `sous serve` runs on this
+//! machine, with their health and load (running and waiting requests, KV cache usage)
+//! as their engines report them, like `ollama ps` and `docker ps`; with `--router`, a
+//! router and the instances behind it, wherever they run.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,13 +10,14 @@ use clap::Args;
 use serde_json::{Value, json};
 use sous::bench::table;
 use sous::instances::{self, Entry, Probe, Record};
+use sous_engine::dialect::Family;
 use sous_engine::paths;
 
 use crate::shell::Shell;
 
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  sous ps\n  sous ps --json | jq '.[] | select(.health != \"ok\")'\n  sous ps --prune"
+    after_help = "Examples:\n  sous ps\n  sous ps --json | jq '.[] | select(.health != \"ok\")'\n  sous ps --prune\n  sous ps --router http://10.0.0.5:8000"
 )]
 pub struct PsArgs {
     /// Print the instances as a JSON array.
@@ -24,6 +26,10 @@ pub struct PsArgs {
     /// Remove the records of instances whose `sous serve` is gone (stale).
     #[arg(long)]
     prune: bool,
+    /// Also show this router (vllm-router or sglang-router, its base URL) and the
+    /// instances it routes to, wherever they run. Repeat for several.
+    #[arg(long, value_name = "URL")]
+    router: Vec<String>,
 }
 
 pub fn exec(args: PsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
@@ -49,14 +55,22 @@ pub fn exec(args: PsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let rows: Vec<Value> = shown
+    let mut rows: Vec<Value> = shown
         .iter()
         .zip(&probes)
         .map(|(entry, probe)| row(entry, probe.as_ref(), now))
         .collect();
+    for (i, router) in args.router.iter().enumerate() {
+        let name = if args.router.len() == 1 {
+            "router".to_owned()
+        } else {
+            format!("router-{}", i + 1)
+        };
+        rows.extend(runtime.block_on(fleet(&name, router.trim_end_matches('/'), shell)));
+    }
     if args.json {
         shell.data(&serde_json::to_string_pretty(&rows)?)?;
-    } else if rows.is_empty() {
+    } else if rows.is_empty() && args.router.is_empty() {
         shell.status(
             "none",
             &format!("no instance runs (state: {})", state_dir.display()),
@@ -76,6 +90,47 @@ pub fn exec(args: PsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         ));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A router and the instances it routes to, as rows: the router's own health, then
+/// each worker's health and load (vLLM's metric names, else SGLang's).
+async fn fleet(name: &str, router: &str, shell: &Shell) -> Vec<Value> {
+    let timeout = Duration::from_secs(3);
+    let families = [Family::Vllm, Family::Sglang];
+    let own = instances::probe_url(router, &[], timeout).await;
+    let mut rows = vec![json!({
+        "name": name,
+        "status": "router",
+        "engine": "router",
+        "url": router,
+        "health": own.health,
+    })];
+    let workers = match instances::router_workers(router, timeout).await {
+        Ok(w) => w,
+        Err(why) => {
+            shell.warn(&format!("{name} ({router}): its workers are unknown: {why}"));
+            return rows;
+        }
+    };
+    let probes = futures_util::future::join_all(
+        workers
+            .iter()
+            .map(|w| instances::probe_url(w, &families, timeout)),
+    )
+    .await;
+    for (i, (url, probe)) in workers.iter().zip(probes).enumerate() {
+        rows.push(json!({
+            "name": format!("{name}/{i}"),
+            "status": "worker",
+            "router": router,
+            "url": url,
+            "health": probe.health,
+            "running_requests": probe.running,
+            "waiting_requests": probe.waiting,
+            "kv_cache_usage": probe.kv_cache_usage,
+        }));
+    }
+    rows
 }
 
 /// One instance as `--json` shows it (the table is drawn from the same values).
