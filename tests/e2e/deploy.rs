@@ -307,7 +307,32 @@ fn the_kv_host_tier_is_in_the_pods_memory() {
     let (stream, stderr) = render_ok(&[&["--recipe", TITAN][..], &offload].concat());
     assert!(stream.contains("--kv-offloading-size"), "{stream}");
     assert!(
-        stderr.contains("`memory.kv_offload_bytes` keeps 100.00 GiB of KV in the engine's host memory, but `deploy.memory_request` (unset) does not ask for it"),
+        stderr.contains(
+            "`memory.kv_offload_bytes` keeps 100.00 GiB of KV in the engine's host memory: the pods request 100Gi for it"
+        ),
+        "{stderr}"
+    );
+    let d: Deployment = kind(&documents(&stream), "Deployment");
+    let requests = pod_spec(&d).containers[0]
+        .resources
+        .clone()
+        .and_then(|r| r.requests)
+        .expect("requests");
+    assert_eq!(requests["memory"].0, "100Gi");
+    let (compose, _) = render_ok(&[&["--recipe", TITAN, "--target", "compose"][..], &offload].concat());
+    assert!(
+        compose.contains(&format!("mem_reservation: {}", 100u64 << 30)),
+        "{compose}"
+    );
+    let (_, stderr) = render_ok(
+        &[
+            &["--recipe", TITAN, "--set", "deploy.memory_request=64Gi"][..],
+            &offload,
+        ]
+        .concat(),
+    );
+    assert!(
+        stderr.contains("more than `deploy.memory_request` (64Gi) asks for"),
         "{stderr}"
     );
     let (_, stderr) = render_ok(
@@ -317,7 +342,7 @@ fn the_kv_host_tier_is_in_the_pods_memory() {
         ]
         .concat(),
     );
-    assert!(!stderr.contains("does not ask for it"), "{stderr}");
+    assert!(!stderr.contains("kv_offload_bytes"), "{stderr}");
     // systemd: the recipe's limit is the unit's.
     let (units, _) = render_ok(&[
         "--recipe",

@@ -222,18 +222,22 @@ impl Plan {
                     offload: offload_text,
                 });
             }
-            if deploy
-                .memory_request
-                .as_ref()
-                .is_none_or(|r| r.value < offload as f64)
-            {
-                warnings.push(format!(
-                    "`memory.kv_offload_bytes` keeps {offload_text} of KV in the engine's host memory, but `deploy.memory_request` ({}) does not ask for it: set it to at least that plus the engine's own memory, so the pod lands where the memory is",
-                    deploy
-                        .memory_request
-                        .as_ref()
-                        .map_or("unset", |q| q.text.as_str())
-                ));
+            match &deploy.memory_request {
+                // Unset: the pods ask for the tier at least, so that the scheduler
+                // places them where it fits.
+                None => {
+                    let floor = sous_engine::recipe::Quantity::gibibytes_at_least(offload);
+                    warnings.push(format!(
+                        "`memory.kv_offload_bytes` keeps {offload_text} of KV in the engine's host memory: the pods request {} for it; the engine's own memory comes on top, which `deploy.memory_request` should add",
+                        floor.text
+                    ));
+                    deployed.deploy.memory_request = Some(floor);
+                }
+                Some(r) if r.value < offload as f64 => warnings.push(format!(
+                    "`memory.kv_offload_bytes` keeps {offload_text} of KV in the engine's host memory, more than `deploy.memory_request` ({}) asks for: set it to at least that plus the engine's own memory, so the pod lands where the memory is",
+                    r.text
+                )),
+                Some(_) => {}
             }
         }
         let router = &deploy.router;
