@@ -4,7 +4,8 @@
 //! sessions through it, its server figures scraped from every instance
 //! (`--instances`). Cache-aware routing keeps each conversation on the instance that
 //! holds its prefix, so the fleet's prefix-cache hit rate stays that of one instance
-//! alone; round-robin spreads the turns and loses most of it.
+//! alone; round-robin spreads the turns and loses most of it. And the router command
+//! line `sous deploy` renders is run through the real router's parser.
 
 use std::path::Path;
 use std::process::Command as Std;
@@ -250,5 +251,73 @@ fn cache_aware_routing_keeps_one_instances_prefix_hits() {
         round_robin.hit_rate < alone.hit_rate - 0.2 && round_robin.hit_rate < cache_aware.hit_rate - 0.1,
         "round-robin kept the hits, so the test shows nothing:\n{}",
         lines.join("\n")
+    );
+}
+
+/// The router command line `sous deploy` renders for Kubernetes is one the real
+/// vllm-router accepts: run here, outside a cluster, it parses every flag, fails only
+/// to reach the Kubernetes API its discovery needs, and starts.
+#[test]
+fn the_rendered_router_command_line_is_one_vllm_router_accepts() {
+    if python("the rendered router command line").is_none() {
+        return;
+    }
+    let bin = root().join("target/py/bin/vllm-router");
+    assert!(
+        bin.exists(),
+        "{bin:?}: scripts/python-env.sh installs vllm-router"
+    );
+    let empty = tempfile::tempdir().expect("tempdir");
+    let (code, stream, stderr) = run(sous()
+        .args([
+            "deploy",
+            "render",
+            "--recipe",
+            "recipes/titan/qwen3.8-flash-next.toml",
+        ])
+        .env("HF_HUB_CACHE", empty.path())
+        .env("HF_HUB_OFFLINE", "1"));
+    assert_eq!(code, 0, "{stderr}");
+    let router = stream
+        .split("---\n")
+        .filter_map(|d| serde_yaml_ng::from_str::<Value>(d).ok())
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "qwen3-8-flash-next-titan-router")
+        .expect("the router's Deployment");
+    let command: Vec<String> = router["spec"]["template"]["spec"]["containers"][0]["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .map(|a| a.as_str().expect("string").to_owned())
+        .collect();
+    assert_eq!(command[0], "vllm-router");
+    // What Kubernetes would do: fill $(POD_NAMESPACE); and ports free on this machine.
+    let port = free_port().to_string();
+    let metrics = free_port().to_string();
+    let mut args: Vec<String> = command[1..]
+        .iter()
+        .map(|a| a.replace("$(POD_NAMESPACE)", "default"))
+        .collect();
+    let set = |args: &mut Vec<String>, flag: &str, value: &str| {
+        let at = args
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("{flag} in {args:?}"));
+        args[at + 1] = value.to_owned();
+    };
+    set(&mut args, "--host", "127.0.0.1");
+    set(&mut args, "--port", &port);
+    set(&mut args, "--prometheus-host", "127.0.0.1");
+    set(&mut args, "--prometheus-port", &metrics);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let running = Running::start_program(Std::new(&bin), &args, &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline && health(port.parse().expect("port")).is_err() {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Up and answering (no worker yet: not healthy), after parsing every flag.
+    assert!(
+        health(port.parse().expect("port")).is_ok(),
+        "vllm-router did not start with the rendered flags:\n{}",
+        running.stderr()
     );
 }
