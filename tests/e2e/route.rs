@@ -106,14 +106,24 @@ fn router(bin: &Path, port: u16, policy: &str, workers: &[String]) -> Running {
     ];
     args.extend(workers.iter().map(String::as_str));
     let running = Running::start_program(Std::new(bin), &args, &[]);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    assert!(
+        answers(port, Duration::from_secs(60), |h| matches!(h, Ok((200, _)))),
+        "vllm-router did not become healthy: {}",
+        running.stderr()
+    );
+    running
+}
+
+/// Whether `/health` on `port` gives an answer `good` takes within `within`.
+fn answers(port: u16, within: Duration, good: impl Fn(&crate::util::Health) -> bool) -> bool {
+    let deadline = Instant::now() + within;
     while Instant::now() < deadline {
-        if matches!(health(port), Ok((200, _))) {
-            return running;
+        if good(&health(port)) {
+            return true;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    panic!("vllm-router did not become healthy: {}", running.stderr());
+    false
 }
 
 #[test]
@@ -310,13 +320,13 @@ fn the_rendered_router_command_line_is_one_vllm_router_accepts() {
     set(&mut args, "--prometheus-port", &metrics);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let running = Running::start_program(Std::new(&bin), &args, &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline && health(port.parse().expect("port")).is_err() {
-        std::thread::sleep(Duration::from_millis(200));
-    }
     // Up and answering (no worker yet: not healthy), after parsing every flag.
     assert!(
-        health(port.parse().expect("port")).is_ok(),
+        answers(
+            port.parse().expect("port"),
+            Duration::from_secs(30),
+            Result::is_ok
+        ),
         "vllm-router did not start with the rendered flags:\n{}",
         running.stderr()
     );

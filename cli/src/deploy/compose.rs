@@ -284,10 +284,7 @@ pub(super) fn render(plan: &Plan, warnings: &mut Vec<String>) -> Result<Vec<File
             format!("{}-router", plan.name),
             Service {
                 image: deploy.router.image.clone(),
-                entrypoint: router::program(deploy.router.kind)
-                    .into_iter()
-                    .map(str::to_owned)
-                    .collect(),
+                entrypoint: router::program(deploy.router.kind),
                 command: pod::argv_with(&args, escape, |var| secret(var, false)),
                 environment,
                 ports: vec![format!("{port}:{port}")],

@@ -212,16 +212,9 @@ impl Plan {
         // The KV cache's host tier lives in the engine's own memory: a limit below it
         // kills the engine once the tier fills; a request that does not count it lets
         // the scheduler place the pod where the memory is not.
+        check_offload_limit(recipe)?;
         if let Some(offload) = recipe.memory.kv_offload_bytes {
             let offload_text = sous_engine::size::gib(offload);
-            if let Some(limit) = &deploy.memory_limit
-                && limit.value < offload as f64
-            {
-                return Err(DeployError::OffloadAboveLimit {
-                    limit: limit.text.clone(),
-                    offload: offload_text,
-                });
-            }
             match &deploy.memory_request {
                 // Unset: the pods ask for the tier at least, so that the scheduler
                 // places them where it fits.
@@ -241,7 +234,7 @@ impl Plan {
             }
         }
         let router = &deploy.router;
-        if router.is_some() && router.image == format!("{}:{}", router.kind.as_str(), router.version) {
+        if router.is_some() && router.has_default_image() {
             warnings.push(format!(
                 "the router image {image} is the one `docker/router.Dockerfile` builds (no official image of {kind} is published): `docker build -f docker/router.Dockerfile --build-arg ROUTER={kind} --build-arg VERSION={version} -t {image} .`, or set `deploy.router.image`",
                 image = router.image,
@@ -452,6 +445,19 @@ impl Plan {
     /// Seconds a rollout may take: the first download, then the start-up.
     pub fn progress_deadline(&self) -> u64 {
         (self.recipe.deploy.download_timeout + self.recipe.server.startup_timeout).as_secs()
+    }
+}
+
+/// Refuses a `deploy.memory_limit` below `memory.kv_offload_bytes`, for every target:
+/// the KV cache's host tier lives in the engine's own memory, and the engine would be
+/// killed once it fills.
+pub fn check_offload_limit(recipe: &Recipe) -> Result<(), DeployError> {
+    match (recipe.memory.kv_offload_bytes, &recipe.deploy.memory_limit) {
+        (Some(offload), Some(limit)) if limit.value < offload as f64 => Err(DeployError::OffloadAboveLimit {
+            limit: limit.text.clone(),
+            offload: sous_engine::size::gib(offload),
+        }),
+        _ => Ok(()),
     }
 }
 

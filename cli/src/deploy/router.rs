@@ -36,11 +36,12 @@ pub enum Workers {
 }
 
 /// The router's program: argv before the flags.
-pub fn program(kind: RouterKind) -> Vec<&'static str> {
-    match kind {
-        RouterKind::SglangRouter => vec!["python3", "-m", "sglang_router.launch_router"],
-        _ => vec!["vllm-router"],
-    }
+pub fn program(kind: RouterKind) -> Vec<String> {
+    let argv: &[&str] = match kind {
+        RouterKind::SglangRouter => &["python3", "-m", "sglang_router.launch_router"],
+        _ => &["vllm-router"],
+    };
+    argv.iter().map(|a| (*a).to_owned()).collect()
 }
 
 /// The router's flags (not the program), listening on `host`; a secret (the API key

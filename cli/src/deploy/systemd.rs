@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 
 use sous_engine::recipe::Recipe;
 
-use super::pod::argv_with;
+use super::pod::{argv_with, check_offload_limit};
 use super::router::{self, Workers};
 use super::{DeployError, File, Options};
 
@@ -31,14 +31,7 @@ pub(super) fn render(recipe: &Recipe, options: &Options) -> Result<Vec<File>, De
     let recipe_file = format!("{}.toml", recipe.name);
     let recipe_path = format!("{ETC_DIR}/{recipe_file}");
     let gpus = recipe.gpus();
-    if let (Some(offload), Some(limit)) = (recipe.memory.kv_offload_bytes, &deploy.memory_limit)
-        && limit.value < offload as f64
-    {
-        return Err(DeployError::OffloadAboveLimit {
-            limit: limit.text.clone(),
-            offload: sous_engine::size::gib(offload),
-        });
-    }
+    check_offload_limit(recipe)?;
     if let Some(per_node) = deploy.gpus_per_node
         && gpus > per_node
     {
@@ -160,10 +153,7 @@ fn router_unit(recipe: &Recipe, options: &Options, instances: &[(String, u16)]) 
     );
     let program = match &options.router_bin {
         Some(bin) => vec![bin.clone()],
-        None => router::program(deploy.router.kind)
-            .into_iter()
-            .map(str::to_owned)
-            .collect(),
+        None => router::program(deploy.router.kind),
     };
     let args = router::args(recipe, &recipe.server.host, &workers);
     let exec: Vec<String> = program

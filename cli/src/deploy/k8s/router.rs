@@ -85,10 +85,7 @@ pub(super) fn objects(plan: &Plan, names: &Names, engines: &BTreeMap<String, Str
         namespace,
         port: plan.port(),
     };
-    let mut command: Vec<String> = router::program(deploy.router.kind)
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
+    let mut command = router::program(deploy.router.kind);
     // Kubernetes expands `$(NAME)` in a command from the container's environment.
     let args = router::args(&plan.recipe, "0.0.0.0", &workers);
     command.extend(pod::argv_with(&args, pod::escape_dollars, |var| {

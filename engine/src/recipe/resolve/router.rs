@@ -39,6 +39,20 @@ impl Router {
         self.kind != RouterKind::None
     }
 
+    /// The image rendered when `deploy.router.image` is unset: `KIND:VERSION`, built
+    /// from the repository's `docker/router.Dockerfile`.
+    pub fn default_image(kind: RouterKind, version: &str) -> String {
+        match kind {
+            RouterKind::SglangRouter => format!("sglang-router:{version}"),
+            _ => format!("vllm-router:{version}"),
+        }
+    }
+
+    /// Whether the image is that default one (which no registry publishes).
+    pub fn has_default_image(&self) -> bool {
+        self.image == Router::default_image(self.kind, &self.version)
+    }
+
     /// Back to the recipe's section, defaults written out (of a router that is not
     /// there, only that).
     pub fn to_section(&self) -> RouterSection {
@@ -138,10 +152,7 @@ pub(super) fn resolve_router(
         (None, RouterKind::SglangRouter) => SGLANG_ROUTER_VERSION.to_owned(),
         (None, _) => VLLM_ROUTER_VERSION.to_owned(),
     };
-    let image = raw.image.unwrap_or_else(|| match kind {
-        RouterKind::SglangRouter => format!("sglang-router:{version}"),
-        _ => format!("vllm-router:{version}"),
-    });
+    let image = raw.image.unwrap_or_else(|| Router::default_image(kind, &version));
     Ok(Router {
         kind,
         policy,
