@@ -219,6 +219,50 @@ fn the_native_engine_speaks_openai_and_vllm() {
         let n = json_of(&text)["usage"]["prompt_tokens"].as_u64().expect("prompt tokens") as usize;
         assert_eq!(lp.as_array().map(Vec::len), Some(n), "{text}");
         assert!(lp[0].is_null() && lp[1].is_object(), "{text}");
+        let body = json!({"prompt": "The capital of France is Paris.", "max_tokens": 1, "prompt_logprobs": 3});
+        let (_, text) = post(&client, &url("/v1/completions"), &body.to_string(), key).await;
+        let entry = json_of(&text)["choices"][0]["prompt_logprobs"][2].clone();
+        let mut ranks: Vec<u64> = entry.as_object().expect("entry").values().filter_map(|v| v["rank"].as_u64()).collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        assert!(ranks.starts_with(&[1, 2, 3]), "the top entries rank 1..=3, as vLLM's: {entry}");
+
+        // Echo with log-probabilities, as lm-evaluation-harness scores a choice: the prompt
+        // first, its tokens' log-probabilities (none for the first), then the output's.
+        let body = json!({"prompt": "The capital of France is", "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": true});
+        let (status, text) = post(&client, &url("/v1/completions"), &body.to_string(), key).await;
+        assert_eq!(status, 200, "{text}");
+        let choice = &json_of(&text)["choices"][0];
+        assert!(choice["text"].as_str().is_some_and(|t| t.starts_with("The capital of France is") && t.len() > 24), "{text}");
+        let values = choice["logprobs"]["token_logprobs"].as_array().expect("token_logprobs");
+        let tokens = choice["logprobs"]["tokens"].as_array().expect("tokens");
+        assert_eq!(values.len(), tokens.len());
+        assert_eq!(tokens[0], "The");
+        assert!(values[0].is_null() && values[1..].iter().all(Value::is_f64), "{text}");
+        // The prompt's log-probabilities are those prompt_logprobs gives.
+        let body = json!({"prompt": "The capital of France is", "max_tokens": 1, "prompt_logprobs": 0});
+        let (_, plain) = post(&client, &url("/v1/completions"), &body.to_string(), key).await;
+        let first = json_of(&plain)["choices"][0]["prompt_logprobs"][1].as_object().expect("entry").values().next().expect("one")["logprob"].clone();
+        assert_eq!(values[1], first);
+        let body = json!({"prompt": "x", "max_tokens": 1, "echo": true, "stream": true});
+        let (status, text) = post(&client, &url("/v1/completions"), &body.to_string(), key).await;
+        assert_eq!((status, json_of(&text)["error"]["param"].as_str()), (400, Some("echo")), "{text}");
+
+        // vLLM's tokenizer endpoints, outside /v1 and its key (lm-evaluation-harness's
+        // `tokenizer_backend=remote` reads them).
+        let tokens = client.post(url("/tokenize")).json(&json!({"prompt": "Hello world"})).send().await.expect("tokenize");
+        let tokens: Value = tokens.json().await.expect("json");
+        let ids = tokens["tokens"].as_array().expect("tokens").clone();
+        assert_eq!(tokens["count"].as_u64(), Some(ids.len() as u64));
+        assert!(tokens["max_model_len"].as_u64().is_some(), "{tokens}");
+        let text: Value = client.post(url("/detokenize")).json(&json!({"tokens": ids})).send().await.expect("detokenize").json().await.expect("json");
+        assert_eq!(text["prompt"], "Hello world");
+        let info: Value = client.get(url("/tokenizer_info")).send().await.expect("info").json().await.expect("json");
+        assert_eq!(info["eos_token"], "<|im_end|>", "{info}");
+        assert!(info["chat_template"].as_str().is_some_and(|t| t.contains("im_start")), "{info}");
+        assert!(info.get("added_tokens_decoder").is_none());
+        let bad = client.post(url("/detokenize")).json(&json!({"tokens": [1u64 << 40]})).send().await.expect("detokenize");
+        assert_eq!(bad.status(), 400);
 
         // vLLM's metric names, read back after the requests above.
         let metrics = client.get(url("/metrics")).send().await.expect("metrics").text().await.expect("text");

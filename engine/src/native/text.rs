@@ -23,6 +23,9 @@ pub struct TextModel {
     /// Sampling defaults from `generation_config.json` (vLLM's `--generation-config
     /// auto`): used for the fields a request leaves out.
     pub defaults: GenerationDefaults,
+    /// What vLLM's `/tokenizer_info` answers: `tokenizer_config.json` with special
+    /// tokens as their text, the chat template, and `tokenizer_class`.
+    pub info: Value,
 }
 
 impl std::fmt::Debug for TextModel {
@@ -113,12 +116,14 @@ impl TextModel {
             min_p: float("min_p"),
             repetition_penalty: float("repetition_penalty"),
         };
+        let info = tokenizer_info(tokenizer_config.as_ref(), dir);
         Ok(TextModel {
             tokenizer,
             chat,
             chat_missing,
             eos,
             defaults,
+            info,
         })
     }
 
@@ -140,6 +145,36 @@ impl TextModel {
     pub fn token_text(&self, id: u32) -> String {
         self.tokenizer.decode(&[id], false).unwrap_or_default()
     }
+}
+
+/// The tokenizer's settings as vLLM's `/tokenizer_info` gives them
+/// (`vllm@0.33.0:vllm/entrypoints/serve/tokenize/serving.py`, `TokenizerInfoResponse`):
+/// the keys of `tokenizer_config.json` without the added-token table, special tokens
+/// written as their text (the file may hold them as `{"content": ...}` objects), the chat
+/// template of `chat_template.jinja` where the file has none, and `tokenizer_class`.
+/// lm-evaluation-harness reads `eos_token` and the template from it.
+fn tokenizer_info(config: Option<&Value>, dir: &Path) -> Value {
+    let mut info = serde_json::Map::new();
+    if let Some(Value::Object(map)) = config {
+        for (key, value) in map {
+            if key == "added_tokens_decoder" {
+                continue;
+            }
+            let value = match value.get("content").and_then(Value::as_str) {
+                Some(text) if key.ends_with("_token") => Value::String(text.to_owned()),
+                _ => value.clone(),
+            };
+            info.insert(key.clone(), value);
+        }
+    }
+    if !info.contains_key("chat_template")
+        && let Ok(template) = std::fs::read_to_string(dir.join(crate::chat::TEMPLATE_FILE))
+    {
+        info.insert("chat_template".into(), Value::String(template));
+    }
+    info.entry("tokenizer_class")
+        .or_insert_with(|| Value::String("PreTrainedTokenizerFast".into()));
+    Value::Object(info)
 }
 
 /// Turns a stream of token ids into a stream of text, a piece at a time, never cutting a

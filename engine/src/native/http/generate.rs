@@ -12,7 +12,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use super::openai::{ApiError, chat_logprobs_json, completion_logprobs_json, prompt_logprobs_json, usage};
+use super::openai::{
+    ApiError, chat_logprobs_json, completion_logprobs_json, echo_logprobs_json, prompt_logprobs_json, usage,
+};
 use super::params::Job;
 use super::stream::stream;
 use super::{App, now_secs};
@@ -61,6 +63,8 @@ pub(super) struct Output {
     /// Chat: `[{token, logprob, bytes, top_logprobs}]`; completions: built from the same.
     pub(super) logprobs: Vec<(String, TokenLogprobs)>,
     pub(super) prompt_logprobs: Option<Value>,
+    /// The prompt's log-probabilities as the engine gave them (for `echo`).
+    pub(super) prompt_raw: Vec<Option<TokenLogprobs>>,
 }
 
 /// Reads events until a piece of text can be sent or the request ends. Returns the
@@ -77,7 +81,10 @@ pub(super) async fn next_piece(
             return Ok((out.stops.flush(), lps, Some(FinishReason::Abort)));
         };
         match event {
-            Event::PromptLogprobs(lp) => out.prompt_logprobs = Some(prompt_logprobs_json(app, &lp)),
+            Event::PromptLogprobs(lp) => {
+                out.prompt_logprobs = Some(prompt_logprobs_json(app, &lp));
+                out.prompt_raw = lp;
+            }
             Event::Token {
                 id,
                 logprobs,
@@ -122,6 +129,7 @@ pub(super) async fn generate(app: Arc<App>, job: Job, kind: Kind) -> Result<Resp
         cached: 0,
         logprobs: Vec::new(),
         prompt_logprobs: None,
+        prompt_raw: Vec::new(),
     };
     let (id, created) = (
         app.id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }),
@@ -150,8 +158,14 @@ pub(super) async fn generate(app: Arc<App>, job: Job, kind: Kind) -> Result<Resp
         }),
         Kind::Completion => json!({
             "index": 0,
-            "text": text,
-            "logprobs": job.params.logprobs.map(|_| completion_logprobs_json(&app, &out.logprobs, 0)),
+            "text": match &job.echo {
+                Some(prompt) => format!("{prompt}{text}"),
+                None => text,
+            },
+            "logprobs": job.params.logprobs.map(|_| match &job.echo {
+                Some(_) => echo_logprobs_json(&app, &job.prompt, &out.prompt_raw, &out.logprobs),
+                None => completion_logprobs_json(&app, &out.logprobs, 0),
+            }),
             "finish_reason": finish,
             "stop_reason": null,
             "prompt_logprobs": out.prompt_logprobs,

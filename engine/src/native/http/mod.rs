@@ -1,5 +1,5 @@
 //! The native engine's HTTP API: OpenAI's chat and text completions (streamed or not),
-//! the model list, health, version and Prometheus metrics, with vLLM's behaviour where
+//! the model list, health, version, Prometheus metrics and the tokenizer endpoints, with vLLM's behaviour where
 //! OpenAI says nothing (`vllm@0.33.0:vllm/entrypoints/openai/`): the extra sampling
 //! fields (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`,
 //! `prompt_logprobs`), `max_tokens` defaulting to what the context has left, the
@@ -18,6 +18,7 @@
 //! - `params`: request fields checked and turned into sampling settings.
 //! - `generate`: submitting a request to the engine loop and the whole-body response.
 //! - `stream`: the server-sent-events response.
+//! - `tokenize`: vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info`.
 //!
 //! Scheduling, sampling and the model are not here: they belong to the engine loop
 //! ([`super::core`]), which the API reaches only through its command channel.
@@ -28,6 +29,7 @@ mod params;
 mod routes;
 mod server;
 mod stream;
+mod tokenize;
 
 pub use server::serve;
 

@@ -151,9 +151,9 @@ pub(super) fn prompt_logprobs_json(app: &App, lp: &[Option<TokenLogprobs>]) -> V
                         t.token.to_string(),
                         json!({"logprob": t.logprob, "rank": t.rank, "decoded_token": app.text.token_text(t.token)}),
                     );
-                    for (id, logprob) in &t.top {
+                    for (rank, (id, logprob)) in (1..).zip(&t.top) {
                         map.entry(id.to_string()).or_insert_with(|| {
-                            json!({"logprob": logprob, "rank": 0, "decoded_token": app.text.token_text(*id)})
+                            json!({"logprob": logprob, "rank": rank, "decoded_token": app.text.token_text(*id)})
                         });
                     }
                     Value::Object(map)
@@ -200,6 +200,57 @@ pub(super) fn completion_logprobs_json(app: &App, lps: &[(String, TokenLogprobs)
         }).collect::<Vec<_>>(),
         "text_offset": offsets,
     })
+}
+
+/// The `logprobs` of an echoed completion, as vLLM gives them: the prompt's tokens first
+/// (the first without a log-probability), then the output's, each position's top entries
+/// including the token itself.
+pub(super) fn echo_logprobs_json(
+    app: &App,
+    prompt: &[u32],
+    prompt_lps: &[Option<TokenLogprobs>],
+    output: &[(String, TokenLogprobs)],
+) -> Value {
+    let mut tokens = Vec::new();
+    let mut values = Vec::new();
+    let mut tops = Vec::new();
+    let top_map = |lp: &TokenLogprobs| {
+        let mut m = serde_json::Map::new();
+        for (id, v) in &lp.top {
+            m.insert(app.text.token_text(*id), json!(v));
+        }
+        m.entry(app.text.token_text(lp.token))
+            .or_insert(json!(lp.logprob));
+        Value::Object(m)
+    };
+    for (i, &id) in prompt.iter().enumerate() {
+        tokens.push(app.text.token_text(id));
+        match prompt_lps.get(i).and_then(Option::as_ref) {
+            Some(lp) => {
+                values.push(json!(lp.logprob));
+                tops.push(top_map(lp));
+            }
+            None => {
+                values.push(Value::Null);
+                tops.push(Value::Null);
+            }
+        }
+    }
+    for (text, lp) in output {
+        tokens.push(text.clone());
+        values.push(json!(lp.logprob));
+        tops.push(top_map(lp));
+    }
+    let mut at = 0;
+    let offsets: Vec<usize> = tokens
+        .iter()
+        .map(|t| {
+            let here = at;
+            at += t.len();
+            here
+        })
+        .collect();
+    json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
 }
 
 pub(super) fn usage(prompt: usize, completion: usize, cached: usize) -> Value {

@@ -18,6 +18,9 @@ pub(super) struct Job {
     pub(super) stops: Vec<String>,
     pub(super) stream: bool,
     pub(super) include_usage: bool,
+    /// Completions with `echo`: the prompt's text, which the answer starts with (and,
+    /// with `logprobs`, the prompt tokens' log-probabilities before the output's).
+    pub(super) echo: Option<String>,
 }
 
 impl App {
@@ -174,6 +177,7 @@ impl App {
             stops,
             stream: c.stream,
             include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            echo: None,
         })
     }
 }

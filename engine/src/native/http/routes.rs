@@ -31,6 +31,9 @@ pub(super) fn router(app: Arc<App>) -> Router {
         .route("/ping", get(health).post(health))
         .route("/version", get(version))
         .route("/metrics", get(metrics))
+        .route("/tokenize", post(super::tokenize::tokenize))
+        .route("/detokenize", post(super::tokenize::detokenize))
+        .route("/tokenizer_info", get(super::tokenize::tokenizer_info))
         .merge(v1)
         .fallback(not_found)
         .with_state(app)
@@ -213,10 +216,10 @@ async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Byte
 async fn completions_inner(app: Arc<App>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let req: CompletionBody = parse(&headers, &body)?;
     app.check_model(&req.common.model)?;
-    if req.echo {
+    if req.echo && req.common.stream {
         return Err(ApiError::field(
             "echo",
-            "`echo` is not supported by the native engine",
+            "the native engine echoes the prompt in whole responses only; send `stream: false`",
         ));
     }
     let one = |v: &Value| -> Result<Vec<u32>, ApiError> {
@@ -240,6 +243,11 @@ async fn completions_inner(app: Arc<App>, headers: HeaderMap, body: Bytes) -> Re
             )),
         }
     };
+    let prompt_text = match &req.prompt {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(items) if items.len() == 1 => items[0].as_str().map(str::to_owned),
+        _ => None,
+    };
     let prompt = match &req.prompt {
         Value::Array(items) if !items.is_empty() && !items[0].is_u64() => {
             if items.len() != 1 {
@@ -262,6 +270,19 @@ async fn completions_inner(app: Arc<App>, headers: HeaderMap, body: Bytes) -> Re
             ));
         }
     };
-    let job = app.job(&req.common, prompt, logprobs)?;
+    let mut job = app.job(&req.common, prompt, logprobs)?;
+    if req.echo {
+        // vLLM answers `echo` with the prompt as given, or decoded when given as ids, and
+        // scores the prompt tokens at the `logprobs` asked for
+        // (`vllm@0.33.0:vllm/entrypoints/openai/completion/serving.py`).
+        job.echo = Some(match prompt_text {
+            Some(text) => text,
+            None => app.text.tokenizer.decode(&job.prompt, false).unwrap_or_default(),
+        });
+        if let Some(n) = logprobs {
+            let asked = job.params.prompt_logprobs.unwrap_or(0);
+            job.params.prompt_logprobs = Some(asked.max(n));
+        }
+    }
     generate(app, job, Kind::Completion).await
 }
