@@ -21,6 +21,8 @@
 //!   `ps`, `logs`, `stop` and `run`.
 //! - [`cache`]: what the Hub cache and sous's cache hold (models, revisions, quantized
 //!   variants, sizes, provenance), for `list` and `rm`.
+//! - [`eval`]: what a recipe costs in quality: perplexity, KL divergence against a
+//!   baseline, and task accuracy through lm-evaluation-harness.
 //! - [`tune`]: `sous tune`'s levers, trials, intervals, verdicts, journal and the
 //!   tuned recipe's text.
 //! - [`error`]: what class of failure each error is (the user's or sous's) and what
@@ -35,6 +37,7 @@ pub mod cache;
 pub mod deploy;
 pub mod doctor;
 pub mod error;
+pub mod eval;
 pub mod hub;
 pub mod import;
 pub mod instances;

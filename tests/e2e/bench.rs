@@ -23,9 +23,9 @@ fn numpy_percentile(values: &[f64], p: f64) -> f64 {
     v[lo] + (v[hi] - v[lo]) * (rank - lo as f64)
 }
 
-struct Fake {
+pub(crate) struct Fake {
     child: std::process::Child,
-    port: u16,
+    pub(crate) port: u16,
     _dir: tempfile::TempDir,
     delays: PathBuf,
 }
@@ -37,7 +37,7 @@ impl Drop for Fake {
     }
 }
 
-fn fake(envs: &[(&str, &str)]) -> Fake {
+pub(crate) fn fake(envs: &[(&str, &str)]) -> Fake {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir_all(dir.path().join("model")).expect("model dir");
     let port = free_port();

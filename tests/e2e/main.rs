@@ -9,6 +9,7 @@ mod bench;
 mod broken;
 mod deploy;
 mod doctor;
+mod eval;
 mod everyday;
 mod hub_python;
 mod native;

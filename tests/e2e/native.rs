@@ -12,14 +12,14 @@ use serde_json::{Value, json};
 
 use crate::util::{Mirror, Poller, Running, alive, cpu_exclusive, free_port, python, root, smollm2};
 
-struct Server {
-    running: Running,
-    url: String,
+pub(crate) struct Server {
+    pub(crate) running: Running,
+    pub(crate) url: String,
     _dir: tempfile::TempDir,
 }
 
 /// `sous serve` on a recipe serving `model` with `extra` TOML, ready.
-fn serve(model: &Path, extra: &str, server_extra: &str, envs: &[(&str, &str)]) -> Server {
+pub(crate) fn serve(model: &Path, extra: &str, server_extra: &str, envs: &[(&str, &str)]) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let recipe = dir.path().join("native.toml");

@@ -686,13 +686,8 @@ async fn measure(
     recipe_key: Option<String>,
     shell: &Shell,
 ) -> anyhow::Result<ExitCode> {
-    let key = match &common.api_key_env {
-        Some(var) => Some(std::env::var(var).map_err(|_| {
-            UserError::new(
-                format!("--api-key-env: `{var}` is not set"),
-                Some(&format!("export {var}=...")),
-            )
-        })?),
+    let key = match super::api_key(common.api_key_env.as_deref())? {
+        Some(key) => Some(key),
         None => recipe_key,
     };
     let target = Target {

@@ -5,6 +5,7 @@ mod bench;
 mod completions;
 mod deploy;
 mod doctor;
+mod eval;
 mod hub;
 mod import;
 mod kernels;
@@ -82,6 +83,9 @@ enum Command {
     /// Measure a server: probe, sweep, prefix, agent workloads; compare reports.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// What a recipe costs in quality: perplexity over a text, KL divergence and
+    /// top-token agreement against a baseline, task accuracy by lm-evaluation-harness.
+    Eval(eval::EvalArgs),
     /// From a baseline recipe to a measured, tuned one: each lever tried alone against
     /// the same seeded workload, the ones that helped combined, a recipe that extends
     /// the baseline written with each gain.
@@ -110,6 +114,7 @@ pub fn run(cli: Cli, shell: &Shell) -> anyhow::Result<ExitCode> {
         Command::Bench(cmd) => bench::exec(cmd, shell),
         Command::Plan(args) => plan::exec(args, shell),
         Command::Kernels(cmd) => kernels::exec(cmd, shell),
+        Command::Eval(args) => eval::exec(args, shell),
         Command::Tune(args) => tune::exec(args, shell),
         Command::Deploy(cmd) => deploy::exec(cmd, shell),
         Command::Ps(args) => ps::exec(args, shell),
@@ -140,6 +145,20 @@ pub fn load_recipe(path: &Path, overrides: &OverrideArgs) -> anyhow::Result<Load
         layered.set(arg)?;
     }
     sous_engine::recipe::load(path, &layered).with_context(|| format!("recipe {}", display(path)))
+}
+
+/// The API key in the environment variable `--api-key-env` names, if it names one; an
+/// unset variable is the user's error.
+pub fn api_key(var: Option<&str>) -> anyhow::Result<Option<String>> {
+    let Some(var) = var else { return Ok(None) };
+    match std::env::var(var) {
+        Ok(key) => Ok(Some(key)),
+        Err(_) => Err(crate::failure::UserError::new(
+            format!("--api-key-env: `{var}` is not set"),
+            Some(&format!("export {var}=...")),
+        )
+        .into()),
+    }
 }
 
 /// The async runtime of the commands that talk over the network or run engines.

@@ -1,0 +1,323 @@
+//! `sous eval` against the native engine serving the test model: perplexity equal to
+//! the single-request figure, llama.cpp's windows, a quantized and a speculative recipe
+//! against the bf16 one, lm-evaluation-harness on the shipped task, resuming after a
+//! failure, and the refusals (a text shorter than a window, a window longer than the
+//! server's context, a server without prompt log-probabilities).
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::util::{Mirror, cpu_exclusive, free_port, python, root, run, smollm2, sous};
+
+/// `sous serve` of the test model in bf16 (the shipped recipe's arithmetic), ready.
+fn serve(model: &Path) -> crate::native::Server {
+    crate::native::serve(
+        model,
+        "[serving]\ndtype = \"bfloat16\"\nmax_model_len = 8192\n",
+        "",
+        &[],
+    )
+}
+
+/// `sous eval ARGS --json` with its state in `state`: exit code, report, stderr.
+fn eval(state: &Path, args: &[&str]) -> (i32, Value, String) {
+    let (code, stdout, stderr) = run(sous()
+        .arg("eval")
+        .args(args)
+        .arg("--json")
+        .env("SOUS_STATE_DIR", state));
+    (code, serde_json::from_str(&stdout).unwrap_or(Value::Null), stderr)
+}
+
+/// The perplexity of the whole text from one `prompt_logprobs` request, computed here.
+fn single_request_perplexity(url: &str, text: &str) -> f64 {
+    let body = json!({"model": "smollm2", "prompt": text, "max_tokens": 1, "prompt_logprobs": 0});
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let answer: Value = runtime.block_on(async {
+        let response = reqwest::Client::new()
+            .post(format!("{url}/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .expect("an answer");
+        response.json().await.expect("JSON")
+    });
+    let entries = answer["choices"][0]["prompt_logprobs"]
+        .as_array()
+        .expect("prompt_logprobs");
+    let lps: Vec<f64> = entries
+        .iter()
+        .skip(1)
+        .map(|e| {
+            // With k = 0 each entry holds the prompt's token only.
+            let map = e.as_object().expect("entry");
+            assert_eq!(map.len(), 1);
+            map.values()
+                .next()
+                .and_then(|v| v["logprob"].as_f64())
+                .expect("logprob")
+        })
+        .collect();
+    (-lps.iter().sum::<f64>() / lps.len() as f64).exp()
+}
+
+#[test]
+fn perplexity_by_windows_and_against_a_baseline() {
+    let _cpu = cpu_exclusive();
+    let Some(model) = smollm2() else { return };
+    let server = serve(&model);
+    let url = server.url.as_str();
+    let state = tempfile::tempdir().expect("state");
+    let alice = std::fs::read_to_string(root().join("scripts/bench/data/alice-chapter1.txt")).expect("text");
+
+    // One window holding the whole text: the single-request figure, and the one
+    // BENCHMARKS.md gives for the shipped recipe (bf16 arithmetic, bf16 KV cache).
+    let (code, whole, stderr) = eval(state.path(), &["--url", url, "--whole"]);
+    assert_eq!(code, 0, "{stderr}");
+    let ppl = whole["runs"][0]["perplexity"]["perplexity"]["value"]
+        .as_f64()
+        .expect("perplexity");
+    let direct = single_request_perplexity(url, &alice);
+    assert!((ppl - direct).abs() < 1e-9 * direct, "{ppl} vs {direct}");
+    assert_eq!(format!("{ppl:.4}"), "17.9907");
+    assert_eq!(whole["runs"][0]["perplexity"]["tokens"], 2937);
+
+    // llama.cpp's cut: 512-token windows, the last 255 of each scored, the rest dropped.
+    let (code, windows, stderr) = eval(state.path(), &["--url", url]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(windows["windows"], 5);
+    assert_eq!(windows["cut"]["score_from"], 256);
+    assert_eq!(windows["runs"][0]["perplexity"]["tokens"], 5 * 255);
+    let windowed = windows["runs"][0]["perplexity"]["perplexity"]["value"]
+        .as_f64()
+        .expect("ppl");
+    assert!(
+        (windowed - ppl).abs() > 1e-3,
+        "a shorter context gives another figure"
+    );
+
+    // The candidate's server is down: the baseline's windows are kept, and the same
+    // command, once the candidate answers, resumes from them.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let (code, _, stderr) = eval(
+        state.path(),
+        &["--url", &dead, "--baseline-url", url, "--chunks", "2"],
+    );
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("cannot reach"), "{stderr}");
+    let (code, same, stderr) = eval(
+        state.path(),
+        &["--url", url, "--baseline-url", url, "--chunks", "2"],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("2 of 2 windows already scored"), "{stderr}");
+    // A server against itself: no divergence, the same top token everywhere.
+    let c = &same["comparison"];
+    assert_eq!(c["tokens"], 2 * 255);
+    assert_eq!(c["kld_mean"]["value"].as_f64(), Some(0.0), "{c}");
+    assert_eq!(c["top1_agreement"]["value"].as_f64(), Some(1.0), "{c}");
+    assert_eq!(c["delta_perplexity"]["value"].as_f64(), Some(0.0), "{c}");
+    // Reported: nothing left to resume.
+    let left = std::fs::read_dir(state.path().join("evals")).map_or(0, |d| {
+        d.flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "jsonl"))
+            .count()
+    });
+    assert_eq!(left, 0);
+
+    // Refusals: a text shorter than one window, a window longer than the context.
+    let short = state.path().join("short.txt");
+    std::fs::write(&short, "Alice was beginning to get very tired.").expect("short text");
+    let (code, _, stderr) = eval(
+        state.path(),
+        &["--url", url, "--text", short.to_str().expect("utf-8")],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("one window of --ctx 512 needs at least 512"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("hint:"), "{stderr}");
+    let long = alice.repeat(4);
+    let long_path = state.path().join("long.txt");
+    std::fs::write(&long_path, long).expect("long text");
+    let (code, _, stderr) = eval(
+        state.path(),
+        &[
+            "--url",
+            url,
+            "--text",
+            long_path.to_str().expect("utf-8"),
+            "--ctx",
+            "8192",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("does not fit the server's max_model_len 8192"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn shipped_recipes_against_the_bf16_one() {
+    let _cpu = cpu_exclusive();
+    let Some(_) = smollm2() else { return };
+    let mirror = Mirror::start(&root().join("target/models"), &[], &[]);
+    let work = tempfile::tempdir().expect("tempdir");
+    let (cache, sous_cache) = (work.path().join("hub"), work.path().join("sous-cache"));
+    let envs = [
+        ("HF_ENDPOINT", mirror.url.as_str()),
+        ("HF_HUB_CACHE", cache.to_str().expect("utf-8")),
+        ("SOUS_CACHE_DIR", sous_cache.to_str().expect("utf-8")),
+    ];
+    let (p1, p2) = (
+        format!("server.port={}", free_port()),
+        format!("server.port={}", free_port()),
+    );
+    let eval = |candidate: &str, extra: &[&str]| {
+        let (code, stdout, stderr) = run(sous()
+            .args(["eval", "--recipe", candidate, "--set", &p1])
+            .args([
+                "--baseline",
+                "recipes/local/smollm2-135m.toml",
+                "--baseline-set",
+                &p2,
+            ])
+            .args(["--chunks", "2", "--json"])
+            .args(extra)
+            .envs(envs)
+            .env("SOUS_STATE_DIR", work.path()));
+        (
+            code,
+            serde_json::from_str::<Value>(&stdout).unwrap_or(Value::Null),
+            stderr,
+        )
+    };
+
+    // Speculative decoding changes nothing a prompt's scores show.
+    let (code, ngram, stderr) = eval("recipes/local/smollm2-135m-ngram.toml", &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let c = &ngram["comparison"];
+    assert_eq!(c["kld_max"].as_f64(), Some(0.0), "{c}");
+    assert_eq!(c["top1_agreement"]["value"].as_f64(), Some(1.0), "{c}");
+    assert_eq!(ngram["runs"][0]["label"], "smollm2-135m");
+    assert_eq!(ngram["runs"][1]["label"], "smollm2-135m-ngram");
+
+    // NVFP4 weights cost a 135M model a good deal; the quality gate says so and fails.
+    let (code, nvfp4, stderr) = eval("recipes/local/smollm2-135m-nvfp4.toml", &["--max-kld", "0.01"]);
+    assert_eq!(code, 1, "the gate fails the run: {stderr}");
+    assert!(stderr.contains("exceeds --max-kld 0.01"), "{stderr}");
+    let c = &nvfp4["comparison"];
+    assert!(c["kld_mean"]["value"].as_f64().is_some_and(|k| k > 0.01), "{c}");
+    assert!(c["kld_p99"].as_f64() >= c["kld_mean"]["value"].as_f64(), "{c}");
+    assert!(
+        c["top1_agreement"]["value"]
+            .as_f64()
+            .is_some_and(|a| a < 0.95 && a > 0.5),
+        "{c}"
+    );
+    assert!(
+        c["delta_perplexity"]["value"].as_f64().is_some_and(|d| d > 0.0),
+        "{c}"
+    );
+}
+
+#[test]
+fn lm_evaluation_harness_runs_the_shipped_task() {
+    let _cpu = cpu_exclusive();
+    let Some(model) = smollm2() else { return };
+    let Some(python) = python("lm-evaluation-harness through the native engine") else {
+        return;
+    };
+    let lm_eval = python.with_file_name("lm_eval");
+    let server = serve(&model);
+    let state = tempfile::tempdir().expect("state");
+    let out = state.path().join("out");
+    let (code, report, stderr) = eval(
+        state.path(),
+        &[
+            "--url",
+            &server.url,
+            "--chunks",
+            "1",
+            "--tasks",
+            "sous_capitals",
+            "--lm-eval",
+            lm_eval.to_str().expect("utf-8"),
+            "--out",
+            out.to_str().expect("utf-8"),
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let task = &report["runs"][0]["tasks"][0];
+    assert_eq!(task["task"], "sous_capitals", "{report}");
+    assert_eq!(task["samples"], 32);
+    let acc = task["metrics"]
+        .as_array()
+        .expect("metrics")
+        .iter()
+        .find(|m| m["name"] == "acc")
+        .expect("acc");
+    // A 135M model knows some capitals: better than the 25 % of guessing.
+    assert!(
+        acc["value"].as_f64().is_some_and(|a| a > 0.25 && a <= 1.0),
+        "{acc}"
+    );
+    assert!(acc["stderr"].as_f64().is_some_and(|s| s > 0.0), "{acc}");
+    // The harness tokenized through the server, and its own files are kept.
+    let side = std::fs::read_dir(out.join("lm_eval"))
+        .expect("lm_eval dir")
+        .flatten()
+        .next()
+        .expect("one side");
+    let log = std::fs::read_to_string(side.path().join("lm_eval.log")).expect("log");
+    assert!(log.contains("Using remote tokenizer"), "{log}");
+    assert!(out.join("eval.json").is_file());
+
+    // Without the harness: what to install.
+    let (code, _, stderr) = eval(
+        state.path(),
+        &[
+            "--url",
+            &server.url,
+            "--tasks",
+            "sous_capitals",
+            "--lm-eval",
+            "/nonexistent/lm_eval",
+        ],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("lm-evaluation-harness is not installed") && stderr.contains("pip install"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_server_without_prompt_logprobs_is_refused_by_name() {
+    let Some(model) = smollm2() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = crate::bench::fake(&[]);
+    let port = fake.port;
+    let url = format!("http://127.0.0.1:{port}");
+    let (code, _, stderr) = eval(
+        dir.path(),
+        &[
+            "--url",
+            &url,
+            "--tokenizer",
+            model.to_str().expect("utf-8"),
+            "--chunks",
+            "1",
+        ],
+    );
+    drop(fake);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("does not return prompt log-probabilities"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("hint:"), "{stderr}");
+}
