@@ -197,7 +197,9 @@ fn shipped_recipes_against_the_bf16_one() {
     };
 
     // Speculative decoding changes nothing a prompt's scores show.
-    let (code, ngram, stderr) = eval("recipes/local/smollm2-135m-ngram.toml", &[]);
+    let (a, b) = (work.path().join("ngram"), work.path().join("nvfp4"));
+    let (a, b) = (a.to_str().expect("utf-8"), b.to_str().expect("utf-8"));
+    let (code, ngram, stderr) = eval("recipes/local/smollm2-135m-ngram.toml", &["--out", a]);
     assert_eq!(code, 0, "{stderr}");
     let c = &ngram["comparison"];
     assert_eq!(c["kld_max"].as_f64(), Some(0.0), "{c}");
@@ -206,7 +208,10 @@ fn shipped_recipes_against_the_bf16_one() {
     assert_eq!(ngram["runs"][1]["label"], "smollm2-135m-ngram");
 
     // NVFP4 weights cost a 135M model a good deal; the quality gate says so and fails.
-    let (code, nvfp4, stderr) = eval("recipes/local/smollm2-135m-nvfp4.toml", &["--max-kld", "0.01"]);
+    let (code, nvfp4, stderr) = eval(
+        "recipes/local/smollm2-135m-nvfp4.toml",
+        &["--max-kld", "0.01", "--out", b],
+    );
     assert_eq!(code, 1, "the gate fails the run: {stderr}");
     assert!(stderr.contains("exceeds --max-kld 0.01"), "{stderr}");
     let c = &nvfp4["comparison"];
@@ -221,6 +226,27 @@ fn shipped_recipes_against_the_bf16_one() {
     assert!(
         c["delta_perplexity"]["value"].as_f64().is_some_and(|d| d > 0.0),
         "{c}"
+    );
+
+    // The two reports side by side.
+    let (code, table, stderr) = run(sous().args([
+        "bench",
+        "compare",
+        &format!("{a}/eval.json"),
+        &format!("{b}/eval.json"),
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        table.contains("a: smollm2-135m-ngram (against smollm2-135m)"),
+        "{table}"
+    );
+    let kld = table
+        .lines()
+        .find(|l| l.starts_with("| KL divergence, mean |"))
+        .expect("KL row");
+    assert!(
+        kld.starts_with("| KL divergence, mean | 0.000000 | 0."),
+        "{table}"
     );
 }
 

@@ -45,7 +45,8 @@ pub enum BenchCommand {
     /// (bucket-interpolated), token and request rates, prefix-cache and
     /// speculative-decoding figures, running requests and KV usage.
     Scrape(ScrapeArgs),
-    /// Two reports side by side, matched by concurrency, with ratios.
+    /// Two reports side by side, matched by concurrency, with ratios (or two `sous eval`
+    /// reports: perplexity, KL divergence, agreement and task metrics).
     Compare(CompareArgs),
 }
 
@@ -608,6 +609,22 @@ fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             .map_err(|e| UserError::new(format!("{} is not JSON: {e}", path.display()), None).into())
     };
     let (a, b) = (read(&args.a)?, read(&args.b)?);
+    use sous::eval::report as eval_report;
+    if eval_report::is_eval_report(&a) || eval_report::is_eval_report(&b) {
+        let hint = Some("compare two reports of `sous eval --json` (or --out DIR's eval.json)");
+        let parse = |v: Value, path: &Path| {
+            serde_json::from_value::<eval_report::Report>(v).map_err(|e| {
+                UserError::new(
+                    format!("{} is not a `sous eval` report: {e}", path.display()),
+                    hint,
+                )
+            })
+        };
+        let (a, b) = (parse(a, &args.a)?, parse(b, &args.b)?);
+        let table = eval_report::compare(&a, &b).map_err(|e| UserError::new(e, hint))?;
+        shell.data(&table)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     use sous::bench::logs::compare as logs_compare;
     if logs_compare::is_logs_report(&a) || logs_compare::is_logs_report(&b) {
         let table = logs_compare::compare(&a, &b).map_err(|e| {

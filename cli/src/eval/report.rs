@@ -203,3 +203,92 @@ pub fn table(r: &Report) -> String {
     out.push_str("(± one standard error)\n");
     out
 }
+
+/// Whether a JSON report is `sous eval`'s.
+pub fn is_eval_report(value: &serde_json::Value) -> bool {
+    value["report"] == "eval"
+}
+
+/// A figure of a comparison: its name, how to read it, its decimals.
+type Figure = (&'static str, fn(&Comparison) -> f64, usize);
+
+/// Two eval reports side by side (`sous bench compare`): each one's candidate, its
+/// perplexity, its figures against its baseline, and its task metrics, with b ÷ a.
+/// Reports over different texts, cuts or k are refused: their figures do not compare.
+pub fn compare(a: &Report, b: &Report) -> Result<String, String> {
+    if a.text.sha256 != b.text.sha256 || a.cut != b.cut || a.windows != b.windows {
+        return Err(format!(
+            "the reports scored different windows ({} in {} windows of {} against {} in {} windows of {})",
+            a.text.name, a.windows, a.cut.ctx, b.text.name, b.windows, b.cut.ctx
+        ));
+    }
+    let (Some(ra), Some(rb)) = (a.candidate(), b.candidate()) else {
+        return Err("a report without runs".into());
+    };
+    let mut rows: Vec<(String, Option<f64>, Option<f64>, usize)> = vec![(
+        "perplexity".into(),
+        Some(ra.perplexity.perplexity.value),
+        Some(rb.perplexity.perplexity.value),
+        4,
+    )];
+    let figure = |r: &Report, f: fn(&Comparison) -> f64| r.comparison.as_ref().map(f);
+    let figures: [Figure; 5] = [
+        ("Δ perplexity vs its baseline", |c| c.delta_perplexity.value, 4),
+        ("KL divergence, mean", |c| c.kld_mean.value, 6),
+        ("KL divergence, p99", |c| c.kld_p99, 6),
+        ("same top token (%)", |c| c.top1_agreement.value * 100.0, 2),
+        ("mass outside the top-k (%)", |c| c.unseen_mass_mean * 100.0, 4),
+    ];
+    for (name, f, digits) in figures {
+        if a.comparison.is_some() || b.comparison.is_some() {
+            rows.push((name.into(), figure(a, f), figure(b, f), digits));
+        }
+    }
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for t in ra.tasks.iter().chain(&rb.tasks) {
+        for m in &t.metrics {
+            let key = (t.task.clone(), m.name.clone());
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+    }
+    let metric = |run: &Run, task: &str, name: &str| {
+        run.tasks
+            .iter()
+            .filter(|t| t.task == task)
+            .flat_map(|t| &t.metrics)
+            .find(|m| m.name == name)
+            .map(|m| m.value)
+    };
+    for (task, name) in keys {
+        rows.push((
+            format!("{task} {name}"),
+            metric(ra, &task, &name),
+            metric(rb, &task, &name),
+            4,
+        ));
+    }
+    let baseline = |r: &Report| {
+        r.comparison
+            .as_ref()
+            .and_then(|_| r.runs.first())
+            .map_or(String::new(), |b| format!(" (against {})", b.label))
+    };
+    let mut out = format!(
+        "a: {}{}\nb: {}{}\n\n| measure | a | b | b ÷ a |\n|---|---:|---:|---:|\n",
+        ra.label,
+        baseline(a),
+        rb.label,
+        baseline(b)
+    );
+    for (name, x, y, digits) in rows {
+        let cell = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.digits$}"));
+        let ratio = match (x, y) {
+            (Some(x), Some(y)) if x != 0.0 => format!("{:.3}", y / x),
+            _ => "-".into(),
+        };
+        let _ = writeln!(out, "| {name} | {} | {} | {ratio} |", cell(x), cell(y));
+    }
+    Ok(out)
+}
