@@ -404,3 +404,78 @@ fn a_baseline_that_cannot_start_stops_the_tune_before_any_lever() {
     assert_eq!(started, 1, "{stderr}");
     assert!(!dir.path().join("tuned.toml").exists());
 }
+
+#[test]
+fn a_lever_over_the_quality_gate_is_recorded_and_never_chosen() {
+    let Some(model) = smollm2() else { return };
+    let _cpu = cpu_exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = dir.path().join("base.toml");
+    std::fs::write(
+        &base,
+        format!(
+            "name = \"gate-smollm2\"\n[model]\npath = \"{}\"\nserved_name = \"smollm2\"\n[engine]\nkind = \"native\"\n\
+             [memory]\nkv_cache_bytes = \"256MiB\"\n[serving]\ndtype = \"bfloat16\"\nmax_model_len = 2048\n\
+             [server]\nhost = \"127.0.0.1\"\nport = {}\n",
+            model.display(),
+            free_port()
+        ),
+    )
+    .expect("recipe");
+    let state = dir.path().join("state").display().to_string();
+    let cache = dir.path().join("cache").display().to_string();
+    let out = dir.path().join("tuned.toml");
+    let (base_s, out_s) = (base.display().to_string(), out.display().to_string());
+    let mut cmd = sous();
+    cmd.envs([
+        ("SOUS_STATE_DIR", state.as_str()),
+        ("SOUS_CACHE_DIR", cache.as_str()),
+    ])
+    .args(["tune", "--recipe", &base_s, "--out", &out_s])
+    .args([
+        "--lever",
+        "quantize.scheme=\"nvfp4a16\"",
+        "--lever",
+        "serving.dtype=\"float32\"",
+    ])
+    .args([
+        "--workload",
+        "probe",
+        "--steps",
+        "1",
+        "--input-len",
+        "32",
+        "--output-len",
+        "8",
+    ])
+    .args(["--runs", "2", "--max-runs", "2", "--max-kld", "0.01", "--json"]);
+    let (code, stdout, stderr) = run(&mut cmd);
+    assert_eq!(code, 0, "{stderr}");
+    let report = json_of(&stdout);
+    // NVFP4 weights cost this small model more than the gate allows: recorded with why,
+    // not measured, never chosen.
+    let nvfp4 = trial(&report, "quantize.scheme=\"nvfp4a16\"");
+    assert_eq!(nvfp4["outcome"], "quality_gate", "{nvfp4}");
+    assert!(
+        nvfp4["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("exceeds --max-kld 0.01")),
+        "{nvfp4}"
+    );
+    assert!(
+        nvfp4["figures"]["kld_mean"].as_f64().is_some_and(|k| k > 0.01),
+        "{nvfp4}"
+    );
+    assert!(nvfp4["estimate"].is_null(), "{nvfp4}");
+    // f32 arithmetic instead of bf16 changes the distributions by far less: measured,
+    // its quality cost in its figures.
+    let f32 = trial(&report, "serving.dtype=\"float32\"");
+    assert_eq!(f32["outcome"], "ok", "{f32}");
+    assert!(
+        f32["figures"]["kld_mean"]
+            .as_f64()
+            .is_some_and(|k| (0.0..0.01).contains(&k)),
+        "{f32}"
+    );
+    assert_ne!(report["chosen"], "quantize.scheme=\"nvfp4a16\"");
+}

@@ -112,6 +112,11 @@ pub struct TuneArgs {
     /// The same, for a GPU sous has no entry for, by its memory: `48GiB`.
     #[arg(long, value_name = "SIZE")]
     gpu_memory: Option<ByteSize>,
+    /// Quality gate: each trial's next-token distributions are scored over the built-in
+    /// text (`sous eval`'s windows) and a lever whose mean KL divergence from the
+    /// baseline's exceeds this (nats) is recorded as over the gate and never chosen.
+    #[arg(long, value_name = "NATS")]
+    max_kld: Option<f64>,
     /// Forget an earlier tune's journal for this --out and start over.
     #[arg(long)]
     fresh: bool,
@@ -244,7 +249,13 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         let mut h = Sha256::new();
         h.update(format!("{:?}", base).as_bytes());
         h.update(describes.as_bytes());
-        h.update(format!("{levers:?}{:?}{:?}{}", args.slo, args.overrides.set, args.runs).as_bytes());
+        h.update(
+            format!(
+                "{levers:?}{:?}{:?}{}{:?}",
+                args.slo, args.overrides.set, args.runs, args.max_kld
+            )
+            .as_bytes(),
+        );
         h.update(env!("CARGO_PKG_VERSION").as_bytes());
         hex::encode(h.finalize())
     };
@@ -270,12 +281,27 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let runtime = super::runtime()?;
     let planner = runtime.block_on(Planner::new(&args, &base, shell))?;
+    if let Some(gate) = args.max_kld
+        && (gate.is_nan() || gate < 0.0)
+    {
+        return Err(UserError::new(
+            format!("--max-kld {gate}: the gate is a KL divergence, 0 or more"),
+            None,
+        )
+        .into());
+    }
     let ctx = Ctx {
         args: &args,
         slo,
         shell,
         started,
         planner,
+        quality: args.max_kld.map(|gate| Quality {
+            gate,
+            dir: dir.join("eval"),
+            job: std::sync::Mutex::new(None),
+            baseline: std::sync::Mutex::new(None),
+        }),
     };
     let min_runs = args.runs as usize;
     let mut exhausted = false;
@@ -487,6 +513,23 @@ struct Ctx<'a> {
     shell: &'a Shell,
     started: Instant,
     planner: Option<Planner>,
+    quality: Option<Quality>,
+}
+
+/// The quality gate: the windows every trial is scored on (made from the first served
+/// trial's tokenizer), the baseline's scores, and where each trial's are kept.
+struct Quality {
+    gate: f64,
+    dir: PathBuf,
+    job: std::sync::Mutex<Option<sous::eval::Scoring>>,
+    baseline: std::sync::Mutex<Option<Vec<sous::eval::quality::Position>>>,
+}
+
+/// What the quality gate says of a trial: its figures against the baseline, and why it
+/// is over the gate, if it is.
+struct Verdict {
+    figures: BTreeMap<String, f64>,
+    over: Option<String>,
 }
 
 /// `sous plan`'s verdict on a trial's memory settings: the model (read once: levers do
@@ -567,7 +610,11 @@ impl Ctx<'_> {
         let missing: Vec<usize> = runs.filter(|r| !journal.has(&trial.id, *r)).collect();
         // A trial that could not start is not started again.
         let failed = journal.samples.iter().any(|s| {
-            s.trial == trial.id && matches!(s.outcome, Outcome::Oom | Outcome::Failed | Outcome::Unfit)
+            s.trial == trial.id
+                && matches!(
+                    s.outcome,
+                    Outcome::Oom | Outcome::Failed | Outcome::Unfit | Outcome::QualityGate
+                )
         });
         if missing.is_empty() || failed {
             return Ok(true);
@@ -671,6 +718,23 @@ impl Ctx<'_> {
             label: Some(trial.id.clone()),
         };
         run::run(&target, &warm, &options(u64::MAX), &Silent(&silent)).await?;
+        let mut quality = BTreeMap::new();
+        if let Some(q) = &self.quality {
+            let verdict = self.judge_quality(q, trial, &target).await?;
+            if let Some(why) = verdict.over {
+                self.shell.warn(&format!("{}: not measured: {why}", trial.id));
+                journal.record(Sample {
+                    trial: trial.id.clone(),
+                    run: missing[0],
+                    outcome: Outcome::QualityGate,
+                    value: None,
+                    message: Some(why),
+                    figures: verdict.figures,
+                })?;
+                return Ok(true);
+            }
+            quality = verdict.figures;
+        }
         for &r in missing {
             if self.started.elapsed() > self.args.budget {
                 return Ok(false);
@@ -683,7 +747,8 @@ impl Ctx<'_> {
                 &Silent(&silent),
             )
             .await?;
-            let sample = sample(trial, r, &report, self.args.objective, &self.slo);
+            let mut sample = sample(trial, r, &report, self.args.objective, &self.slo);
+            sample.figures.extend(quality.clone());
             self.shell.status(
                 "run",
                 &format!(
@@ -879,6 +944,7 @@ fn render(results: &[TrialResult], baseline: &TrialResult, objective: Objective)
             Outcome::SloBreach => format!("SLO: {why}"),
             Outcome::Failed => format!("failed: {why}"),
             Outcome::Unfit => format!("does not fit: {why}"),
+            Outcome::QualityGate => format!("quality: {why}"),
         };
         let outcome: String = if outcome.chars().count() > 60 {
             outcome.chars().take(59).chain(['…']).collect()
@@ -901,6 +967,98 @@ fn render(results: &[TrialResult], baseline: &TrialResult, objective: Objective)
         ]);
     }
     table::layout_left(&rows, "", 7)
+}
+
+impl Ctx<'_> {
+    /// Scores the trial served at `target` over the gate's windows (kept in the tune's
+    /// folder, so a resumed tune does not score it again) and, for a lever, compares it
+    /// with the baseline.
+    async fn judge_quality(&self, q: &Quality, trial: &Trial, target: &Target) -> anyhow::Result<Verdict> {
+        let client = reqwest::Client::new();
+        let served = sous::bench::discover::models(&client, &target.url, target.api_key.as_deref()).await?;
+        let job = {
+            let mut job = q
+                .job
+                .lock()
+                .map_err(|_| anyhow::anyhow!("the quality gate's lock"))?;
+            if job.is_none() {
+                let (tokenizer, _) = sous::bench::discover::tokenizer(
+                    self.args.tokenizer.as_deref(),
+                    served.root.as_deref(),
+                    &served.id,
+                )?;
+                *job = Some(sous::eval::scoring(
+                    &tokenizer,
+                    sous::quantize::calibrate::BUILTIN,
+                    512,
+                    20,
+                )?);
+            }
+            job.clone().context("the quality gate's windows")?
+        };
+        let server = sous::eval::score::Server {
+            url: target.url.clone(),
+            model: served.id.clone(),
+            api_key: target.api_key.clone(),
+        };
+        let saved = |id: &str| sous::eval::resume::Saved::new(&q.dir, id);
+        let silent = self.shell.quiet();
+        let positions = sous::eval::score_all(
+            &client,
+            &server,
+            &job,
+            &saved(&trial.id),
+            &Silent(&silent),
+            &trial.id,
+        )
+        .await?;
+        if trial.phase == Phase::Baseline {
+            *q.baseline
+                .lock()
+                .map_err(|_| anyhow::anyhow!("the quality gate's lock"))? = Some(positions);
+            return Ok(Verdict {
+                figures: BTreeMap::new(),
+                over: None,
+            });
+        }
+        let baseline = {
+            let mut held = q
+                .baseline
+                .lock()
+                .map_err(|_| anyhow::anyhow!("the quality gate's lock"))?;
+            if held.is_none() {
+                // A resumed tune whose baseline was measured before: its saved scores.
+                let windows = saved(&Trial::baseline().id).load()?;
+                if windows.len() == job.windows.len() && windows.iter().all(Option::is_some) {
+                    *held = Some(windows.into_iter().flatten().flatten().collect());
+                }
+            }
+            held.clone().ok_or_else(|| {
+                UserError::new(
+                    "the baseline's quality scores are missing",
+                    Some("run the tune again with --fresh"),
+                )
+            })?
+        };
+        let c = sous::eval::quality::compare(&baseline, &positions, job.top_k)
+            .map_err(sous::eval::EvalError::from)?;
+        let figures = BTreeMap::from([
+            ("kld_mean".to_owned(), c.kld_mean.value),
+            ("kld_p99".to_owned(), c.kld_p99),
+            ("top1_agreement".to_owned(), c.top1_agreement.value),
+            ("delta_perplexity".to_owned(), c.delta_perplexity.value),
+        ]);
+        let over = (c.kld_mean.value > q.gate).then(|| {
+            format!(
+                "mean KL divergence {:.4} from the baseline exceeds --max-kld {} (same top token {:.1} %, perplexity {:+.2})",
+                c.kld_mean.value,
+                q.gate,
+                c.top1_agreement.value * 100.0,
+                c.delta_perplexity.value
+            )
+        });
+        Ok(Verdict { figures, over })
+    }
 }
 
 /// A reporter that shows nothing (the tune's own lines say what runs).

@@ -192,6 +192,22 @@ pub async fn score_all(
     Ok(positions)
 }
 
+/// `text` cut as llama.cpp cuts it, in windows of `ctx` tokens, for `top_k`.
+pub fn scoring(
+    tokenizer: &tokenizers::Tokenizer,
+    text: &str,
+    ctx: usize,
+    top_k: usize,
+) -> Result<Scoring, EvalError> {
+    let tokens = tokens(tokenizer, text)?;
+    let cut = Cut::llama_cpp(ctx, bos(tokenizer));
+    Ok(Scoring {
+        windows: cut.windows(&tokens)?,
+        cut,
+        top_k,
+    })
+}
+
 /// The BOS token `tokenizer` starts every sequence with, if any: what encoding with its
 /// special tokens puts in front of the plain encoding.
 pub fn bos(tokenizer: &tokenizers::Tokenizer) -> Option<u32> {

@@ -109,6 +109,7 @@ fn draw_into(
             Outcome::SloBreach => format!("{} (SLO breach)", r.trial.id),
             Outcome::Failed => format!("{} (failed)", r.trial.id),
             Outcome::Unfit => format!("{} (does not fit)", r.trial.id),
+            Outcome::QualityGate => format!("{} (over the quality gate)", r.trial.id),
         };
         let label = shorten(&label, 44);
         let style = ("sans-serif", 14)

@@ -313,6 +313,9 @@ pub enum Outcome {
     /// Not started: `sous plan` says the trial's memory settings cannot hold the
     /// weights and one request of `max_model_len`.
     Unfit,
+    /// Not measured: its next-token distributions diverge from the baseline's by more
+    /// than the tune's quality gate (`--max-kld`).
+    QualityGate,
 }
 
 /// What one measured run of a trial recorded (a journal line).
@@ -642,10 +645,12 @@ pub fn evidence(base: &BTreeMap<String, f64>, trial: &BTreeMap<String, f64>) -> 
         ("spec_decode_acceptance_rate", "draft acceptance", true),
         ("preemptions", "preemptions", false),
         ("kv_cache_usage_max", "KV peak", true),
+        ("kld_mean", "KL divergence", false),
     ] {
         let (a, b) = (base.get(key).copied(), trial.get(key).copied());
         let show = |v: Option<f64>| match v {
             Some(v) if pct => format!("{:.0} %", v * 100.0),
+            Some(v) if key == "kld_mean" => format!("{v:.4}"),
             Some(v) => format!("{v:.0}"),
             None => "-".into(),
         };
