@@ -347,3 +347,38 @@ fn a_server_without_prompt_logprobs_is_refused_by_name() {
     );
     assert!(stderr.contains("hint:"), "{stderr}");
 }
+
+#[test]
+fn quantize_prints_the_eval_of_its_output_against_its_source() {
+    let _cpu = cpu_exclusive();
+    let Some(model) = smollm2() else { return };
+    let work = tempfile::tempdir().expect("tempdir");
+    let out = work.path().join("nvfp4");
+    let (code, stdout, stderr) = run(sous()
+        .arg("quantize")
+        .arg(&model)
+        .arg("--out")
+        .arg(&out)
+        .args(["--eval", "--json", "--quiet"])
+        .env("SOUS_STATE_DIR", work.path()));
+    assert_eq!(code, 0, "{stderr}");
+    let summary: Value = serde_json::from_str(&stdout).expect("JSON summary");
+    assert!(summary["quantized"].as_u64().is_some_and(|n| n > 0), "{summary}");
+    let eval = &summary["eval"];
+    assert_eq!(eval["runs"][0]["label"], "source");
+    assert_eq!(eval["runs"][1]["label"], "quantized");
+    let c = &eval["comparison"];
+    assert!(c["kld_mean"]["value"].as_f64().is_some_and(|k| k > 0.0), "{c}");
+    assert!(
+        c["delta_perplexity"]["value"].as_f64().is_some_and(|d| d > 0.0),
+        "{c}"
+    );
+    // The servers' recipes were temporary.
+    let left: Vec<_> = std::fs::read_dir(work.path().join("evals"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter().all(|n| !n.to_string_lossy().starts_with("quantize-")),
+        "{left:?}"
+    );
+}

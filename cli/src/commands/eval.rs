@@ -119,6 +119,93 @@ enum Side<'a> {
 }
 
 pub fn exec(args: EvalArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
+    let Some((report, kept)) = evaluate(&args, shell)? else {
+        return Ok(ExitCode::from(130));
+    };
+    let json = serde_json::to_string_pretty(&report).context("writing the report as JSON")?;
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join("eval.json");
+        std::fs::write(&path, format!("{json}\n")).with_context(|| format!("writing {}", path.display()))?;
+        shell.status("wrote", &path.display().to_string());
+    }
+    if args.json {
+        shell.data(&json)?;
+    } else {
+        shell.data(&report::table(&report))?;
+    }
+    // Reported: a rerun starts afresh. (Until here, a failure of the second side keeps
+    // the first side's scores for the rerun.)
+    for saved in kept {
+        saved.remove()?;
+    }
+    if let (Some(limit), Some(c)) = (args.max_kld, &report.comparison)
+        && c.kld_mean.value > limit
+    {
+        shell.warn(&format!(
+            "quality gate: mean KL divergence {:.6} exceeds --max-kld {limit}",
+            c.kld_mean.value
+        ));
+        return Ok(ExitCode::from(sous::error::Class::User.exit_code()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sous quantize --eval`: the quantized checkpoint `output` against its `source`, each
+/// served on this machine by the native engine with the same settings, over the default
+/// windows. `None` when interrupted.
+pub(super) fn source_against_output(
+    source: &Path,
+    output: &Path,
+    shell: &Shell,
+) -> anyhow::Result<Option<Report>> {
+    let dir = sous_engine::paths::state_dir().join(format!("evals/quantize-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let recipe = |name: &str, model: &Path| -> anyhow::Result<PathBuf> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .context("finding a free port")?;
+        let path = dir.join(format!("{name}.toml"));
+        let text = format!(
+            "name = {}\n[model]\npath = {}\nserved_name = {}\n[engine]\nkind = \"native\"\n\
+             [memory]\nkv_cache_bytes = \"512MiB\"\n[serving]\nmax_model_len = 2048\n\
+             [server]\nhost = \"127.0.0.1\"\nport = {port}\n",
+            toml::Value::String(name.to_owned()),
+            toml::Value::String(model.display().to_string()),
+            toml::Value::String(name.to_owned()),
+        );
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    };
+    let (base, quantized) = (recipe("source", source)?, recipe("quantized", output)?);
+    #[derive(clap::Parser)]
+    struct Line {
+        #[command(flatten)]
+        args: EvalArgs,
+    }
+    let line = <Line as clap::Parser>::try_parse_from([
+        "eval".as_ref(),
+        "--recipe".as_ref(),
+        quantized.as_os_str(),
+        "--baseline".as_ref(),
+        base.as_os_str(),
+    ])
+    .context("the eval's arguments")?;
+    let evaluated = evaluate(&line.args, shell);
+    let _ = std::fs::remove_dir_all(&dir);
+    let Some((report, kept)) = evaluated? else {
+        return Ok(None);
+    };
+    for saved in kept {
+        saved.remove()?;
+    }
+    Ok(Some(report))
+}
+
+/// Runs the eval `args` describe: the report, and the saved scores to forget once it is
+/// out. `None` when interrupted (what was scored is kept and said).
+fn evaluate(args: &EvalArgs, shell: &Shell) -> anyhow::Result<Option<(Report, Vec<Saved>)>> {
     if args.top_k == 0 && (args.baseline.is_some() || args.baseline_url.is_some()) {
         return Err(UserError::new(
             "--top-k 0 leaves nothing to compare with the baseline",
@@ -162,7 +249,7 @@ pub fn exec(args: EvalArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let runtime = super::runtime()?;
     runtime.block_on(async {
         let mut ctx = Eval {
-            args: &args,
+            args,
             shell,
             text_name,
             text,
@@ -190,7 +277,7 @@ pub fn exec(args: EvalArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
                         None => "nothing scored yet".into(),
                     };
                     shell.warn(&format!("interrupted: {how_far}"));
-                    return Ok(ExitCode::from(130));
+                    return Ok(None);
                 }
             }
         }
@@ -211,34 +298,7 @@ pub fn exec(args: EvalArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             runs,
             comparison,
         };
-        let json = serde_json::to_string_pretty(&report).context("writing the report as JSON")?;
-        if let Some(dir) = &args.out {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            let path = dir.join("eval.json");
-            std::fs::write(&path, format!("{json}\n"))
-                .with_context(|| format!("writing {}", path.display()))?;
-            shell.status("wrote", &path.display().to_string());
-        }
-        if args.json {
-            shell.data(&json)?;
-        } else {
-            shell.data(&report::table(&report))?;
-        }
-        // Reported: a rerun starts afresh. (Until here, a failure of the second side
-        // keeps the first side's scores for the rerun.)
-        for saved in kept {
-            saved.remove()?;
-        }
-        if let (Some(limit), Some(c)) = (args.max_kld, &report.comparison)
-            && c.kld_mean.value > limit
-        {
-            shell.warn(&format!(
-                "quality gate: mean KL divergence {:.6} exceeds --max-kld {limit}",
-                c.kld_mean.value
-            ));
-            return Ok(ExitCode::from(sous::error::Class::User.exit_code()));
-        }
-        Ok(ExitCode::SUCCESS)
+        Ok(Some((report, kept)))
     })
 }
 

@@ -94,6 +94,13 @@ pub struct QuantizeArgs {
     /// dequantization (for comparing with other tools).
     #[arg(long)]
     digests: bool,
+    /// Then measure what the quantization costs: serve the source and the output on
+    /// this machine with the native engine, one after the other, and report `sous
+    /// eval`'s figures of the output against the source (perplexity, KL divergence,
+    /// top-token agreement). For models that fit this machine's memory; for a GPU
+    /// recipe, `sous eval --recipe Q.toml --baseline B.toml`.
+    #[arg(long)]
+    eval: bool,
     /// No progress on stderr.
     #[arg(long, short = 'q')]
     quiet: bool,
@@ -174,12 +181,27 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     };
     let reporter = if args.quiet { shell.quiet() } else { shell.clone() };
     let summary = run(&request, &reporter)?;
+    report(shell, &summary);
+    let eval = if args.eval {
+        match super::eval::source_against_output(&summary.source, &summary.output, shell)? {
+            Some(report) => Some(report),
+            None => return Ok(ExitCode::from(130)),
+        }
+    } else {
+        None
+    };
     if args.json {
-        shell.data(&serde_json::to_string_pretty(&summary)?)?;
+        let mut value = serde_json::to_value(&summary)?;
+        if let Some(report) = &eval {
+            value["eval"] = serde_json::to_value(report)?;
+        }
+        shell.data(&serde_json::to_string_pretty(&value)?)?;
     } else {
         shell.data(&summary.output.display().to_string())?;
+        if let Some(report) = &eval {
+            shell.data(&sous::eval::report::table(report))?;
+        }
     }
-    report(shell, &summary);
     Ok(ExitCode::SUCCESS)
 }
 
