@@ -650,11 +650,7 @@ async fn serve(
     shell: &Shell,
 ) -> anyhow::Result<(Instance, String, Option<String>)> {
     let recipe = super::load_recipe(file, overrides)?.recipe;
-    let key = recipe
-        .server
-        .api_key_env
-        .as_deref()
-        .and_then(|v| std::env::var(v).ok());
+    let key = super::recipe_api_key(&recipe);
     let (instance, url) = super::serve::for_session(&recipe, shell).await?;
     Ok((instance, url, key))
 }

@@ -331,11 +331,7 @@ impl Eval<'_> {
             }
             Side::Recipe { file, overrides } => {
                 let recipe = super::load_recipe(file, overrides)?.recipe;
-                let key = recipe
-                    .server
-                    .api_key_env
-                    .as_deref()
-                    .and_then(|v| std::env::var(v).ok());
+                let key = super::recipe_api_key(&recipe);
                 let (instance, url) = super::serve::for_session(&recipe, self.shell).await?;
                 let measured = self
                     .measure(

@@ -161,6 +161,16 @@ pub fn api_key(var: Option<&str>) -> anyhow::Result<Option<String>> {
     }
 }
 
+/// The API key a recipe's server expects: the value of the variable its
+/// `server.api_key_env` names, when both are set.
+pub fn recipe_api_key(recipe: &sous_engine::recipe::Recipe) -> Option<String> {
+    recipe
+        .server
+        .api_key_env
+        .as_deref()
+        .and_then(|v| std::env::var(v).ok())
+}
+
 /// The async runtime of the commands that talk over the network or run engines.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()

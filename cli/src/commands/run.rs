@@ -83,11 +83,7 @@ async fn chat(args: RunArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let (url, model, key) = match (&args.recipe, &args.url) {
         (Some(file), _) => {
             let recipe = load_recipe(file, &args.overrides)?.recipe;
-            let key = recipe
-                .server
-                .api_key_env
-                .as_deref()
-                .and_then(|v| std::env::var(v).ok());
+            let key = super::recipe_api_key(&recipe);
             let running = instances::scan(&paths::state_dir())?
                 .into_iter()
                 .find(|e| e.name == recipe.name)

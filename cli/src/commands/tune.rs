@@ -689,11 +689,7 @@ impl Ctx<'_> {
         url: &str,
         journal: &mut Journal,
     ) -> anyhow::Result<bool> {
-        let key = recipe
-            .server
-            .api_key_env
-            .as_deref()
-            .and_then(|v| std::env::var(v).ok());
+        let key = super::recipe_api_key(recipe);
         let target = Target {
             url: url.to_owned(),
             model: None,
