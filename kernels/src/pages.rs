@@ -6,12 +6,8 @@
 //! every 4 KiB (66,000 of them a step for SmolLM2-135M's 270 MB of bf16), and the
 //! hardware prefetchers stop at every page boundary. Most distributions set Linux's
 //! transparent huge pages to `madvise`, so memory from the allocator stays in 4 KiB
-//! pages unless asked otherwise. On two cores of a Zen 4 EPYC (AVX-512) a plain read
-//! of 270 MB in 121 steps, as a decode step reads it, took 9.3–12.2 ms in 4 KiB pages
-//! and 6.7–9.4 ms in 2 MiB pages. SmolLM2's one-stream decode steps, six runs each
-//! alternating, went from a median of 87 to 99 tok/s (81–90 to 90–127), and 16 streams
-//! 800 positions in, where the KV cache is read as much as the weights, from 214–229 to
-//! 246–269 tok/s (`BENCHMARKS.md`, issue 16).
+//! pages unless asked otherwise. Huge pages made both a plain read of the weights and
+//! the native engine's decode steps faster, one stream and many (BENCHMARKS.md, "Figures that were in code comments").
 //!
 //! A matrix of a layer (0.6–3.5 MB for SmolLM2) is too small to hold a 2 MiB-aligned
 //! page of its own, so [`place`] copies all of a model's weights into one anonymous

@@ -15,10 +15,10 @@
 //! into a small f32 buffer instead of once per tile (`widen`).
 //!
 //! Why our own and not candle's GEMM (the `gemm` crate): for many rows that crate's
-//! AVX-512 kernels need a nightly compiler, its stable AVX2 kernel reached about
-//! 30 GFLOP/s on two cores here, and it multiplies f32 by f32 only, so bf16 weights had
-//! to be widened in memory before every product and NVFP4 weights dequantized at load
-//! (the memory of bf16). The numbers: `BENCHMARKS.md`, issue 16.
+//! AVX-512 kernels need a nightly compiler, its stable AVX2 kernel is several times
+//! slower than ours, and it multiplies f32 by f32 only, so bf16 weights had to be widened
+//! in memory before every product and NVFP4 weights dequantized at load (the memory of
+//! bf16). The numbers: `BENCHMARKS.md`, issue 16.
 //!
 //! The arithmetic is the same on every path (AVX-512, AVX2, NEON, portable): each output is
 //! one chain of fused multiply-adds over `kk` in order, starting from zero, so a row's
@@ -59,12 +59,10 @@ pub const NR: usize = 16;
 /// Why this deep and not BLIS's L1-sized passes: a tile's packed inputs and a panel's
 /// weights are read front to back, which the prefetchers follow from L2, while every
 /// pass costs a load and a store of the tile's outputs and a restart of their chains.
-/// On two cores of a Zen 5 (`BENCHMARKS.md`, issue 16), 512-row products of SmolLM2's
-/// four matrices ran faster in one pass than in passes of 256, by up to 11 % (bf16, f32
-/// and NVFP4 weights, AVX-512 and AVX2: 21 of 24 products; the other three within 1.2 %
-/// slower), and so did deeper ones up to `k` = 8192 with bf16 and f32 weights. NVFP4
-/// weights at 8192, whose pass is widened into a buffer (`widen`) that then outgrows
-/// L2, were fastest in passes of 2048.
+/// Measured, one pass beat passes of 256 for nearly every product of SmolLM2's matrices
+/// and for deeper ones up to `k` = 8192 with bf16 and f32 weights; NVFP4 weights at 8192,
+/// whose pass is widened into a buffer (`widen`) that then outgrows L2, were fastest in
+/// passes of 2048 (BENCHMARKS.md, "Figures that were in code comments").
 const KC: usize = 2048;
 
 /// The depth of each pass over `k` values of `kk` for a product of many rows (see
@@ -79,12 +77,8 @@ fn pass_depth(k: usize) -> usize {
 
 /// Most rows a product splits by columns among tasks (every weight read once, by one
 /// task); past it, the rows are split (each task then reads every weight, and keeps
-/// its own rows' inputs in L2). Up to it the weights cost more than the rows: on two cores of a Sapphire-Rapids-class
-/// Xeon, a SmolLM2 step of 32 sequences took 59 ms by columns against 89 by rows (78
-/// against 112 with AVX2, where 16 sequences took 50 ms against 87), 64 sequences
-/// 108-110 against 132, and 96 or 128 tokens of one sequence 164 against 185 and 218
-/// against 232 ms; from 192 rows on the rows' split was faster (271-279 ms against
-/// 291-303 for 192 tokens, 369-375 against 406-427 for 256).
+/// its own rows' inputs in L2). Up to it the weights cost more than the rows; from 192
+/// rows on, the rows' split measured faster (BENCHMARKS.md, "Figures that were in code comments").
 const BY_COLUMNS_MAX: usize = 128;
 
 /// Rows per pass over a column panel: their packed inputs (`MC` rows of one pass's
@@ -145,13 +139,10 @@ impl Isa {
     /// rows (decode steps) are bound by reading the weights, and how many panels to
     /// read side by side depends on the CPU ([`decode_panels`], measured at load by
     /// [`calibrate_decode_panels`]): on a Zen 4 one panel at a time, one sequential
-    /// stream per task, was fastest (SmolLM2 one-row decode 117 tok/s against 90 with
-    /// two panels; four rows through the lm_head 1.35 ms against 2.1 ms); on a
-    /// Sapphire-Rapids-class Xeon four panels were (45 → 67 tok/s). `quantized` weights
-    /// (NVFP4, Q8_0) always take four: a panel's chain of fused multiply-adds waits on itself (four cycles a
-    /// step) long before the packed weights run out (on the Zen 4, one-row NVFP4 decode
-    /// 155 → 182 tok/s with two panels, ~200 with four, where bf16 with two dropped
-    /// 159 → 117).
+    /// stream per task, measured fastest; on a Sapphire-Rapids-class Xeon four panels.
+    /// `quantized` weights (NVFP4, Q8_0) always take four: a panel's chain of fused
+    /// multiply-adds waits on itself (four cycles a step) long before the packed weights
+    /// run out (BENCHMARKS.md, "Figures that were in code comments").
     fn tile(self, rows: usize, quantized: bool) -> (usize, usize) {
         match self {
             Isa::Avx512 if rows <= 4 && quantized => (4, 4),
@@ -161,10 +152,9 @@ impl Isa {
             // means every weight is widened once; three panels give each row three
             // chains of fused multiply-adds and three weight streams. A block of 16
             // rows × 1 panel left five rows five chains, too few to hide the FMA's
-            // latency; verifying five tokens of SmolLM2 took 34-41 ms a step with it,
-            // 27-30 with 8 rows × 2 panels and 22-25 with 6 × 3 on a
-            // Sapphire-Rapids-class Xeon. NVFP4 and Q8_0 weights, whose widening takes
-            // more registers, take 8 × 2 (6 × 3 measured no better).
+            // latency, and measured slowest of the three shapes tried (BENCHMARKS.md,
+            // "Figures that were in code comments"). NVFP4 and Q8_0 weights, whose
+            // widening takes more registers, take 8 × 2 (6 × 3 measured no better).
             Isa::Avx512 if rows <= 6 && !quantized => (6, 3),
             // Up to eight rows fit one block of 8, so every weight is widened once.
             Isa::Avx512 if rows <= 8 => (8, 2),
@@ -251,8 +241,7 @@ impl Nvfp4 {
 ///
 /// Why: the AVX-512 and AVX2 kernels otherwise gather sixteen entries of the 256-entry
 /// table per block and panel, and a gather costs more on AMD's Zen 4 and Zen 5 than the
-/// shift and two arithmetic instructions that replace it (one-row NVFP4 products of
-/// SmolLM2's 49152-row lm_head: 0.53 ms with the gather, 0.32-0.44 ms without, on a Zen 5).
+/// shift and two arithmetic instructions that replace it (BENCHMARKS.md, "Figures that were in code comments").
 /// A form is kept only where it gives the table's bits for every scale byte the tensor
 /// holds ([`Form::matches`]): negative bytes and the NaN byte 0x7F fall outside it, and
 /// such a tensor keeps the table.
@@ -839,8 +828,7 @@ fn matmul_bf16_with(dot: bool, x: &[f32], rows: usize, w: &Packed, out: &mut [f3
         // The inputs are rounded as they are packed, by each task for its own rows,
         // not copied whole first on one thread.
         if rows > BY_COLUMNS_MAX {
-            // Many rows (past `BY_COLUMNS_MAX`, as in `matmul_with`: below it, a step of
-            // 32 sequences took 96 ms split by columns, 139 by rows): tasks own blocks
+            // Many rows (past `BY_COLUMNS_MAX`, as in `matmul_with`): tasks own blocks
             // of rows.
             row_tasks(x, rows, k, x86::DP_MR, out, n).for_each(|(xs, o)| {
                 let r = xs.len() / k;
@@ -902,17 +890,14 @@ impl std::fmt::Display for Bf16DotCalibration {
 /// AVX512-BF16's dot product (`vdpbf16ps`) and with the f32 kernels on the rounded
 /// inputs, and keeps the faster for every later [`matmul_bf16`] of the process (the first
 /// call decides; later ones return its choice), one row or many (one
-/// kernel for all, so that batching never changes a row's bits; a one-row SmolLM2
-/// decode step took 4.7-5.9 ms with the instruction against 6.0-7.4 with the f32
-/// kernels on a Zen 5);
+/// kernel for all, so that batching never changes a row's bits);
 /// `SOUS_BF16_DOT` (`on` or `off`) chooses without measuring. `None` where there is
 /// nothing to choose: no AVX512-BF16, or `w` not bf16.
 ///
 /// Why measure: the instruction does two products per lane, but not at the same rate
-/// on every CPU. On one Sapphire-Rapids-class Xeon a 512-row layer ran at 537 GFLOP/s
-/// with it against 257 with the f32 kernels; on another of the same class (3.8 GHz,
-/// two 512-bit FMA units per core) the f32 kernels reached 350 and the dot products
-/// 207, one `vdpbf16ps` every two cycles (in L1: 122 against 211–228 GFLOP/s per core).
+/// on every CPU: on one Sapphire-Rapids-class Xeon it doubled a layer's speed, on
+/// another of the same class it was slower than the f32 kernels, issuing one `vdpbf16ps`
+/// every two cycles (BENCHMARKS.md, "Figures that were in code comments").
 pub fn calibrate_bf16_dot(w: &Packed) -> Option<Bf16DotCalibration> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1121,9 +1106,8 @@ pub fn calibrate_decode_panels(w: &Packed) -> Option<DecodeCalibration> {
 
 /// The register tiles a product of 9 to 16 rows (a batch of decode steps) may take with
 /// AVX-512: one block of up to 16 rows, so that every weight is widened once (fastest on
-/// a Zen 4), or blocks of 8 rows with two panels side by side (on a Sapphire-Rapids-class
-/// Xeon, decode steps of 16 sequences of SmolLM2 took 54-60 ms against 56-67, and of 8
-/// sequences 32-34 against 40-42).
+/// a Zen 4), or blocks of 8 rows with two panels side by side (fastest on a
+/// Sapphire-Rapids-class Xeon; BENCHMARKS.md, "Figures that were in code comments").
 const BATCH_TILES: [(usize, usize); 2] = [(16, 1), (8, 2)];
 
 /// Which of [`BATCH_TILES`] products of 9 to 16 rows take; the first until

@@ -682,11 +682,9 @@ pub(super) const DP_MR: usize = 8;
 
 /// Panels side by side in a tile of the bf16 dot-product kernel for many rows: each
 /// broadcast pair of inputs feeds three dot products, and the rows' packed inputs
-/// stream past the weights a third as often as with one panel. On two cores of a Zen 5
-/// (`cargo run -p sous-kernels --example gemm 512,64`, SmolLM2's four matrices), 512
-/// rows ran at 598-736 GFLOP/s in tiles of 12 rows × 1 panel, 763-833 in 12 × 2 and
-/// 774-845 in 8 × 3, and 64 rows at 472-504 in 12 × 2 against 539-569 in 8 × 3; a
-/// 512-token bf16 prefill of SmolLM2 took 178-196 ms against 200-222.
+/// stream past the weights a third as often as with one panel. 8 × 3 measured fastest
+/// of the shapes tried, for 512 rows and for 64 (BENCHMARKS.md, "Figures that were in
+/// code comments").
 pub(super) const DP_NP: usize = 3;
 
 // `dot_bf16` dispatches tiles of `DP_MR` rows × `DP_NP` panels by literals.
