@@ -1,7 +1,7 @@
-//! Running one checked job: submitting it to the engine loop, reading its token events
-//! into text (detokenized, stop strings applied, logprobs collected), and answering
-//! with the whole completion once it finishes. Streamed requests are handed to
-//! `stream` after submission; the request checks are `params`'.
+//! Running one checked job: submitting it to the engine loop and answering with the
+//! whole completion once it finishes (its events read into text by `events`). Streamed
+//! requests are handed to `stream` after submission; the request checks are
+//! `params`'.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,18 +9,15 @@ use std::time::Instant;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use super::openai::{
-    ApiError, chat_logprobs_json, completion_logprobs_json, echo_logprobs_json, prompt_logprobs_json, usage,
-};
+use super::events::{Kind, Output, next_piece};
+use super::openai::{ApiError, chat_logprobs_json, completion_logprobs_json, echo_logprobs_json, usage};
 use super::params::Job;
 use super::stream::stream;
 use super::{App, now_secs};
 use crate::native::core::{Command, Event, Request};
-use crate::native::metrics::FinishReason;
-use crate::native::sampling::TokenLogprobs;
 use crate::native::text::{Detokenizer, StopWatch};
 
 impl App {
@@ -45,78 +42,6 @@ impl App {
             param: None,
         })?;
         Ok((rx, stopped))
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
-    Chat,
-    Completion,
-}
-
-/// The per-request output state: text so far, logprobs, counts.
-pub(super) struct Output {
-    pub(super) detok: Detokenizer,
-    pub(super) stops: StopWatch,
-    pub(super) tokens: usize,
-    pub(super) cached: usize,
-    /// Chat: `[{token, logprob, bytes, top_logprobs}]`; completions: built from the same.
-    pub(super) logprobs: Vec<(String, TokenLogprobs)>,
-    pub(super) prompt_logprobs: Option<Value>,
-    /// The prompt's log-probabilities as the engine gave them (for `echo`).
-    pub(super) prompt_raw: Vec<Option<TokenLogprobs>>,
-}
-
-/// Reads events until a piece of text can be sent or the request ends. Returns the
-/// text delta, the logprobs of the tokens it covers and the finish reason, if finished.
-pub(super) async fn next_piece(
-    app: &App,
-    rx: &mut UnboundedReceiver<Event>,
-    out: &mut Output,
-    stopped: &AtomicBool,
-) -> Result<(String, Vec<(String, TokenLogprobs)>, Option<FinishReason>), ApiError> {
-    let mut lps = Vec::new();
-    loop {
-        let Some(event) = rx.recv().await else {
-            return Ok((out.stops.flush(), lps, Some(FinishReason::Abort)));
-        };
-        match event {
-            Event::PromptLogprobs(lp) => {
-                out.prompt_logprobs = Some(prompt_logprobs_json(app, &lp));
-                out.prompt_raw = lp;
-            }
-            Event::Token {
-                id,
-                logprobs,
-                cached_tokens,
-            } => {
-                out.tokens += 1;
-                out.cached = cached_tokens;
-                if let Some(lp) = logprobs {
-                    let entry = (app.text.token_text(id), lp);
-                    out.logprobs.push(entry.clone());
-                    lps.push(entry);
-                }
-                let delta = out.detok.push(&app.text, id);
-                let (text, hit) = out.stops.push(&delta);
-                if hit {
-                    stopped.store(true, Ordering::Relaxed);
-                    rx.close();
-                    return Ok((text, lps, Some(FinishReason::Stop)));
-                }
-                if !text.is_empty() || !lps.is_empty() {
-                    return Ok((text, lps, None));
-                }
-            }
-            Event::Finished(reason) => return Ok((out.stops.flush(), lps, Some(reason))),
-            Event::Failed(message) => {
-                return Err(ApiError {
-                    status: StatusCode::INTERNAL_SERVER_ERROR,
-                    message,
-                    param: None,
-                });
-            }
-        }
     }
 }
 

@@ -16,6 +16,7 @@
 //! - `routes`: the router, the API-key check and the handlers.
 //! - `openai`: OpenAI's request bodies, error objects and response pieces.
 //! - `params`: request fields checked and turned into sampling settings.
+//! - `events`: a request's engine events read into text pieces, logprobs and its end.
 //! - `generate`: submitting a request to the engine loop and the whole-body response.
 //! - `stream`: the server-sent-events response.
 //! - `tokenize`: vLLM's `/tokenize`, `/detokenize` and `/tokenizer_info`.
@@ -23,6 +24,7 @@
 //! Scheduling, sampling and the model are not here: they belong to the engine loop
 //! ([`super::core`]), which the API reaches only through its command channel.
 
+mod events;
 mod generate;
 mod openai;
 mod params;

@@ -16,7 +16,8 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 use super::App;
-use super::generate::{Kind, generate};
+use super::events::Kind;
+use super::generate::generate;
 use super::openai::{ApiError, ChatBody, CompletionBody, parse};
 use crate::chat::RenderOptions;
 

@@ -1,7 +1,7 @@
 //! The streamed response: server-sent events in OpenAI's chunk format (a role chunk
 //! first for chat, one chunk per piece of text, an optional usage chunk, then
 //! `[DONE]`), with an error reported as a last event since the status line is already
-//! sent. Reading the engine's events is `generate`'s `next_piece`, shared with whole
+//! sent. Reading the engine's events is `events`' `next_piece`, shared with whole
 //! responses.
 
 use std::convert::Infallible;
@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::App;
-use super::generate::{Kind, Output, next_piece};
+use super::events::{Kind, Output, next_piece};
 use super::openai::{chat_logprobs_json, completion_logprobs_json, usage};
 use super::params::Job;
 use crate::native::core::Event;
