@@ -24,7 +24,7 @@ use sous_kernels::{BLOCK, TensorScale, fast};
 use super::error::QuantizeError;
 use super::layout::Content;
 use super::progress::Progress;
-use super::write::{Data, Item, TensorReport, Work, fused_with, kernel_dtype};
+use super::write::{Accelerator, Data, Item, TensorReport, Work, fused_with, kernel_dtype};
 
 /// The most input bytes one slot holds.
 pub const MAX_SLOT_BYTES: usize = 2 << 30;
@@ -81,6 +81,17 @@ struct Member {
     scales_at: usize,
 }
 
+impl Accelerator for Pipeline {
+    fn run(
+        &mut self,
+        work: &Work<'_>,
+        items: Vec<(usize, Item<'_>)>,
+        progress: &mut Progress,
+    ) -> Result<Vec<TensorReport>, QuantizeError> {
+        self.run_items(work, items, progress)
+    }
+}
+
 impl Pipeline {
     /// Opens CUDA device `ordinal` (kernels cached under `cache`) with slots for
     /// groups of up to `largest_group` bytes.
@@ -128,7 +139,7 @@ impl Pipeline {
 
     /// Runs `items` in order: copies through the writer, groups on the GPU (or the
     /// CPU, when too large for a slot).
-    pub(super) fn run(
+    fn run_items(
         &mut self,
         work: &Work<'_>,
         items: Vec<(usize, Item<'_>)>,

@@ -283,7 +283,7 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         staging.path(),
         options,
         &inputs,
-        gpu.as_mut(),
+        gpu.as_mut().map(|p| p as &mut dyn write::Accelerator),
         &mut progress,
     );
     progress.finish();

@@ -126,6 +126,18 @@ fn writer(files: &[(PathBuf, File)], jobs: Receiver<Write>) -> Result<(), Quanti
     Ok(())
 }
 
+/// A device that computes the items itself instead of the CPU loop here (the GPU
+/// pipeline of `gpu.rs`): every item in order, copies through `work`'s writer.
+pub(super) trait Accelerator {
+    /// Runs `items` and returns the quantized tensors' reports.
+    fn run(
+        &mut self,
+        work: &Work<'_>,
+        items: Vec<(usize, Item<'_>)>,
+        progress: &mut Progress,
+    ) -> Result<Vec<TensorReport>, QuantizeError>;
+}
+
 /// One unit of work, in source order.
 pub(super) enum Item<'a> {
     Copy(usize),
@@ -142,7 +154,7 @@ pub fn write(
     dir: &Path,
     options: Options,
     inputs: &BTreeMap<usize, f32>,
-    gpu: Option<&mut super::gpu::Pipeline>,
+    gpu: Option<&mut dyn Accelerator>,
     progress: &mut Progress,
 ) -> Result<Vec<TensorReport>, QuantizeError> {
     let mut files = Vec::with_capacity(layout.shards.len());
