@@ -73,7 +73,7 @@ cross build --workspace --lib --bins "${flags[@]}"
 
 step "aarch64: sous-kernels tests under qemu"
 SOUS_TEST_F32_STRIDE=257 cross test -p sous-kernels --lib --tests "${flags[@]}" -- \
-  --skip pages::tests::the_mapping_is_advised_for_huge_pages_and_reported \
+  --skip gemm::placement_tests::the_mapping_is_advised_for_huge_pages_and_reported \
   --skip pages::tests::a_zeroed_buffer_is_zero_writable_and_advised
 
 step "aarch64: sous under qemu against x86-64 (quantize, native greedy decoding)"

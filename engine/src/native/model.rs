@@ -449,7 +449,7 @@ impl Model {
         for l in &mut self.layers {
             weights.extend([&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down]);
         }
-        sous_kernels::pages::place(&mut weights)
+        sous_kernels::gemm::place(&mut weights)
     }
 
     /// Bytes the weights take in memory.

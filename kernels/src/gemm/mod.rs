@@ -619,22 +619,6 @@ impl Packed {
         }
     }
 
-    /// Hands each of the matrix's buffers to `f` ([`crate::pages::place`]).
-    pub(crate) fn for_each_buf(&mut self, f: &mut dyn FnMut(&mut dyn Movable)) {
-        match &mut self.data {
-            Data::F32(v) => f(v),
-            Data::Bf16(v) => f(v),
-            Data::Nvfp4(q) => {
-                f(&mut q.codes);
-                f(&mut q.scales);
-            }
-            Data::Q8(q) => {
-                f(&mut q.codes);
-                f(&mut q.scales);
-            }
-        }
-    }
-
     /// Row `r` of the matrix as f32 (an embedding lookup): the values the product uses.
     pub fn row(&self, r: usize, out: &mut [f32]) {
         let (panel, j) = (r / NR, r % NR);
@@ -1485,5 +1469,34 @@ pub enum StackError {
     },
 }
 
+/// Moves every buffer of `weights` into one mapping advised for transparent huge pages
+/// ([`crate::pages`] says why and how). Nothing moves, and `Ok(None)` comes back, where
+/// `SOUS_HUGE_PAGES=off` says so or there is nothing to move; an error (the mapping could
+/// not be made) leaves every buffer where it was. The values are the same bytes either
+/// way.
+pub fn place(weights: &mut [&mut Packed]) -> std::io::Result<Option<crate::pages::Placement>> {
+    crate::pages::place(weights)
+}
+
+impl crate::pages::Placeable for Packed {
+    /// Hands each of the matrix's buffers to `f` ([`crate::pages::place`]).
+    fn for_each_buf(&mut self, f: &mut dyn FnMut(&mut dyn Movable)) {
+        match &mut self.data {
+            Data::F32(v) => f(v),
+            Data::Bf16(v) => f(v),
+            Data::Nvfp4(q) => {
+                f(&mut q.codes);
+                f(&mut q.scales);
+            }
+            Data::Q8(q) => {
+                f(&mut q.codes);
+                f(&mut q.scales);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod placement_tests;
 #[cfg(test)]
 mod tests;
