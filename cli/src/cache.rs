@@ -78,9 +78,9 @@ pub enum CacheError {
     },
 }
 
-impl crate::error::Diagnose for CacheError {
-    fn class(&self) -> crate::error::Class {
-        crate::error::Class::User
+impl sous_engine::diagnose::Diagnose for CacheError {
+    fn class(&self) -> sous_engine::diagnose::Class {
+        sous_engine::diagnose::Class::User
     }
 
     fn hint(&self) -> Option<String> {

@@ -88,9 +88,9 @@ pub enum InstancesError {
     },
 }
 
-impl crate::error::Diagnose for InstancesError {
-    fn class(&self) -> crate::error::Class {
-        crate::error::Class::User
+impl sous_engine::diagnose::Diagnose for InstancesError {
+    fn class(&self) -> sous_engine::diagnose::Class {
+        sous_engine::diagnose::Class::User
     }
 
     fn hint(&self) -> Option<String> {

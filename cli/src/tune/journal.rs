@@ -47,9 +47,9 @@ pub enum JournalError {
     },
 }
 
-impl crate::error::Diagnose for JournalError {
-    fn class(&self) -> crate::error::Class {
-        crate::error::Class::User
+impl sous_engine::diagnose::Diagnose for JournalError {
+    fn class(&self) -> sous_engine::diagnose::Class {
+        sous_engine::diagnose::Class::User
     }
 
     fn hint(&self) -> Option<String> {
