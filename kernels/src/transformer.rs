@@ -72,9 +72,8 @@ const NORM_ROWS: usize = 8;
 /// Calls `f(row, Σ row², dst)` for every row of `x` (`dim` values each) and the
 /// matching row of `out`, each sum [`sum_of_squares`]'s chain. One row's chain waits
 /// on itself at every addition; [`NORM_ROWS`] rows' chains are interleaved here, so the
-/// processor overlaps them, and every row keeps its own order, so its bits. (A 512-token
-/// f32 prefill of SmolLM2 on two cores of a Zen 5: its two norms per layer took 5.8 ms
-/// with the rows one after another, including one residual addition, 3.1 ms so.)
+/// processor overlaps them, and every row keeps its own order, so its bits (nearly
+/// twice as fast as the rows one after another: BENCHMARKS.md, "Figures that were in code comments").
 #[inline(always)]
 fn by_norm_groups(x: &[f32], dim: usize, out: &mut [f32], mut f: impl FnMut(&[f32], f32, &mut [f32])) {
     let group = NORM_ROWS * dim;

@@ -656,9 +656,8 @@ impl Model {
             }
             // Each token's q/k norms and rotary embedding, and its query copied out for
             // attention while the row is in cache, on the pool for a prompt chunk (every
-            // row alone, so the same bits wherever it runs). Copied by one thread after
-            // the rotation, the queries of a 512-token prefill took about 2 ms on two
-            // cores of a Zen 5; here, about 0.5.
+            // row alone, so the same bits wherever it runs): a quarter of the time of
+            // one thread copying them after the rotation (BENCHMARKS.md, "Figures that were in code comments").
             let rotate = |((row, &position), q): ((&mut [f32], &usize), &mut [f32])| {
                 let (qr, rest) = row.split_at_mut(q_len);
                 let kr = &mut rest[..kv_len];

@@ -281,9 +281,9 @@ impl Gpu {
                 arch,
                 compile_ms,
             },
-            // Blocks of 256 threads, 32 per multiprocessor: measured on an H200, the
-            // quantize kernel runs 9 % faster than with 8 (the tail of the last wave
-            // is shorter).
+            // Blocks of 256 threads, 32 per multiprocessor: the tail of the last wave
+            // is shorter than with 8, which measured faster on an H200
+            // (BENCHMARKS.md, "Figures that were in code comments").
             grid: sms * 32,
             ctx,
         })

@@ -665,9 +665,8 @@ mod x86 {
     /// probabilities are zeros and their corrections ones).
     ///
     /// Every broadcast key value and value feeds one multiply-add per vector, where with
-    /// one vector each multiply-add had a load of its own: the attention of a 512-token
-    /// prefill in SmolLM2's shape (`examples/attention.rs`, one thread of a Zen 5) took
-    /// 78–80 ms one vector at a time and 70–73 ms three at a time. Per lane the
+    /// one vector each multiply-add had a load of its own, which measured slower
+    /// (BENCHMARKS.md, "Figures that were in code comments"). Per lane the
     /// operations and their order do not depend on `V`, so neither do the bits.
     ///
     /// # Safety
