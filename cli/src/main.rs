@@ -29,8 +29,10 @@ fn main() -> ExitCode {
 
 /// Logs go to stderr, filtered by `SOUS_LOG` (e.g. `SOUS_LOG=debug`); warnings by default.
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SOUS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = sous_engine::env::LOG
+        .get()
+        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -32,7 +32,7 @@ const RESET: &str = "\x1b[0m";
 impl Shell {
     /// From the process's environment and stderr.
     pub fn from_env() -> Shell {
-        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        let no_color = sous_engine::env::NO_COLOR.get_os().is_some_and(|v| !v.is_empty());
         let terminal = std::io::stderr().is_terminal();
         Shell {
             color: !no_color && terminal,

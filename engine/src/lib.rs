@@ -16,6 +16,7 @@
 //! - [`size`]: byte sizes as users write them (`5GB`, `14.5GiB`) and as sous shows them.
 //! - [`version`]: engine release numbers.
 //! - [`paths`]: where sous keeps per-deployment state.
+//! - [`env`]: every environment variable sous reads, declared once.
 //! - [`repo`]: Hub repository ids, checked as the Hub checks them.
 //! - [`reporter`]: how long operations report status, warnings, output and progress.
 //!
@@ -27,6 +28,7 @@ pub mod chat;
 pub mod checkpoint;
 pub mod diagnose;
 pub mod dialect;
+pub mod env;
 pub mod launch;
 pub mod native;
 pub mod paths;

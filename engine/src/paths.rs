@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 /// The root of sous's state.
 pub fn state_dir() -> PathBuf {
-    state_dir_from(|name| std::env::var_os(name))
+    state_dir_from(crate::env::lookup_os)
 }
 
 /// [`state_dir`] with the environment given, for tests.
@@ -30,7 +30,7 @@ pub fn state_dir_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathB
 
 /// The root of sous's cache.
 pub fn cache_dir() -> PathBuf {
-    cache_dir_from(|name| std::env::var_os(name))
+    cache_dir_from(crate::env::lookup_os)
 }
 
 /// [`cache_dir`] with the environment given, for tests.

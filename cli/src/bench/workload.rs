@@ -251,7 +251,7 @@ mod tests {
         );
         let Ok(tokenizer) = Tokenizer::from_file(path) else {
             assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
+                sous_engine::env::CI.get().as_deref() != Some("true"),
                 "the test model is missing in CI: {path}"
             );
             eprintln!("SKIPPED: the SmolLM2 tokenizer is not at {path}; run scripts/fetch-test-model.sh");

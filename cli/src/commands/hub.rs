@@ -84,7 +84,7 @@ pub fn exec(cmd: HubCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
-    let token = std::env::var(&args.token_env).ok().filter(|t| !t.is_empty());
+    let token = sous_engine::env::named(&args.token_env).filter(|t| !t.is_empty());
     if !args.gated.is_empty() && token.is_none() {
         return Err(UserError::new(
             format!("--gated needs the accepted token in ${}", args.token_env),

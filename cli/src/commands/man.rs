@@ -63,7 +63,7 @@ mod tests {
     #[test]
     fn the_committed_man_pages_are_fresh() {
         let committed = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/man");
-        if std::env::var_os("SOUS_BLESS").is_some() {
+        if sous_engine::env::BLESS.is_set() {
             let _ = std::fs::remove_dir_all(&committed);
             write(&committed).expect("write the pages");
             return;

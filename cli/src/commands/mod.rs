@@ -140,7 +140,7 @@ pub struct OverrideArgs {
 
 /// Loads a recipe with the process's `SOUS_*` overrides and the `--set` arguments.
 pub fn load_recipe(path: &Path, overrides: &OverrideArgs) -> anyhow::Result<Loaded> {
-    let mut layered = Overrides::new().with_env(std::env::vars());
+    let mut layered = Overrides::new().with_env(sous_engine::env::overrides());
     for arg in &overrides.set {
         layered.set(arg)?;
     }
@@ -151,9 +151,9 @@ pub fn load_recipe(path: &Path, overrides: &OverrideArgs) -> anyhow::Result<Load
 /// unset variable is the user's error.
 pub fn api_key(var: Option<&str>) -> anyhow::Result<Option<String>> {
     let Some(var) = var else { return Ok(None) };
-    match std::env::var(var) {
-        Ok(key) => Ok(Some(key)),
-        Err(_) => Err(crate::failure::UserError::new(
+    match sous_engine::env::named(var) {
+        Some(key) => Ok(Some(key)),
+        None => Err(crate::failure::UserError::new(
             format!("--api-key-env: `{var}` is not set"),
             Some(&format!("export {var}=...")),
         )
@@ -168,7 +168,7 @@ pub fn recipe_api_key(recipe: &sous_engine::recipe::Recipe) -> Option<String> {
         .server
         .api_key_env
         .as_deref()
-        .and_then(|v| std::env::var(v).ok())
+        .and_then(sous_engine::env::named)
 }
 
 /// The async runtime of the commands that talk over the network or run engines.

@@ -133,14 +133,14 @@ enum FormatArg {
 }
 
 pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
-    let window_bytes = match std::env::var("SOUS_QUANTIZE_WINDOW") {
-        Ok(v) => v.parse().map_err(|_| {
+    let window_bytes = match sous_engine::env::QUANTIZE_WINDOW.get() {
+        Some(v) => v.parse().map_err(|_| {
             UserError::new(
                 format!("SOUS_QUANTIZE_WINDOW=`{v}` is not a number of bytes"),
                 Some("unset it, or give bytes, e.g. 67108864"),
             )
         })?,
-        Err(_) => DEFAULT_WINDOW,
+        None => DEFAULT_WINDOW,
     };
     let modelopt_export = match args.modelopt_export {
         ExportArg::Gpu => ModelOptExport::Gpu,

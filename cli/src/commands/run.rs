@@ -110,7 +110,7 @@ async fn chat(args: RunArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         }
         (None, Some(url)) => {
             let url = url.trim_end_matches('/').to_owned();
-            let key = std::env::var("OPENAI_API_KEY").ok();
+            let key = sous_engine::env::OPENAI_API_KEY.get();
             let model = match &args.model {
                 Some(m) => m.clone(),
                 None => first_model(&url, key.as_deref()).await?,

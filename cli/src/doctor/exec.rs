@@ -15,7 +15,7 @@ pub struct SearchPath(Option<OsString>);
 impl SearchPath {
     /// The process's own `PATH`.
     pub fn from_env() -> SearchPath {
-        SearchPath(std::env::var_os("PATH"))
+        SearchPath(sous_engine::env::PATH.get_os())
     }
 
     /// A given `PATH` value (tests).

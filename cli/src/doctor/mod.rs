@@ -98,7 +98,7 @@ impl Setup {
         Setup {
             search: SearchPath::from_env(),
             hub: HubConfig::from_env(),
-            token: hub::token_source(|name| std::env::var(name).ok().filter(|v| !v.is_empty())),
+            token: hub::token_source(sous_engine::env::lookup),
             cache_dir: sous_engine::paths::cache_dir(),
             state_dir: sous_engine::paths::state_dir(),
         }

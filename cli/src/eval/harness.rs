@@ -84,7 +84,8 @@ pub fn find_program(given: Option<&Path>) -> Result<PathBuf, EvalError> {
             })
         };
     }
-    std::env::var_os("PATH")
+    sous_engine::env::PATH
+        .get_os()
         .iter()
         .flat_map(std::env::split_paths)
         .map(|dir| dir.join("lm_eval"))

@@ -41,7 +41,7 @@ pub struct HubConfig {
 impl HubConfig {
     /// From the process environment.
     pub fn from_env() -> HubConfig {
-        HubConfig::from_vars(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+        HubConfig::from_vars(sous_engine::env::lookup)
     }
 
     /// From an environment lookup (tests pass their own).

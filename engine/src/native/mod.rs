@@ -202,7 +202,7 @@ impl Settings {
             }
         };
         let api_key = match &recipe.server.api_key_env {
-            Some(var) => Some(std::env::var(var).map_err(|_| NativeError::Settings {
+            Some(var) => Some(crate::env::named(var).ok_or_else(|| NativeError::Settings {
                 message: format!("`server.api_key_env` names `{var}`, which is not set"),
                 hint: format!("export {var}=... before `sous serve`, or remove `server.api_key_env`"),
             })?),
@@ -235,7 +235,7 @@ impl Settings {
             port: recipe.server.port,
             api_key,
             stop_grace: recipe.server.stop_grace,
-            log_interval: log_interval(std::env::var("VLLM_LOG_STATS_INTERVAL").ok().as_deref())?,
+            log_interval: log_interval(crate::env::VLLM_LOG_STATS_INTERVAL.get().as_deref())?,
         })
     }
 }

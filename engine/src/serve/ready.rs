@@ -58,12 +58,7 @@ pub(super) async fn wait_ready(recipe: &Recipe, own_group: Option<i32>) -> Strin
             .is_ok_and(|r| r.status().is_success());
         if healthy {
             let mut request = client.get(format!("{url}/v1/models"));
-            if let Some(key) = recipe
-                .server
-                .api_key_env
-                .as_deref()
-                .and_then(|v| std::env::var(v).ok())
-            {
+            if let Some(key) = recipe.server.api_key_env.as_deref().and_then(crate::env::named) {
                 request = request.bearer_auth(key);
             }
             if let Ok(response) = request.send().await

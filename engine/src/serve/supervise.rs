@@ -350,7 +350,7 @@ type EnvPairs = Vec<(String, String)>;
 fn resolve(launch: &Launch) -> Result<(Vec<String>, EnvPairs), ServeError> {
     let value = |arg: &Arg| match arg {
         Arg::Lit(s) => Ok(s.clone()),
-        Arg::FromEnv(var) => std::env::var(var).map_err(|_| ServeError::MissingEnv(var.clone())),
+        Arg::FromEnv(var) => crate::env::named(var).ok_or_else(|| ServeError::MissingEnv(var.clone())),
     };
     let argv = launch.argv.iter().map(value).collect::<Result<_, _>>()?;
     let env = launch

@@ -91,7 +91,7 @@ pub struct FileJob {
 
 /// The environment variable that chooses the verification: `auto` (the default: the
 /// Xet hash where the Hub gives one) or `sha256` (the sha256 of every LFS file).
-pub const VERIFY_ENV: &str = "SOUS_VERIFY";
+pub const VERIFY_ENV: &str = sous_engine::env::VERIFY.name;
 
 /// The hash a downloaded file is checked with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -128,11 +128,11 @@ pub enum Verify {
 impl Verify {
     /// `SOUS_VERIFY`'s value; anything but `auto`, `sha256` or unset is refused.
     pub fn from_env() -> Result<Verify, String> {
-        match std::env::var(VERIFY_ENV) {
-            Err(_) => Ok(Verify::Auto),
-            Ok(v) if v == "auto" => Ok(Verify::Auto),
-            Ok(v) if v == "sha256" => Ok(Verify::Sha256),
-            Ok(v) => Err(format!(
+        match sous_engine::env::VERIFY.get() {
+            None => Ok(Verify::Auto),
+            Some(v) if v == "auto" => Ok(Verify::Auto),
+            Some(v) if v == "sha256" => Ok(Verify::Sha256),
+            Some(v) => Err(format!(
                 "{VERIFY_ENV}={v} is not a verification sous knows: use `auto` (the Xet hash where the Hub gives one, else sha256) or `sha256`"
             )),
         }

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use sha2::Digest;
 
 /// The environment variable that overrides the choice.
-pub const ENV: &str = "SOUS_SHA256";
+pub const ENV: &str = sous_engine::env::SHA256.name;
 
 /// A SHA-256 implementation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,12 +40,12 @@ impl Backend {
     /// fastest for this CPU. Decided once.
     pub fn current() -> Backend {
         static CHOSEN: OnceLock<Backend> = OnceLock::new();
-        *CHOSEN.get_or_init(|| match std::env::var(ENV) {
-            Ok(name) => Backend::parse(&name).unwrap_or_else(|| {
+        *CHOSEN.get_or_init(|| match sous_engine::env::SHA256.get() {
+            Some(name) => Backend::parse(&name).unwrap_or_else(|| {
                 tracing::warn!("{ENV}={name} is not sha2, ring or portable; choosing by CPU");
                 Backend::auto()
             }),
-            Err(_) => Backend::auto(),
+            None => Backend::auto(),
         })
     }
 

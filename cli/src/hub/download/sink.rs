@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 /// The environment variable that chooses how a pull writes: `auto`, `direct` or
 /// `buffered`.
-pub const IO_ENV: &str = "SOUS_PULL_IO";
+pub const IO_ENV: &str = sous_engine::env::PULL_IO.name;
 
 /// Files at least this large are written with `O_DIRECT` under `auto`: the shards of a
 /// large model. A smaller file fits well within the dirty pages the kernel lets a writer
@@ -61,7 +61,7 @@ impl Io {
     /// `SOUS_PULL_IO`'s value; anything but `auto`, `direct`, `buffered` or unset is
     /// refused.
     pub fn from_env() -> Result<Io, String> {
-        Io::parse(std::env::var(IO_ENV).ok().as_deref())
+        Io::parse(sous_engine::env::PULL_IO.get().as_deref())
     }
 
     fn parse(value: Option<&str>) -> Result<Io, String> {
