@@ -27,7 +27,7 @@
 use rand_distr::{Distribution, Gamma};
 
 use super::BenchError;
-use super::workload;
+use super::prompts;
 
 /// The generator stream of the arrival gaps (the prompts use streams 1 to 7).
 const STREAM: u64 = 8;
@@ -130,7 +130,7 @@ pub fn gaps(seed: u64, count: usize, rate: f64, burstiness: f64) -> Result<Vec<f
         return Ok(vec![1.0 / rate; count]);
     }
     let gamma = Gamma::new(burstiness, 1.0 / (rate * burstiness)).map_err(|_| bad())?;
-    let mut rng = workload::rng(seed, STREAM);
+    let mut rng = prompts::rng(seed, STREAM);
     Ok((0..count).map(|_| gamma.sample(&mut rng)).collect())
 }
 

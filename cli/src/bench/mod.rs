@@ -4,7 +4,8 @@
 //!
 //! Definitions follow `vllm bench serve` (`vllm/benchmarks/serve.py`) so that figures
 //! are comparable with it; see [`stats`]. The active runner is [`run`] (what to run in
-//! [`plan`], when open-loop requests arrive in [`arrivals`], the report in
+//! [`workload`], their prompts in [`prompts`], when open-loop requests arrive in
+//! [`arrivals`], the report in
 //! [`report`]); the passive ones are [`logs`] and [`scrape`]; engines' metric names
 //! and log lines come from `sous_engine::dialect`. Nothing here prints: progress and
 //! warnings go to a `Reporter`, and the command prints the rest.
@@ -15,8 +16,8 @@ pub mod client;
 pub mod discover;
 mod error;
 pub mod logs;
-pub mod plan;
 pub mod prom;
+pub mod prompts;
 pub mod ratio;
 pub mod report;
 pub mod run;

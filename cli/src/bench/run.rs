@@ -16,12 +16,12 @@ use super::BenchError;
 use super::arrivals;
 use super::client::{self, Endpoint};
 use super::discover;
-use super::plan::{Planned, Workload};
 use super::prom::Scrape;
+use super::prompts::PromptMaker;
 use super::report::{AgentSummary, ErrorCount, InstanceFigures, Level, ProbeSummary, Report};
 use super::server::ServerFigures;
 use super::stats::{RequestRecord, RunMetrics, Slo};
-use super::workload::PromptMaker;
+use super::workload::{Planned, Workload};
 
 /// The server under test.
 #[derive(Debug, Clone)]

@@ -1,329 +1,308 @@
-//! The workloads' requests, built with the served model's tokenizer so that every
-//! prompt's length in tokens is known exactly (measured by encoding the final text),
-//! and from a seeded generator so that a run can be reproduced.
-//!
-//! Prompts are made of whole-word vocabulary entries (a space and 2 to 10 lower-case
-//! letters), which re-tokenize to themselves when joined; the last adjustment step
-//! re-encodes and trims until the count is the target. The first words of every
-//! prompt that must be cold come from a salt (recorded in the report), so a repeated
-//! run does not hit a prefix cache filled by the previous one.
+//! What an active benchmark runs: the workloads as plain descriptions (what the user
+//! asked for, with no command-line types), and their levels: for each concurrency (or,
+//! open-loop, each request rate) the sessions of requests to send, built by
+//! [`super::prompts`], and when each is sent ([`super::arrivals`]). Not here: sending
+//! them ([`super::run`]).
 
-use std::sync::Arc;
-
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use tokenizers::Tokenizer;
-
+use super::BenchError;
+use super::arrivals::{self, Traffic};
 use super::client::Job;
+use super::prompts::{self, PromptMaker};
 
-/// Builds prompts of exact token lengths.
-pub struct PromptMaker {
-    tokenizer: Tokenizer,
-    words: Vec<u32>,
+/// A workload.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Workload {
+    /// One stream, repeated: TTFT and decode speed.
+    Probe(Probe),
+    /// Concurrency levels with a number of requests each.
+    Sweep(Sweep),
+    /// Requests sharing long prefixes.
+    Prefix(Prefix),
+    /// Coding-agent sessions resending a growing context.
+    Agent(Agent),
 }
 
-impl PromptMaker {
-    /// Finds the whole-word entries of the vocabulary.
-    pub fn new(tokenizer: Tokenizer) -> Result<PromptMaker, String> {
-        let size = tokenizer.get_vocab_size(true) as u32;
-        let words: Vec<u32> = (0..size)
-            .filter(|id| {
-                tokenizer.decode(&[*id], true).is_ok_and(|s| {
-                    s.len() > 2
-                        && s.len() <= 11
-                        && s.starts_with(' ')
-                        && s[1..].bytes().all(|b| b.is_ascii_lowercase())
-                })
-            })
-            .collect();
-        if words.len() < 100 {
-            return Err(format!(
-                "the tokenizer has only {} whole-word entries; sous cannot build prompts from it",
-                words.len()
-            ));
-        }
-        Ok(PromptMaker { tokenizer, words })
-    }
-
-    /// Tokens in `text`, as the server will count them (no special tokens added).
-    pub fn count(&self, text: &str) -> usize {
-        self.tokenizer
-            .encode(text, false)
-            .map_or(0, |e| e.get_ids().len())
-    }
-
-    /// Text of about `tokens` tokens of random words (exactly, in practice, and the
-    /// callers measure the joined prompt anyway).
-    pub fn text(&self, rng: &mut ChaCha8Rng, tokens: usize) -> String {
-        if tokens == 0 {
-            return String::new();
-        }
-        let mut ids: Vec<u32> = (0..tokens)
-            .map(|_| self.words[rng.random_range(0..self.words.len())])
-            .collect();
-        let mut text = self.tokenizer.decode(&ids, true).unwrap_or_default();
-        // A word boundary can merge two entries into one token; add words until the
-        // count is reached, then trim the surplus.
-        for _ in 0..8 {
-            let count = self.count(&text);
-            if count == tokens {
-                break;
-            }
-            if count < tokens {
-                ids.extend((0..tokens - count).map(|_| self.words[rng.random_range(0..self.words.len())]));
-            } else {
-                ids.truncate(ids.len() - (count - tokens).min(ids.len() - 1));
-            }
-            text = self.tokenizer.decode(&ids, true).unwrap_or_default();
-        }
-        text
-    }
-}
-
-/// A generator for one purpose of a workload, from the run's seed.
-pub fn rng(seed: u64, stream: u64) -> ChaCha8Rng {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(stream);
-    rng
-}
-
-/// A length drawn uniformly from `[len * (1 - ratio), len * (1 + ratio)]` (vLLM's
-/// `--random-range-ratio`).
-pub fn length(rng: &mut ChaCha8Rng, len: usize, ratio: f64) -> usize {
-    if ratio <= 0.0 {
-        return len.max(1);
-    }
-    let low = ((len as f64) * (1.0 - ratio)).round().max(1.0) as usize;
-    let high = ((len as f64) * (1.0 + ratio)).round().max(low as f64) as usize;
-    rng.random_range(low..=high)
-}
-
-fn job(maker: &PromptMaker, prompt: String, max_tokens: usize, ignore_eos: bool) -> Job {
-    Job {
-        prompt_len: maker.count(&prompt),
-        prompt: Arc::from(prompt),
-        max_tokens,
-        ignore_eos,
-    }
-}
-
-/// A cold prompt: salted first words, then random text, `tokens` long.
-fn cold(maker: &PromptMaker, salt: &mut ChaCha8Rng, body: &mut ChaCha8Rng, tokens: usize) -> String {
-    let head = tokens.min(8);
-    let mut prompt = maker.text(salt, head);
-    prompt.push_str(&maker.text(body, tokens - head));
-    prompt
-}
-
-/// Settings of the request-per-session workloads.
-#[derive(Debug, Clone)]
-pub struct Lengths {
+/// `sous bench probe`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Probe {
+    /// Repetitions (at least one is run).
+    pub repeat: usize,
     /// Prompt tokens.
-    pub input: usize,
+    pub input_len: usize,
+    /// Output tokens, past the end-of-sequence token.
+    pub output_len: usize,
+    /// A given prompt text instead of `input_len` random words (a file to edit, for
+    /// speculative decoding by prompt lookup); each repetition still starts with a few
+    /// salted words, so none is served from the prefix cache.
+    pub prompt: Option<String>,
+}
+
+/// `sous bench sweep`: closed-loop levels (`concurrency`), or open-loop ones
+/// (`request_rates`) when any rate is given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sweep {
+    /// Concurrency levels, each at least 1 (closed loop: that many requests in flight,
+    /// the next sent as one ends); unused when `request_rates` is not empty.
+    pub concurrency: Vec<usize>,
+    /// Open-loop levels: requests per second, `f64::INFINITY` for all at once, each
+    /// positive.
+    pub request_rates: Vec<f64>,
+    /// The gamma shape of the open-loop gaps (1: Poisson; `f64::INFINITY`: even).
+    pub burstiness: f64,
+    /// The most requests in flight in an open-loop level; none: no cap.
+    pub max_concurrency: Option<usize>,
+    /// Requests per level (default: closed loop, 4 × the level, at least 8; open loop,
+    /// see [`Sweep::open_requests`]).
+    pub requests: Option<usize>,
+    /// Prompt tokens.
+    pub input_len: usize,
     /// Output tokens.
-    pub output: usize,
-    /// Spread of both, as vLLM's `--random-range-ratio`.
+    pub output_len: usize,
+    /// Draw lengths uniformly within ± this ratio (vLLM's `--random-range-ratio`).
     pub range_ratio: f64,
-    /// Generate past the end-of-sequence token.
-    pub ignore_eos: bool,
+    /// Stop at the end-of-sequence token instead of generating `output_len` tokens.
+    pub eos: bool,
 }
 
-/// `count` independent cold requests.
-pub fn independent(
-    maker: &PromptMaker,
-    seed: u64,
-    salt: u64,
-    count: usize,
-    lengths: &Lengths,
-) -> Vec<Vec<Job>> {
-    let (mut sizes, mut body, mut salt) = (rng(seed, 1), rng(seed, 2), rng(salt, 3));
-    (0..count)
-        .map(|_| {
-            let input = length(&mut sizes, lengths.input, lengths.range_ratio);
-            let output = length(&mut sizes, lengths.output, lengths.range_ratio);
-            let prompt = cold(maker, &mut salt, &mut body, input);
-            vec![job(maker, prompt, output, lengths.ignore_eos)]
-        })
-        .collect()
-}
-
-/// `count` requests of one given prompt `text`, each after its own salted first words
-/// (a line of its own) so that no request reuses another's cached prefix.
-pub fn given(maker: &PromptMaker, salt: u64, count: usize, text: &str, lengths: &Lengths) -> Vec<Vec<Job>> {
-    let mut salt = rng(salt, 3);
-    (0..count)
-        .map(|_| {
-            let mut prompt = maker.text(&mut salt, 8);
-            prompt.push('\n');
-            prompt.push_str(text);
-            vec![job(maker, prompt, lengths.output, lengths.ignore_eos)]
-        })
-        .collect()
-}
-
-/// Settings of the shared-prefix workload (vLLM's `prefix_repetition` dataset).
-#[derive(Debug, Clone)]
-pub struct Prefixes {
-    /// Distinct prefixes.
+/// `sous bench prefix`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prefix {
+    /// Distinct shared prefixes.
     pub prefixes: usize,
     /// Tokens of each prefix.
     pub prefix_len: usize,
-    /// Tokens after it, unique per request.
+    /// Unique tokens after the prefix.
     pub suffix_len: usize,
-    /// Requests in all, cycling over the prefixes.
+    /// Requests in all.
     pub requests: usize,
     /// Output tokens.
-    pub output: usize,
+    pub output_len: usize,
+    /// Requests in flight at once.
+    pub concurrency: usize,
 }
 
-/// Requests sharing long prefixes: request i uses prefix `i % prefixes`.
-pub fn shared_prefixes(maker: &PromptMaker, seed: u64, salt: u64, p: &Prefixes) -> Vec<Vec<Job>> {
-    let (mut body, mut salt) = (rng(seed, 4), rng(salt, 5));
-    let prefixes: Vec<String> = (0..p.prefixes.max(1))
-        .map(|_| cold(maker, &mut salt, &mut body, p.prefix_len))
-        .collect();
-    (0..p.requests)
-        .map(|i| {
-            let mut prompt = prefixes[i % prefixes.len()].clone();
-            prompt.push_str(&maker.text(&mut body, p.suffix_len));
-            vec![job(maker, prompt, p.output, true)]
-        })
-        .collect()
-}
-
-/// Settings of the coding-agent workload.
-#[derive(Debug, Clone)]
+/// `sous bench agent`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Agent {
-    /// Sessions, all running at once.
+    /// Sessions, all at once.
     pub sessions: usize,
     /// Requests per session.
     pub steps: usize,
     /// Output tokens per step.
-    pub output: usize,
-    /// Prompt tokens per generated token, on average (the Titan report's 53).
+    pub output_len: usize,
+    /// Prompt tokens per generated token, on average.
     pub ratio: f64,
-    /// The longest prompt the server takes (its `max_model_len` minus the output).
-    pub max_prompt: usize,
+    /// The longest context to send (default: the server's `max_model_len`, else 8192).
+    pub max_context: Option<usize>,
 }
 
-/// Sessions that resend their whole, growing context at every step: step s of K sends
-/// `2T·s/(K+1)` tokens, T = ratio × output (capped so the last step fits), each step's
-/// prompt extending the previous one as an agent's transcript does.
-pub fn agent(maker: &PromptMaker, seed: u64, salt: u64, a: &Agent) -> Vec<Vec<Job>> {
-    let steps = a.steps.max(1);
-    let mut mean = a.ratio * a.output as f64;
-    let last = 2.0 * mean * steps as f64 / (steps + 1) as f64;
-    if last > a.max_prompt as f64 {
-        mean *= a.max_prompt as f64 / last;
+/// One level to run: at most `concurrency` sessions in flight, each a list of requests
+/// sent one after the other, all at once or each at its arrival time.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// Sessions in flight at once (the semaphore's permits).
+    pub concurrency: usize,
+    /// The sessions.
+    pub sessions: Vec<Vec<Job>>,
+    /// When each session arrives, seconds from the level's start (open loop); none:
+    /// all at once.
+    pub arrivals: Option<Vec<f64>>,
+    /// The level's traffic keys.
+    pub traffic: Traffic,
+}
+
+impl Planned {
+    /// A closed-loop level: every session at once, `concurrency` at a time.
+    fn closed(concurrency: usize, sessions: Vec<Vec<Job>>) -> Planned {
+        Planned {
+            concurrency,
+            sessions,
+            arrivals: None,
+            traffic: Traffic::closed(concurrency),
+        }
     }
-    let (mut body, mut salt) = (rng(seed, 6), rng(salt, 7));
-    (0..a.sessions.max(1))
-        .map(|_| {
-            let mut context = String::new();
-            let mut tokens = 0;
-            (1..=steps)
-                .map(|s| {
-                    let target = (2.0 * mean * s as f64 / (steps + 1) as f64).round().max(1.0) as usize;
-                    let grow = target.saturating_sub(tokens).max(1);
-                    if context.is_empty() {
-                        context = cold(maker, &mut salt, &mut body, grow);
-                    } else {
-                        context.push_str(&maker.text(&mut body, grow));
-                    }
-                    let next = job(maker, context.clone(), a.output, true);
-                    tokens = next.prompt_len;
-                    next
-                })
-                .collect()
-        })
-        .collect()
+}
+
+impl Sweep {
+    /// Requests of each open-loop level, in the order of `request_rates`: `requests`
+    /// when given; else about ten seconds of arrivals at a finite rate (10 × R, at least
+    /// 8) and, at rate `inf`, 4 × `max_concurrency` (at least 8) or, with no cap, as
+    /// many as the largest finite level (at least 8).
+    pub fn open_requests(&self) -> Vec<usize> {
+        let finite = |r: f64| ((10.0 * r).ceil() as usize).max(8);
+        let largest = self
+            .request_rates
+            .iter()
+            .filter(|r| r.is_finite())
+            .map(|r| finite(*r))
+            .max()
+            .unwrap_or(8);
+        self.request_rates
+            .iter()
+            .map(|r| match (self.requests, r.is_finite(), self.max_concurrency) {
+                (Some(n), _, _) => n,
+                (None, true, _) => finite(*r),
+                (None, false, Some(c)) => (4 * c).max(8),
+                (None, false, None) => largest,
+            })
+            .collect()
+    }
+}
+
+impl Workload {
+    /// `probe`, `sweep`, `prefix` or `agent`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Workload::Probe(_) => "probe",
+            Workload::Sweep(_) => "sweep",
+            Workload::Prefix(_) => "prefix",
+            Workload::Agent(_) => "agent",
+        }
+    }
+
+    /// The levels, with prompts from `maker`; `max_len` is the server's `max_model_len`
+    /// when it gave one, and no request may be longer.
+    pub fn levels(
+        &self,
+        maker: &PromptMaker,
+        seed: u64,
+        salt: u64,
+        max_len: Option<usize>,
+    ) -> Result<Vec<Planned>, BenchError> {
+        let levels = match self {
+            Workload::Probe(a) => {
+                let lengths = prompts::Lengths {
+                    input: a.input_len,
+                    output: a.output_len,
+                    range_ratio: 0.0,
+                    ignore_eos: true,
+                };
+                let sessions = match &a.prompt {
+                    Some(text) => prompts::given(maker, salt, a.repeat.max(1), text, &lengths),
+                    None => prompts::independent(maker, seed, salt, a.repeat.max(1), &lengths),
+                };
+                vec![Planned::closed(1, sessions)]
+            }
+            Workload::Sweep(a) if !a.request_rates.is_empty() => {
+                if a.max_concurrency == Some(0) {
+                    return Err(BenchError::NoMaxConcurrency);
+                }
+                let lengths = prompts::Lengths {
+                    input: a.input_len,
+                    output: a.output_len,
+                    range_ratio: a.range_ratio,
+                    ignore_eos: !a.eos,
+                };
+                let mut levels = Vec::with_capacity(a.request_rates.len());
+                for (i, (rate, n)) in a.request_rates.iter().zip(a.open_requests()).enumerate() {
+                    // Every level draws its gaps from the same seed: the same pattern,
+                    // scaled to each rate.
+                    let times = arrivals::schedule(seed, n, *rate, a.burstiness)?;
+                    levels.push(Planned {
+                        concurrency: a.max_concurrency.unwrap_or(n).max(1),
+                        sessions: prompts::independent(maker, seed, salt.wrapping_add(i as u64), n, &lengths),
+                        arrivals: Some(times),
+                        traffic: Traffic {
+                            request_rate: *rate,
+                            burstiness: a.burstiness,
+                            max_concurrency: a.max_concurrency,
+                        },
+                    });
+                }
+                levels
+            }
+            Workload::Sweep(a) => {
+                if a.concurrency.is_empty() || a.concurrency.contains(&0) {
+                    return Err(BenchError::NoConcurrency);
+                }
+                let lengths = prompts::Lengths {
+                    input: a.input_len,
+                    output: a.output_len,
+                    range_ratio: a.range_ratio,
+                    ignore_eos: !a.eos,
+                };
+                a.concurrency
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        let n = a.requests.unwrap_or((4 * c).max(8));
+                        Planned::closed(
+                            *c,
+                            prompts::independent(maker, seed, salt.wrapping_add(i as u64), n, &lengths),
+                        )
+                    })
+                    .collect()
+            }
+            Workload::Prefix(a) => {
+                let p = prompts::Prefixes {
+                    prefixes: a.prefixes,
+                    prefix_len: a.prefix_len,
+                    suffix_len: a.suffix_len,
+                    requests: a.requests,
+                    output: a.output_len,
+                };
+                vec![Planned::closed(
+                    a.concurrency,
+                    prompts::shared_prefixes(maker, seed, salt, &p),
+                )]
+            }
+            Workload::Agent(a) => {
+                let limit = a.max_context.or(max_len).unwrap_or(8192);
+                let spec = prompts::Agent {
+                    sessions: a.sessions,
+                    steps: a.steps,
+                    output: a.output_len,
+                    ratio: a.ratio,
+                    max_prompt: limit.saturating_sub(a.output_len + 8).max(16),
+                };
+                vec![Planned::closed(
+                    a.sessions,
+                    prompts::agent(maker, seed, salt, &spec),
+                )]
+            }
+        };
+        if let Some(limit) = max_len {
+            let longest = levels
+                .iter()
+                .flat_map(|l| l.sessions.iter().flatten())
+                .map(|j| j.prompt_len + j.max_tokens)
+                .max()
+                .unwrap_or(0);
+            if longest > limit {
+                return Err(BenchError::TooLong { longest, limit });
+            }
+        }
+        Ok(levels)
+    }
 }
 
 #[cfg(test)]
-#[allow(clippy::print_stderr, reason = "a skipped test says so")]
 mod tests {
     use super::*;
 
-    fn maker() -> Option<PromptMaker> {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../target/models/HuggingFaceTB/SmolLM2-135M-Instruct/tokenizer.json"
-        );
-        let Ok(tokenizer) = Tokenizer::from_file(path) else {
-            assert!(
-                sous_engine::env::CI.get().as_deref() != Some("true"),
-                "the test model is missing in CI: {path}"
-            );
-            eprintln!("SKIPPED: the SmolLM2 tokenizer is not at {path}; run scripts/fetch-test-model.sh");
-            return None;
-        };
-        Some(PromptMaker::new(tokenizer).expect("words"))
-    }
-
-    #[test]
-    fn prompts_have_exact_lengths_and_are_reproducible() {
-        let Some(m) = maker() else { return };
-        let lengths = Lengths {
-            input: 500,
-            output: 16,
+    fn sweep(rates: &[f64], max_concurrency: Option<usize>, requests: Option<usize>) -> Sweep {
+        Sweep {
+            concurrency: vec![1],
+            request_rates: rates.to_vec(),
+            burstiness: 1.0,
+            max_concurrency,
+            requests,
+            input_len: 8,
+            output_len: 8,
             range_ratio: 0.0,
-            ignore_eos: true,
-        };
-        let a = independent(&m, 7, 1, 5, &lengths);
-        let b = independent(&m, 7, 1, 5, &lengths);
-        for (x, y) in a.iter().zip(&b) {
-            assert_eq!(x[0].prompt, y[0].prompt, "same seed and salt, same prompt");
-            assert_eq!(x[0].prompt_len, 500);
+            eos: false,
         }
-        let other_salt = independent(&m, 7, 2, 1, &lengths);
-        assert_ne!(a[0][0].prompt, other_salt[0][0].prompt);
-        assert!(a[0][0].prompt.len() > 1000);
     }
 
     #[test]
-    fn shared_prefix_requests_start_alike_and_agent_contexts_grow() {
-        let Some(m) = maker() else { return };
-        let p = Prefixes {
-            prefixes: 2,
-            prefix_len: 64,
-            suffix_len: 8,
-            requests: 4,
-            output: 4,
-        };
-        let jobs = shared_prefixes(&m, 1, 1, &p);
-        assert!(jobs[2][0].prompt.starts_with(&jobs[0][0].prompt[..200]));
-        assert!(!jobs[1][0].prompt.starts_with(&jobs[0][0].prompt[..200]));
-        let sessions = agent(
-            &m,
-            1,
-            1,
-            &Agent {
-                sessions: 2,
-                steps: 4,
-                output: 10,
-                ratio: 53.0,
-                max_prompt: 4096,
-            },
+    fn open_levels_default_to_ten_seconds_of_arrivals() {
+        let inf = f64::INFINITY;
+        assert_eq!(
+            sweep(&[0.1, 2.5, 20.0, inf], None, None).open_requests(),
+            [8, 25, 200, 200]
         );
-        assert_eq!(sessions.len(), 2);
-        let lens: Vec<usize> = sessions[0].iter().map(|j| j.prompt_len).collect();
-        // 2·530·s/5 = 212, 424, 636, 848: mean 530 = 53 × 10
-        for (got, want) in lens.iter().zip([212, 424, 636, 848]) {
-            assert!(got.abs_diff(want) <= 2, "{lens:?}");
-        }
-        assert!(sessions[0][3].prompt.starts_with(&*sessions[0][2].prompt));
-        let capped = agent(
-            &m,
-            1,
-            1,
-            &Agent {
-                sessions: 1,
-                steps: 4,
-                output: 10,
-                ratio: 53.0,
-                max_prompt: 424,
-            },
-        );
-        assert!(capped[0][3].prompt_len <= 426, "{}", capped[0][3].prompt_len);
+        assert_eq!(sweep(&[inf], Some(4), None).open_requests(), [16]);
+        assert_eq!(sweep(&[inf], None, None).open_requests(), [8]);
+        assert_eq!(sweep(&[1.0, inf], Some(4), Some(30)).open_requests(), [30, 30]);
     }
 }

@@ -16,12 +16,12 @@ use crate::shell::Shell;
 use sous::bench::arrivals;
 use sous::bench::client::Endpoint;
 use sous::bench::logs::AfterRestart;
-use sous::bench::plan::{self, Workload};
 use sous::bench::report;
 use sous::bench::run::{self, Target};
 use sous::bench::scrape;
 use sous::bench::stats::Slo;
 use sous::bench::window::{self, TimeArg, Window};
+use sous::bench::workload::{self, Workload};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -380,7 +380,7 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
                 })?),
                 None => None,
             };
-            let workload = Workload::Probe(plan::Probe {
+            let workload = Workload::Probe(workload::Probe {
                 repeat: a.repeat,
                 input_len: a.input_len,
                 output_len: a.output_len,
@@ -389,7 +389,7 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
             active(&a.common, &workload, shell)
         }
         BenchCommand::Sweep(a) => {
-            let workload = Workload::Sweep(plan::Sweep {
+            let workload = Workload::Sweep(workload::Sweep {
                 concurrency: a.concurrency,
                 request_rates: a.request_rate,
                 burstiness: a.burstiness,
@@ -403,7 +403,7 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
             active(&a.common, &workload, shell)
         }
         BenchCommand::Prefix(a) => {
-            let workload = Workload::Prefix(plan::Prefix {
+            let workload = Workload::Prefix(workload::Prefix {
                 prefixes: a.prefixes,
                 prefix_len: a.prefix_len,
                 suffix_len: a.suffix_len,
@@ -414,7 +414,7 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
             active(&a.common, &workload, shell)
         }
         BenchCommand::Agent(a) => {
-            let workload = Workload::Agent(plan::Agent {
+            let workload = Workload::Agent(workload::Agent {
                 sessions: a.sessions,
                 steps: a.steps,
                 output_len: a.output_len,

@@ -21,10 +21,10 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use sous::bench::client::Endpoint;
-use sous::bench::plan::{self, Workload};
 use sous::bench::run::{self, Options, Target};
 use sous::bench::stats::Slo;
 use sous::bench::table;
+use sous::bench::workload::{self, Workload};
 use sous::hub::config::HubConfig;
 use sous::tune::journal::{Header, Journal};
 use sous::tune::{self, Lever, Objective, Outcome, Phase, Sample, Trial, TrialResult};
@@ -130,13 +130,13 @@ pub struct TuneArgs {
 impl TuneArgs {
     fn workload(&self) -> Workload {
         match self.workload {
-            TuneWorkload::Probe => Workload::Probe(plan::Probe {
+            TuneWorkload::Probe => Workload::Probe(workload::Probe {
                 repeat: self.steps.max(1),
                 input_len: self.input_len,
                 output_len: self.output_len,
                 prompt: None,
             }),
-            TuneWorkload::Sweep => Workload::Sweep(plan::Sweep {
+            TuneWorkload::Sweep => Workload::Sweep(workload::Sweep {
                 concurrency: vec![self.concurrency],
                 request_rates: Vec::new(),
                 burstiness: 1.0,
@@ -147,7 +147,7 @@ impl TuneArgs {
                 range_ratio: 0.0,
                 eos: false,
             }),
-            TuneWorkload::Prefix => Workload::Prefix(plan::Prefix {
+            TuneWorkload::Prefix => Workload::Prefix(workload::Prefix {
                 prefixes: 2,
                 prefix_len: self.input_len,
                 suffix_len: 32,
@@ -155,7 +155,7 @@ impl TuneArgs {
                 output_len: self.output_len,
                 concurrency: self.concurrency,
             }),
-            TuneWorkload::Agent => Workload::Agent(plan::Agent {
+            TuneWorkload::Agent => Workload::Agent(workload::Agent {
                 sessions: self.concurrency,
                 steps: self.steps,
                 output_len: self.output_len,
@@ -700,7 +700,7 @@ impl Ctx<'_> {
         };
         let silent = self.shell.quiet();
         // Warm-up: one short request, not measured.
-        let warm = Workload::Probe(plan::Probe {
+        let warm = Workload::Probe(workload::Probe {
             repeat: 1,
             input_len: 16,
             output_len: 4,
