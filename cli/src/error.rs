@@ -49,7 +49,7 @@ pub fn diagnosis<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a dyn Diagnos
         crate::bench::logs::LogsError,
         crate::bench::scrape::ScrapeError,
         crate::instances::InstancesError,
-        crate::cache::CacheError,
+        crate::inventory::InventoryError,
         crate::tune::journal::JournalError,
     ];
     None

@@ -19,7 +19,7 @@
 //!   Hub, free space, and which recipes can be served here.
 //! - [`instances`]: the instances `sous serve` runs here (records, health, logs), for
 //!   `ps`, `logs`, `stop` and `run`.
-//! - [`cache`]: what the Hub cache and sous's cache hold (models, revisions, quantized
+//! - [`inventory`]: what the Hub cache and sous's cache hold (models, revisions, quantized
 //!   variants, sizes, provenance), for `list` and `rm`.
 //! - [`eval`]: what a recipe costs in quality: perplexity, KL divergence against a
 //!   baseline, and task accuracy through lm-evaluation-harness.
@@ -33,7 +33,6 @@
 //! report through [`sous_engine::reporter::Reporter`], which the binary draws.
 
 pub mod bench;
-pub mod cache;
 pub mod deploy;
 pub mod doctor;
 pub mod error;
@@ -41,6 +40,7 @@ pub mod eval;
 pub mod hub;
 pub mod import;
 pub mod instances;
+pub mod inventory;
 pub mod pipeline;
 pub mod plan;
 pub mod quantize;

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::{Value, json};
 use sous::bench::table;
-use sous::cache::{self, Listing};
 use sous::hub::config::HubConfig;
 use sous::instances;
+use sous::inventory::{self, Listing};
 use sous_engine::paths;
 use sous_engine::serve::instance::InstanceState;
 use sous_engine::size::human;
@@ -26,7 +26,7 @@ pub struct ListArgs {
 
 pub fn exec(args: ListArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let hub = HubConfig::from_env();
-    let listing = cache::list(&hub.cache_dir, &paths::cache_dir().join("quantized"))?;
+    let listing = inventory::list(&hub.cache_dir, &paths::cache_dir().join("quantized"))?;
     let live: Vec<InstanceState> = instances::scan(&paths::state_dir())?
         .iter()
         .filter_map(|e| e.live().cloned())
@@ -51,13 +51,13 @@ fn to_json(listing: &Listing, live: &[InstanceState]) -> Value {
                 .iter()
                 .map(|r| {
                     let mut v = json!(r);
-                    v["served_by"] = json!(cache::served_by(&r.path, None, live));
+                    v["served_by"] = json!(inventory::served_by(&r.path, None, live));
                     v
                 })
                 .collect();
             let mut v = json!(m);
             v["revisions"] = json!(revisions);
-            v["served_by"] = json!(cache::served_by(&m.path, Some(&m.repo), live));
+            v["served_by"] = json!(inventory::served_by(&m.path, Some(&m.repo), live));
             v
         })
         .collect();
@@ -66,7 +66,7 @@ fn to_json(listing: &Listing, live: &[InstanceState]) -> Value {
         .iter()
         .map(|q| {
             let mut v = json!(q);
-            v["served_by"] = json!(cache::served_by(&q.path, None, live));
+            v["served_by"] = json!(inventory::served_by(&q.path, None, live));
             v
         })
         .collect();

@@ -9,9 +9,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 use serde_json::json;
-use sous::cache::{self, CacheError, Target};
 use sous::hub::config::HubConfig;
 use sous::instances;
+use sous::inventory::{self, InventoryError, Target};
 use sous_engine::paths;
 use sous_engine::serve::instance::InstanceState;
 use sous_engine::size::human;
@@ -39,9 +39,9 @@ const SHOWN: usize = 12;
 
 pub fn exec(args: RmArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let hub = HubConfig::from_env();
-    let listing = cache::list(&hub.cache_dir, &paths::cache_dir().join("quantized"))?;
+    let listing = inventory::list(&hub.cache_dir, &paths::cache_dir().join("quantized"))?;
     let target = Target::parse(&args.name);
-    let removal = cache::plan_removal(&listing, &target)?;
+    let removal = inventory::plan_removal(&listing, &target)?;
     let live: Vec<InstanceState> = instances::scan(&paths::state_dir())?
         .iter()
         .filter_map(|e| e.live().cloned())
@@ -51,7 +51,7 @@ pub fn exec(args: RmArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             .models
             .iter()
             .filter(|m| &m.repo == repo)
-            .flat_map(|m| cache::served_by(&m.path, Some(repo), &live))
+            .flat_map(|m| inventory::served_by(&m.path, Some(repo), &live))
             .collect(),
         Target::Revision(repo, rev) => listing
             .models
@@ -59,7 +59,7 @@ pub fn exec(args: RmArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             .filter(|m| &m.repo == repo)
             .flat_map(|m| m.revisions.iter())
             .filter(|r| &r.commit == rev || r.refs.contains(rev))
-            .flat_map(|r| cache::served_by(&r.path, None, &live))
+            .flat_map(|r| inventory::served_by(&r.path, None, &live))
             // An engine given the repository id reads whichever revision it resolves.
             .chain(
                 live.iter()
@@ -76,13 +76,13 @@ pub fn exec(args: RmArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             .variants
             .iter()
             .filter(|v| v.name == args.name)
-            .flat_map(|v| cache::served_by(&v.path, None, &live))
+            .flat_map(|v| inventory::served_by(&v.path, None, &live))
             .collect::<Vec<_>>(),
     };
     if let Some(user) = users.first()
         && let Some(state) = live.iter().find(|s| &s.name == user)
     {
-        return Err(CacheError::InUse {
+        return Err(InventoryError::InUse {
             name: args.name.clone(),
             instance: user.clone(),
             url: state.url.clone(),
@@ -109,7 +109,7 @@ pub fn exec(args: RmArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         false
     };
     if go {
-        cache::remove(&removal)?;
+        inventory::remove(&removal)?;
     }
     if args.json {
         shell.data(&serde_json::to_string_pretty(&json!({
@@ -140,7 +140,7 @@ pub fn exec(args: RmArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
 }
 
 /// What a removal deletes, for people: the first paths and a count of the rest.
-fn describe(removal: &cache::Removal) -> String {
+fn describe(removal: &inventory::Removal) -> String {
     let mut out = format!(
         "would remove {} `{}`: {} entries, {}\n",
         removal.kind,

@@ -27,7 +27,7 @@ use crate::quantize::marker::MARKER as QUANTIZE_MARKER;
 
 /// Why the caches could not be read or changed.
 #[derive(Debug, thiserror::Error)]
-pub enum CacheError {
+pub enum InventoryError {
     /// A file system operation failed.
     #[error("{action} `{}`", path.display())]
     Io {
@@ -78,28 +78,30 @@ pub enum CacheError {
     },
 }
 
-impl sous_engine::diagnose::Diagnose for CacheError {
+impl sous_engine::diagnose::Diagnose for InventoryError {
     fn class(&self) -> sous_engine::diagnose::Class {
         sous_engine::diagnose::Class::User
     }
 
     fn hint(&self) -> Option<String> {
         match self {
-            CacheError::Io { .. } => None,
-            CacheError::Unknown {
+            InventoryError::Io { .. } => None,
+            InventoryError::Unknown {
                 suggestion: Some(s), ..
             } => Some(format!("did you mean `{s}`? (`sous list` shows what there is)")),
-            CacheError::Unknown { .. } => Some("`sous list` shows what the caches hold".into()),
-            CacheError::UnknownRevision { .. } => Some("name a ref (`main`) or a full commit hash".into()),
-            CacheError::InUse { instance, .. } => Some(format!("stop it first: `sous stop {instance}`")),
-            CacheError::Busy { .. } => Some("wait for it to finish, then remove the variant".into()),
+            InventoryError::Unknown { .. } => Some("`sous list` shows what the caches hold".into()),
+            InventoryError::UnknownRevision { .. } => {
+                Some("name a ref (`main`) or a full commit hash".into())
+            }
+            InventoryError::InUse { instance, .. } => Some(format!("stop it first: `sous stop {instance}`")),
+            InventoryError::Busy { .. } => Some("wait for it to finish, then remove the variant".into()),
         }
     }
 }
 
-fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CacheError + use<> {
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> InventoryError + use<> {
     let path = path.to_path_buf();
-    move |source| CacheError::Io { action, path, source }
+    move |source| InventoryError::Io { action, path, source }
 }
 
 /// A model in the Hub cache.
@@ -173,7 +175,7 @@ pub struct Listing {
 }
 
 /// Reads both caches. Directories that do not exist yet hold nothing.
-pub fn list(hub_cache: &Path, quantized_dir: &Path) -> Result<Listing, CacheError> {
+pub fn list(hub_cache: &Path, quantized_dir: &Path) -> Result<Listing, InventoryError> {
     let mut models = Vec::new();
     for (folder, path) in children(hub_cache)? {
         let Some(repo) = RepoId::from_cache_folder(&folder) else {
@@ -201,7 +203,7 @@ pub fn list(hub_cache: &Path, quantized_dir: &Path) -> Result<Listing, CacheErro
 }
 
 /// The entries of a directory, by name; none when it does not exist.
-fn children(dir: &Path) -> Result<Vec<(String, PathBuf)>, CacheError> {
+fn children(dir: &Path) -> Result<Vec<(String, PathBuf)>, InventoryError> {
     let read = match fs::read_dir(dir) {
         Ok(read) => read,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -219,7 +221,7 @@ fn children(dir: &Path) -> Result<Vec<(String, PathBuf)>, CacheError> {
 }
 
 /// The blob names a snapshot's links point to, with the snapshot's file count.
-fn snapshot_blobs(snapshot: &Path) -> Result<(usize, BTreeSet<String>), CacheError> {
+fn snapshot_blobs(snapshot: &Path) -> Result<(usize, BTreeSet<String>), InventoryError> {
     let mut files = 0;
     let mut blobs = BTreeSet::new();
     let mut stack = vec![snapshot.to_path_buf()];
@@ -242,7 +244,7 @@ fn snapshot_blobs(snapshot: &Path) -> Result<(usize, BTreeSet<String>), CacheErr
     Ok((files, blobs))
 }
 
-fn read_model(repo: &str, path: &Path) -> Result<Model, CacheError> {
+fn read_model(repo: &str, path: &Path) -> Result<Model, InventoryError> {
     let blob_dir = path.join("blobs");
     let mut blob_sizes = BTreeMap::new();
     let mut incomplete = false;
@@ -302,7 +304,7 @@ fn read_model(repo: &str, path: &Path) -> Result<Model, CacheError> {
     })
 }
 
-fn dir_size(dir: &Path) -> Result<u64, CacheError> {
+fn dir_size(dir: &Path) -> Result<u64, InventoryError> {
     let mut total = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -318,7 +320,7 @@ fn dir_size(dir: &Path) -> Result<u64, CacheError> {
     Ok(total)
 }
 
-fn read_variant(name: &str, path: &Path) -> Result<Variant, CacheError> {
+fn read_variant(name: &str, path: &Path) -> Result<Variant, InventoryError> {
     let marker: Option<serde_json::Value> = fs::read(path.join(QUANTIZE_MARKER))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
@@ -384,7 +386,7 @@ pub struct Removal {
 const MODEL_ENTRIES: [&str; 5] = ["blobs", "snapshots", "refs", ".no_exist", ".sous"];
 
 /// Works out what removing `target` deletes, refusing when it is unknown.
-pub fn plan_removal(listing: &Listing, target: &Target) -> Result<Removal, CacheError> {
+pub fn plan_removal(listing: &Listing, target: &Target) -> Result<Removal, InventoryError> {
     let unknown = |name: &str| {
         let names: Vec<String> = listing
             .models
@@ -392,7 +394,7 @@ pub fn plan_removal(listing: &Listing, target: &Target) -> Result<Removal, Cache
             .map(|m| m.repo.clone())
             .chain(listing.variants.iter().map(|v| v.name.clone()))
             .collect();
-        CacheError::Unknown {
+        InventoryError::Unknown {
             name: name.to_owned(),
             hub: listing.hub_cache.clone(),
             quantized: listing.quantized_dir.clone(),
@@ -470,7 +472,7 @@ pub fn plan_removal(listing: &Listing, target: &Target) -> Result<Removal, Cache
                 .revisions
                 .iter()
                 .find(|r| &r.commit == revision || r.refs.iter().any(|x| x == revision))
-                .ok_or_else(|| CacheError::UnknownRevision {
+                .ok_or_else(|| InventoryError::UnknownRevision {
                     repo: repo.clone(),
                     revision: revision.clone(),
                     known: model
@@ -524,7 +526,7 @@ pub fn plan_removal(listing: &Listing, target: &Target) -> Result<Removal, Cache
 }
 
 /// Every file under `dir`, then the directories, deepest last.
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), CacheError> {
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), InventoryError> {
     let meta = fs::symlink_metadata(dir).map_err(io("reading", dir))?;
     if !meta.is_dir() {
         out.push(dir.to_path_buf());
@@ -567,7 +569,7 @@ pub fn served_by(
 /// Deletes what `removal` lists (symlinks themselves, never their targets), then its
 /// root directory if nothing is left in it. A variant is deleted under its output lock,
 /// so a quantization running into it is never cut short.
-pub fn remove(removal: &Removal) -> Result<(), CacheError> {
+pub fn remove(removal: &Removal) -> Result<(), InventoryError> {
     let _lock = match (removal.kind, &removal.root) {
         ("variant", Some(root)) => Some(variant_lock(root)?),
         _ => None,
@@ -595,7 +597,7 @@ pub fn remove(removal: &Removal) -> Result<(), CacheError> {
 }
 
 /// The variant's output lock (`.<name>.sous-lock` beside it), taken without waiting.
-fn variant_lock(root: &Path) -> Result<fs::File, CacheError> {
+fn variant_lock(root: &Path) -> Result<fs::File, InventoryError> {
     let name = root
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -609,7 +611,7 @@ fn variant_lock(root: &Path) -> Result<fs::File, CacheError> {
         .map_err(io("opening", &path))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
-        Err(fs::TryLockError::WouldBlock) => Err(CacheError::Busy {
+        Err(fs::TryLockError::WouldBlock) => Err(InventoryError::Busy {
             path: root.to_path_buf(),
         }),
         Err(fs::TryLockError::Error(e)) => Err(io("locking", &path)(e)),
@@ -678,7 +680,7 @@ mod tests {
         assert!(!model.join("blobs").exists() && !model.join("snapshots").exists());
         let err = plan_removal(&listing, &Target::parse("org/n")).expect_err("unknown");
         assert!(
-            matches!(err, CacheError::Unknown { suggestion: Some(ref s), .. } if s == "org/m"),
+            matches!(err, InventoryError::Unknown { suggestion: Some(ref s), .. } if s == "org/m"),
             "{err}"
         );
     }
@@ -702,7 +704,7 @@ mod tests {
         assert!(foreign.paths.is_empty());
         let done = plan_removal(&listing, &Target::parse("done")).expect("plan");
         let held = variant_lock(&q.join("done")).expect("lock");
-        assert!(matches!(remove(&done), Err(CacheError::Busy { .. })));
+        assert!(matches!(remove(&done), Err(InventoryError::Busy { .. })));
         drop(held);
         remove(&done).expect("remove");
         assert!(!q.join("done").exists() && q.join("foreign/x").exists());
