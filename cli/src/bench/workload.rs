@@ -64,6 +64,18 @@ pub struct Sweep {
     pub eos: bool,
 }
 
+impl Sweep {
+    /// The prompt and output lengths of its requests.
+    fn lengths(&self) -> prompts::Lengths {
+        prompts::Lengths {
+            input: self.input_len,
+            output: self.output_len,
+            range_ratio: self.range_ratio,
+            ignore_eos: !self.eos,
+        }
+    }
+}
+
 /// `sous bench prefix`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prefix {
@@ -187,12 +199,7 @@ impl Workload {
                 if a.max_concurrency == Some(0) {
                     return Err(BenchError::NoMaxConcurrency);
                 }
-                let lengths = prompts::Lengths {
-                    input: a.input_len,
-                    output: a.output_len,
-                    range_ratio: a.range_ratio,
-                    ignore_eos: !a.eos,
-                };
+                let lengths = a.lengths();
                 let mut levels = Vec::with_capacity(a.request_rates.len());
                 for (i, (rate, n)) in a.request_rates.iter().zip(a.open_requests()).enumerate() {
                     // Every level draws its gaps from the same seed: the same pattern,
@@ -215,12 +222,7 @@ impl Workload {
                 if a.concurrency.is_empty() || a.concurrency.contains(&0) {
                     return Err(BenchError::NoConcurrency);
                 }
-                let lengths = prompts::Lengths {
-                    input: a.input_len,
-                    output: a.output_len,
-                    range_ratio: a.range_ratio,
-                    ignore_eos: !a.eos,
-                };
+                let lengths = a.lengths();
                 a.concurrency
                     .iter()
                     .enumerate()

@@ -20,7 +20,7 @@ use sous::eval::quality::{self, Position};
 use sous::eval::report::{self, Report, Run, TextInfo};
 use sous::eval::resume::Saved;
 use sous::eval::score::Server;
-use sous::eval::windows::Cut;
+use sous::eval::windows::Shape;
 
 #[derive(Debug, Args)]
 #[command(group = ArgGroup::new("baseline_any").args(["baseline", "baseline_url"]))]
@@ -364,35 +364,23 @@ impl Eval<'_> {
         if self.prepared.is_none() {
             let (tokenizer, path) =
                 discover::tokenizer(args.tokenizer.as_deref(), served.root.as_deref(), &served.id)?;
-            let tokens = sous::eval::tokens(&tokenizer, &self.text)?;
-            let bos = sous::eval::bos(&tokenizer);
-            let cut = if args.whole {
-                Cut {
-                    ctx: tokens.len(),
-                    score_from: 0,
-                    bos,
-                    max_windows: None,
-                }
+            let shape = if args.whole {
+                Shape::Whole
             } else {
-                Cut {
+                Shape::Windows {
                     ctx: args.ctx,
-                    score_from: args.score_from.unwrap_or(args.ctx / 2),
-                    bos,
-                    max_windows: args.chunks,
+                    score_from: args.score_from,
+                    chunks: args.chunks,
                 }
             };
-            let windows = cut.windows(&tokens).map_err(sous::eval::EvalError::from)?;
+            let (job, tokens) = sous::eval::scoring(&tokenizer, &self.text, shape, args.top_k)?;
             self.prepared = Some(Prepared {
                 info: TextInfo {
                     name: self.text_name.clone(),
                     sha256: hex::encode(sha2::Sha256::digest(self.text.as_bytes())),
-                    tokens: tokens.len(),
+                    tokens,
                 },
-                job: Scoring {
-                    windows,
-                    cut,
-                    top_k: args.top_k,
-                },
+                job,
                 tokenizer_dir: path.parent().map(Path::to_path_buf),
             });
         }
@@ -424,11 +412,7 @@ impl Eval<'_> {
         if args.fresh {
             saved.remove()?;
         }
-        self.scoring = Some((
-            Saved::new(&sous_engine::paths::state_dir().join("evals"), &identity),
-            prepared.job.windows.len(),
-            label.clone(),
-        ));
+        self.scoring = Some((saved.clone(), prepared.job.windows.len(), label.clone()));
         let positions = sous::eval::score_all(&client, &server, &prepared.job, &saved, self.shell, &label)
             .await
             .with_context(|| so_far(&saved, prepared.job.windows.len(), &label))?;

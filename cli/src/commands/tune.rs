@@ -983,12 +983,14 @@ impl Ctx<'_> {
                     served.root.as_deref(),
                     &served.id,
                 )?;
-                *job = Some(sous::eval::scoring(
-                    &tokenizer,
-                    sous::quantize::calibrate::BUILTIN,
-                    512,
-                    20,
-                )?);
+                let shape = sous::eval::windows::Shape::Windows {
+                    ctx: 512,
+                    score_from: None,
+                    chunks: None,
+                };
+                let (windows, _) =
+                    sous::eval::scoring(&tokenizer, sous::quantize::calibrate::BUILTIN, shape, 20)?;
+                *job = Some(windows);
             }
             job.clone().context("the quality gate's windows")?
         };

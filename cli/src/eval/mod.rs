@@ -192,20 +192,22 @@ pub async fn score_all(
     Ok(positions)
 }
 
-/// `text` cut as llama.cpp cuts it, in windows of `ctx` tokens, for `top_k`.
+/// `text` tokenized by `tokenizer` and cut as `shape` says, for `top_k`; with the
+/// text's length in tokens.
 pub fn scoring(
     tokenizer: &tokenizers::Tokenizer,
     text: &str,
-    ctx: usize,
+    shape: windows::Shape,
     top_k: usize,
-) -> Result<Scoring, EvalError> {
+) -> Result<(Scoring, usize), EvalError> {
     let tokens = tokens(tokenizer, text)?;
-    let cut = Cut::llama_cpp(ctx, bos(tokenizer));
-    Ok(Scoring {
+    let cut = shape.cut(tokens.len(), bos(tokenizer));
+    let job = Scoring {
         windows: cut.windows(&tokens)?,
         cut,
         top_k,
-    })
+    };
+    Ok((job, tokens.len()))
 }
 
 /// The BOS token `tokenizer` starts every sequence with, if any: what encoding with its

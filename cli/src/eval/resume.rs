@@ -21,7 +21,7 @@ struct Line {
 }
 
 /// The saved scores of one side of an eval.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Saved {
     path: PathBuf,
 }

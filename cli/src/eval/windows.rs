@@ -49,17 +49,48 @@ pub enum CutError {
     },
 }
 
-impl Cut {
-    /// llama.cpp's cut: windows of `ctx`, the second half scored.
-    pub fn llama_cpp(ctx: usize, bos: Option<u32>) -> Cut {
-        Cut {
-            ctx,
-            score_from: ctx / 2,
-            bos,
-            max_windows: None,
+/// How a text is to be cut, before its length and tokenizer are known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Windows of `ctx` tokens scored after `score_from` (default `ctx / 2`, llama.cpp's),
+    /// at most `chunks` of them.
+    Windows {
+        /// Tokens per window.
+        ctx: usize,
+        /// Context-only tokens of each window.
+        score_from: Option<usize>,
+        /// At most this many windows.
+        chunks: Option<usize>,
+    },
+    /// One window of the whole text, scored from its second token.
+    Whole,
+}
+
+impl Shape {
+    /// The cut of a text of `tokens` tokens whose tokenizer starts sequences with `bos`.
+    pub fn cut(self, tokens: usize, bos: Option<u32>) -> Cut {
+        match self {
+            Shape::Windows {
+                ctx,
+                score_from,
+                chunks,
+            } => Cut {
+                ctx,
+                score_from: score_from.unwrap_or(ctx / 2),
+                bos,
+                max_windows: chunks,
+            },
+            Shape::Whole => Cut {
+                ctx: tokens,
+                score_from: 0,
+                bos,
+                max_windows: None,
+            },
         }
     }
+}
 
+impl Cut {
     /// Tokens scored in each window.
     pub fn scored_per_window(&self) -> usize {
         self.ctx.saturating_sub(self.score_from + 1)
@@ -104,10 +135,20 @@ impl Cut {
 mod tests {
     use super::*;
 
+    /// llama.cpp's cut: windows of `ctx`, the second half scored.
+    fn llama_cpp(ctx: usize, bos: Option<u32>) -> Cut {
+        Shape::Windows {
+            ctx,
+            score_from: None,
+            chunks: None,
+        }
+        .cut(0, bos)
+    }
+
     #[test]
     fn windows_are_cut_end_to_end_and_the_rest_dropped() {
         let tokens: Vec<u32> = (0..1030).collect();
-        let cut = Cut::llama_cpp(512, None);
+        let cut = llama_cpp(512, None);
         let w = cut.windows(&tokens).expect("two windows");
         assert_eq!(w.len(), 2);
         assert_eq!(w[1][0], 512);
@@ -120,7 +161,7 @@ mod tests {
     #[test]
     fn bos_replaces_each_windows_first_token() {
         let tokens: Vec<u32> = (10..30).collect();
-        let cut = Cut::llama_cpp(8, Some(1));
+        let cut = llama_cpp(8, Some(1));
         let w = cut.windows(&tokens).expect("windows");
         assert!(w.iter().all(|w| w[0] == 1));
         assert_eq!(w[1][1], 19);
@@ -129,19 +170,14 @@ mod tests {
     #[test]
     fn whole_text_in_one_window_scores_all_but_the_first_token() {
         let tokens: Vec<u32> = (0..100).collect();
-        let cut = Cut {
-            ctx: 100,
-            score_from: 0,
-            bos: None,
-            max_windows: None,
-        };
+        let cut = Shape::Whole.cut(tokens.len(), None);
         assert_eq!(cut.windows(&tokens).expect("one").len(), 1);
         assert_eq!(cut.scored(), 1..100);
     }
 
     #[test]
     fn a_short_text_is_refused_with_the_size_it_needs() {
-        let err = Cut::llama_cpp(512, None).windows(&[1; 300]).expect_err("refused");
+        let err = llama_cpp(512, None).windows(&[1; 300]).expect_err("refused");
         assert_eq!(
             err.to_string(),
             "the text has 300 tokens; one window of --ctx 512 needs at least 512"
@@ -161,7 +197,7 @@ mod tests {
     fn chunks_limit_the_windows() {
         let cut = Cut {
             max_windows: Some(1),
-            ..Cut::llama_cpp(4, None)
+            ..llama_cpp(4, None)
         };
         assert_eq!(cut.windows(&[0; 40]).expect("one").len(), 1);
     }
