@@ -51,6 +51,8 @@ pub fn diagnosis<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a dyn Diagnos
         crate::instances::InstancesError,
         crate::inventory::InventoryError,
         crate::tune::journal::JournalError,
+        crate::tune::search::SearchError,
+        crate::tune::gate::GateError,
     ];
     None
 }

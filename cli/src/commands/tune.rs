@@ -5,11 +5,12 @@
 //! the baseline's are combined, and the tuned recipe `extends` the baseline with only
 //! those values, each with its measured gain. Every run is journaled as it ends
 //! (`TUNED.tune/journal.jsonl`), so a killed tune resumes; the report (terminal table,
-//! `TUNED.tune/report.json`, the chart `TUNED.tune/report.svg`) lists every trial, failed ones included, with the
-//! server's metrics that explain it.
+//! `TUNED.tune/report.json`, the chart `TUNED.tune/report.svg`) lists every trial,
+//! failed ones included, with the server's metrics that explain it.
 //!
-//! The reasoning (levers, intervals, verdicts, the recipe's text) is `sous::tune`'s;
-//! this file serves and measures.
+//! The reasoning and the search loop are `sous::tune`'s; this file reads the flags,
+//! serves and measures each trial the search asks for (its `Bench`), and writes and
+//! prints what the search found.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,17 +18,20 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use sous::bench::client::Endpoint;
 use sous::bench::run::{self, Options, Target};
 use sous::bench::stats::Slo;
-use sous::bench::table;
 use sous::bench::workload::{self, Workload};
 use sous::hub::config::HubConfig;
+use sous::tune::fit::Fit;
+use sous::tune::gate::Gate;
 use sous::tune::journal::{Header, Journal};
-use sous::tune::{self, Lever, Objective, Outcome, Phase, Sample, Trial, TrialResult};
+use sous::tune::search::{Bench, Budget, Search};
+use sous::tune::workload::{TrialWorkload, WorkloadKind};
+use sous::tune::{self, Lever, Objective, Outcome, Sample, Trial, TrialResult};
 use sous_engine::plan::Hardware;
 use sous_engine::recipe::{EngineKind, Recipe};
 use sous_engine::serve::ServeError;
@@ -36,18 +40,6 @@ use sous_engine::size::ByteSize;
 use super::{OverrideArgs, RecipeArg, load_recipe};
 use crate::failure::UserError;
 use crate::shell::Shell;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum TuneWorkload {
-    /// One stream: TTFT and decode speed.
-    Probe,
-    /// `--concurrency` streams of random prompts.
-    Sweep,
-    /// Requests sharing long prefixes.
-    Prefix,
-    /// Coding-agent sessions resending a growing context.
-    Agent,
-}
 
 #[derive(Debug, Args)]
 #[command(
@@ -67,7 +59,7 @@ pub struct TuneArgs {
     levers: Vec<String>,
     /// The workload every trial is measured with.
     #[arg(long, value_enum, default_value = "agent")]
-    workload: TuneWorkload,
+    workload: WorkloadKind,
     /// What to improve.
     #[arg(long, value_enum, default_value = "output-throughput")]
     objective: Objective,
@@ -128,63 +120,16 @@ pub struct TuneArgs {
 }
 
 impl TuneArgs {
-    fn workload(&self) -> Workload {
-        match self.workload {
-            TuneWorkload::Probe => Workload::Probe(workload::Probe {
-                repeat: self.steps.max(1),
-                input_len: self.input_len,
-                output_len: self.output_len,
-                prompt: None,
-            }),
-            TuneWorkload::Sweep => Workload::Sweep(workload::Sweep {
-                concurrency: vec![self.concurrency],
-                request_rates: Vec::new(),
-                burstiness: 1.0,
-                max_concurrency: None,
-                requests: Some(self.steps.max(self.concurrency)),
-                input_len: self.input_len,
-                output_len: self.output_len,
-                range_ratio: 0.0,
-                eos: false,
-            }),
-            TuneWorkload::Prefix => Workload::Prefix(workload::Prefix {
-                prefixes: 2,
-                prefix_len: self.input_len,
-                suffix_len: 32,
-                requests: self.steps.max(self.concurrency) * 2,
-                output_len: self.output_len,
-                concurrency: self.concurrency,
-            }),
-            TuneWorkload::Agent => Workload::Agent(workload::Agent {
-                sessions: self.concurrency,
-                steps: self.steps,
-                output_len: self.output_len,
-                ratio: self.input_len as f64 / self.output_len.max(1) as f64,
-                max_context: None,
-            }),
+    /// The workload every trial is measured with.
+    fn workload(&self) -> TrialWorkload {
+        TrialWorkload {
+            kind: self.workload,
+            concurrency: self.concurrency,
+            steps: self.steps,
+            input_len: self.input_len,
+            output_len: self.output_len,
+            seed: self.seed,
         }
-    }
-
-    fn describe(&self) -> String {
-        let w = match self.workload {
-            TuneWorkload::Probe => format!(
-                "probe ({} × {} in, {} out)",
-                self.steps, self.input_len, self.output_len
-            ),
-            TuneWorkload::Sweep => format!(
-                "sweep ({} streams, {} in, {} out)",
-                self.concurrency, self.input_len, self.output_len
-            ),
-            TuneWorkload::Prefix => format!(
-                "prefix ({} streams, {}-token prefixes)",
-                self.concurrency, self.input_len
-            ),
-            TuneWorkload::Agent => format!(
-                "agent ({} sessions × {} steps, {} out, {} in per step)",
-                self.concurrency, self.steps, self.output_len, self.input_len
-            ),
-        };
-        format!("the {w} workload, seed {}", self.seed)
     }
 }
 
@@ -237,7 +182,7 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let describes = format!(
         "{} on {}, objective {}, levers {}",
         args.recipe.recipe.display(),
-        args.describe(),
+        args.workload().describe(),
         args.objective.key(),
         levers
             .iter()
@@ -280,7 +225,7 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     }
     let started = Instant::now();
     let runtime = super::runtime()?;
-    let planner = runtime.block_on(Planner::new(&args, &base, shell))?;
+    let fit = runtime.block_on(fit(&args, &base, shell))?;
     if let Some(gate) = args.max_kld
         && (gate.is_nan() || gate < 0.0)
     {
@@ -290,108 +235,39 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         )
         .into());
     }
-    let ctx = Ctx {
+    let mut ctx = Ctx {
         args: &args,
         slo,
         shell,
         started,
-        planner,
-        quality: args.max_kld.map(|gate| Quality {
-            gate,
-            dir: dir.join("eval"),
-            job: std::sync::Mutex::new(None),
-            baseline: std::sync::Mutex::new(None),
-        }),
+        fit,
+        gate: args
+            .max_kld
+            .map(|max| Gate::new(max, &dir.join("eval"), args.tokenizer.as_deref())),
     };
-    let min_runs = args.runs as usize;
-    let mut exhausted = false;
-    // First pass: the baseline, then each lever alone (none if the baseline failed: every
-    // trial would start the same way and fail again).
-    for (i, trial) in trials.iter().enumerate() {
-        exhausted |= !runtime.block_on(ctx.measure(trial, 0..min_runs, &mut journal))?;
-        if i == 0 {
-            let baseline = tune::result(trial, &journal.samples);
-            if baseline.outcome != Outcome::Ok || baseline.estimate.is_none() {
-                return Err(UserError::new(
-                    format!(
-                        "the baseline itself did not measure ({:?}): {}",
-                        baseline.outcome,
-                        baseline.message.as_deref().unwrap_or("no run finished")
-                    ),
-                    Some("fix the baseline recipe (`sous serve --recipe` it once), then run the tune again with --fresh"),
-                )
-                .into());
-            }
-        }
-    }
-    let mut results: Vec<TrialResult> = trials.iter().map(|t| tune::result(t, &journal.samples)).collect();
-    let mut verdict = tune::judge(&results[0], &levers, &results, args.objective);
-    // More runs where a lever's best alternative and the baseline overlap.
-    let mut runs = min_runs;
-    while !verdict.undecided.is_empty() && runs < args.max_runs as usize && !exhausted {
-        runs += 1;
-        let mut again = vec![trials[0].clone()];
-        for key in &verdict.undecided {
-            if let Some(best) = best_of(&results, key, args.objective) {
-                again.push(best.trial.clone());
-            }
-        }
-        for trial in &again {
-            exhausted |= !runtime.block_on(ctx.measure(trial, runs - 1..runs, &mut journal))?;
-        }
-        results = trials.iter().map(|t| tune::result(t, &journal.samples)).collect();
-        verdict = tune::judge(&results[0], &levers, &results, args.objective);
-    }
-    // The levers that helped, together.
-    let mut chosen = verdict
-        .helped
-        .iter()
-        .max_by(|a, b| {
-            let (x, y) = (
-                a.estimate.map_or(0.0, |e| e.mean),
-                b.estimate.map_or(0.0, |e| e.mean),
-            );
-            if args.objective.higher_is_better() {
-                x.total_cmp(&y)
-            } else {
-                y.total_cmp(&x)
-            }
-        })
-        .cloned();
-    let mut combined = None;
-    if let Some(trial) = tune::combination(&verdict) {
-        if !exhausted {
-            exhausted |= !runtime.block_on(ctx.measure(&trial, 0..min_runs, &mut journal))?;
-        }
-        let r = tune::result(&trial, &journal.samples);
-        if let (Some(c), Some(best)) = (r.estimate, chosen.as_ref().and_then(|b| b.estimate))
-            && r.outcome == Outcome::Ok
-            && (if args.objective.higher_is_better() {
-                c.mean > best.mean
-            } else {
-                c.mean < best.mean
-            })
-        {
-            chosen = Some(r.clone());
-        }
-        combined = Some(r);
-    }
-    let baseline = results[0].clone();
-    let mut all = results.clone();
-    all.extend(combined.clone());
+    let search = Search {
+        trials: &trials,
+        levers: &levers,
+        objective: args.objective,
+        runs: args.runs as usize,
+        max_runs: args.max_runs as usize,
+    };
+    let found = runtime.block_on(search.run(&mut ctx, &mut journal))?;
+    let baseline = found.baseline();
+    let all = found.all();
     // Write the tuned recipe, checked by loading it before it replaces anything.
-    let written = match &chosen {
+    let written = match &found.chosen {
         Some(chosen) => Some(write_tuned(
             &args,
             &base,
-            &baseline,
+            baseline,
             chosen,
-            &verdict.helped,
+            &found.verdict.helped,
             &all,
         )?),
         None => None,
     };
-    let helped: Vec<String> = verdict.helped.iter().map(|r| r.trial.id.clone()).collect();
+    let helped = found.helped();
     let chart_path = dir.join("report.svg");
     let svg = tune::chart::draw(&all, &helped, args.objective)
         .map_err(|e| anyhow::anyhow!("drawing {}: {e}", chart_path.display()))?;
@@ -399,18 +275,18 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("writing {}", chart_path.display()))?;
     let report = json!({
         "baseline_recipe": args.recipe.recipe,
-        "workload": args.describe(),
+        "workload": args.workload().describe(),
         "objective": args.objective.key(),
         "unit": args.objective.unit(),
         "slo": args.slo,
-        "budget_exhausted": exhausted,
+        "budget_exhausted": found.exhausted,
         "seconds": started.elapsed().as_secs_f64(),
         "levers": levers,
         "trials": all,
         "helped": helped,
-        "not_helped": verdict.not_helped,
-        "chosen": chosen.as_ref().map(|c| c.trial.id.clone()),
-        "prediction": chosen.as_ref().and_then(|c| prediction(&baseline, c)),
+        "not_helped": found.verdict.not_helped,
+        "chosen": found.chosen.as_ref().map(|c| c.trial.id.clone()),
+        "prediction": found.prediction(),
         "tuned_recipe": written,
         "chart": chart_path,
     });
@@ -420,26 +296,26 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     if args.json {
         shell.data(&serde_json::to_string_pretty(&report)?)?;
     } else {
-        shell.data(&render(&all, &baseline, args.objective))?;
+        shell.data(&tune::table(&all, baseline, args.objective))?;
     }
-    if exhausted {
+    if found.exhausted {
         shell.warn(&format!(
             "the budget ({}) ran out: the verdict uses what was measured",
             humantime::format_duration(args.budget)
         ));
     }
-    match (&chosen, &written) {
+    match (&found.chosen, &written) {
         (Some(c), Some(path)) => {
-            if let Some(p) = prediction(&baseline, c) {
+            if let Some(p) = found.prediction() {
                 shell.status(
                     "tuned",
                     &format!(
                         "{}: {} (predicted {:.2}x, 95 % interval {:.2}x–{:.2}x); report {}, chart {}",
                         path.display(),
                         c.trial.id,
-                        p["ratio"].as_f64().unwrap_or(0.0),
-                        p["low"].as_f64().unwrap_or(0.0),
-                        p["high"].as_f64().unwrap_or(0.0),
+                        p.ratio,
+                        p.low,
+                        p.high,
                         report_path.display(),
                         chart_path.display()
                     ),
@@ -456,38 +332,6 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         ),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The best trial of lever `key` by mean.
-fn best_of<'a>(results: &'a [TrialResult], key: &str, objective: Objective) -> Option<&'a TrialResult> {
-    results
-        .iter()
-        .filter(|r| r.trial.lever.as_deref() == Some(key) && r.outcome == Outcome::Ok && r.estimate.is_some())
-        .max_by(|a, b| {
-            let (x, y) = (
-                a.estimate.map_or(0.0, |e| e.mean),
-                b.estimate.map_or(0.0, |e| e.mean),
-            );
-            if objective.higher_is_better() {
-                x.total_cmp(&y)
-            } else {
-                y.total_cmp(&x)
-            }
-        })
-}
-
-/// The gain the tune predicts for the chosen trial: the ratio of the means, and the
-/// range its 95 % intervals allow.
-fn prediction(baseline: &TrialResult, chosen: &TrialResult) -> Option<serde_json::Value> {
-    let (b, c) = (baseline.estimate?, chosen.estimate?);
-    if b.mean <= 0.0 || b.low <= 0.0 {
-        return None;
-    }
-    Some(json!({
-        "ratio": c.mean / b.mean,
-        "low": (c.low / b.high).max(0.0),
-        "high": c.high / b.low,
-    }))
 }
 
 /// The baseline with a trial's values, under a name and port of the tune's own (so that
@@ -512,122 +356,64 @@ struct Ctx<'a> {
     slo: Slo,
     shell: &'a Shell,
     started: Instant,
-    planner: Option<Planner>,
-    quality: Option<Quality>,
+    fit: Option<Fit>,
+    gate: Option<Gate>,
 }
 
-/// The quality gate: the windows every trial is scored on (made from the first served
-/// trial's tokenizer), the baseline's scores, and where each trial's are kept.
-struct Quality {
-    gate: f64,
-    dir: PathBuf,
-    job: std::sync::Mutex<Option<sous::eval::Scoring>>,
-    baseline: std::sync::Mutex<Option<Vec<sous::eval::quality::Position>>>,
-}
-
-/// What the quality gate says of a trial: its figures against the baseline, and why it
-/// is over the gate, if it is.
-struct Verdict {
-    figures: BTreeMap<String, f64>,
-    over: Option<String>,
-}
-
-/// `sous plan`'s verdict on a trial's memory settings: the model (read once: levers do
-/// not change it) and the machine.
-struct Planner {
-    model: sous_engine::plan::Model,
-    hardware: Hardware,
-}
-
-impl Planner {
-    /// The planner for `base`'s model on the machine `args` names (this machine's RAM
-    /// for the native engine), or none, said once, when either is unknown.
-    async fn new(args: &TuneArgs, base: &Recipe, shell: &Shell) -> anyhow::Result<Option<Planner>> {
-        let hardware = match (&args.gpu, args.gpu_memory) {
-            (Some(name), _) => Hardware::named(name)?,
-            (None, Some(size)) => Hardware::with_memory(size.0),
-            (None, None) if base.engine.kind == EngineKind::Native => Hardware::this_cpu()?,
-            (None, None) => {
-                if tune_touches_memory(args) {
-                    shell.status("unplanned", "memory levers are not bounded by a plan: pass --gpu NAME or --gpu-memory SIZE to skip the settings that cannot fit");
-                }
-                return Ok(None);
+/// `sous plan`'s verdict on the trials' memory settings, for `base`'s model on the
+/// machine `args` names (this machine's RAM for the native engine), or none, said once,
+/// when either is unknown.
+async fn fit(args: &TuneArgs, base: &Recipe, shell: &Shell) -> anyhow::Result<Option<Fit>> {
+    let hardware = match (&args.gpu, args.gpu_memory) {
+        (Some(name), _) => Hardware::named(name)?,
+        (None, Some(size)) => Hardware::with_memory(size.0),
+        (None, None) if base.engine.kind == EngineKind::Native => Hardware::this_cpu()?,
+        (None, None) => {
+            if tune::fit::touches_memory(&args.levers) {
+                shell.status("unplanned", "memory levers are not bounded by a plan: pass --gpu NAME or --gpu-memory SIZE to skip the settings that cannot fit");
             }
-        };
-        let model = match sous::plan::model_files(base, &HubConfig::from_env()).await {
-            Ok(files) => sous::plan::model(&files, base).map_err(anyhow::Error::from),
-            Err(e) => Err(anyhow::Error::from(e)),
-        };
-        match model {
-            Ok(model) => Ok(Some(Planner { model, hardware })),
-            Err(e) => {
-                shell.status(
-                    "unplanned",
-                    &format!(
-                        "no plan bounds the memory levers ({}): every trial is started",
-                        crate::failure::message(&e)
-                    ),
-                );
-                Ok(None)
-            }
+            return Ok(None);
         }
-    }
-
-    /// Why `recipe` cannot hold the model and one full-length request, if it cannot.
-    fn unfit(&self, recipe: &Recipe) -> Option<String> {
-        match sous_engine::plan::plan(recipe, &self.model, &self.hardware) {
-            Ok(p) if p.fits => None,
-            Ok(p) => Some(format!(
-                "`sous plan` on {}: {} tokens of KV cache, less than one request of max_model_len {}{}",
-                p.hardware,
-                p.kv_tokens,
-                p.max_model_len,
-                p.advice.first().map(|a| format!(" ({a})")).unwrap_or_default()
-            )),
-            Err(sous_engine::plan::PlanError::Native(why)) => {
-                Some(format!("`sous plan` on {}: {why}", self.hardware.name))
-            }
-            // What the planner does not model is left to the engine.
-            Err(_) => None,
+    };
+    let model = match sous::plan::model_files(base, &HubConfig::from_env()).await {
+        Ok(files) => sous::plan::model(&files, base).map_err(anyhow::Error::from),
+        Err(e) => Err(anyhow::Error::from(e)),
+    };
+    match model {
+        Ok(model) => Ok(Some(Fit::new(model, hardware))),
+        Err(e) => {
+            shell.status(
+                "unplanned",
+                &format!(
+                    "no plan bounds the memory levers ({}): every trial is started",
+                    crate::failure::message(&e)
+                ),
+            );
+            Ok(None)
         }
     }
 }
 
-/// Whether any lever of the tune is a memory setting.
-fn tune_touches_memory(args: &TuneArgs) -> bool {
-    args.levers.is_empty() || args.levers.iter().any(|l| l.trim_start().starts_with("memory."))
-}
+impl Bench for Ctx<'_> {
+    type Error = anyhow::Error;
 
-impl Ctx<'_> {
-    /// Measures the runs of `trial` in `runs` that the journal lacks. Returns false when
-    /// the budget ran out first.
+    /// Serves the trial and measures the runs; one that cannot start, or that `sous plan`
+    /// says cannot hold the model, is recorded as such.
     async fn measure(
-        &self,
+        &mut self,
         trial: &Trial,
-        runs: std::ops::Range<usize>,
+        missing: &[usize],
         journal: &mut Journal,
-    ) -> anyhow::Result<bool> {
-        let missing: Vec<usize> = runs.filter(|r| !journal.has(&trial.id, *r)).collect();
-        // A trial that could not start is not started again.
-        let failed = journal.samples.iter().any(|s| {
-            s.trial == trial.id
-                && matches!(
-                    s.outcome,
-                    Outcome::Oom | Outcome::Failed | Outcome::Unfit | Outcome::QualityGate
-                )
-        });
-        if missing.is_empty() || failed {
-            return Ok(true);
-        }
+    ) -> anyhow::Result<Budget> {
         if self.started.elapsed() > self.args.budget {
-            return Ok(false);
+            return Ok(Budget::Spent);
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .context("finding a free port for the trial")?;
         let recipe = trial_recipe(self.args, trial, port)?;
-        if let Some(why) = self.planner.as_ref().and_then(|p| p.unfit(&recipe)) {
+        if let Some(why) = self.fit.as_ref().and_then(|p| p.unfit(&recipe)) {
             self.shell.warn(&format!("{}: not started: {why}", trial.id));
             journal.record(Sample {
                 trial: trial.id.clone(),
@@ -637,7 +423,7 @@ impl Ctx<'_> {
                 message: Some(why),
                 figures: BTreeMap::new(),
             })?;
-            return Ok(true);
+            return Ok(Budget::Left);
         }
         self.shell.status(
             "measuring",
@@ -673,22 +459,25 @@ impl Ctx<'_> {
                     message: Some(message),
                     figures: BTreeMap::new(),
                 })?;
-                return Ok(true);
+                return Ok(Budget::Left);
             }
         };
-        let measured = self.runs(trial, &missing, &recipe, &url, journal).await;
+        let measured = self.runs(trial, missing, &recipe, &url, journal).await;
         instance.stop().await?;
         measured
     }
+}
 
+impl Ctx<'_> {
+    /// Warms the served trial, applies the quality gate, and measures the runs.
     async fn runs(
-        &self,
+        &mut self,
         trial: &Trial,
         missing: &[usize],
         recipe: &Recipe,
         url: &str,
         journal: &mut Journal,
-    ) -> anyhow::Result<bool> {
+    ) -> anyhow::Result<Budget> {
         let key = super::recipe_api_key(recipe);
         let target = Target {
             url: url.to_owned(),
@@ -706,17 +495,20 @@ impl Ctx<'_> {
             output_len: 4,
             prompt: None,
         });
+        let (seed, slo) = (self.args.seed, self.slo.clone());
         let options = |salt: u64| Options {
-            seed: self.args.seed,
+            seed,
             salt: Some(salt),
             percentiles: vec![50.0, 90.0, 99.0],
-            slo: self.slo.clone(),
+            slo: slo.clone(),
             label: Some(trial.id.clone()),
         };
         run::run(&target, &warm, &options(u64::MAX), &Silent(&silent)).await?;
         let mut quality = BTreeMap::new();
-        if let Some(q) = &self.quality {
-            let verdict = self.judge_quality(q, trial, &target).await?;
+        if let Some(gate) = self.gate.as_mut() {
+            let verdict = gate
+                .judge(trial, &target.url, target.api_key.as_deref(), &Silent(&silent))
+                .await?;
             if let Some(why) = verdict.over {
                 self.shell.warn(&format!("{}: not measured: {why}", trial.id));
                 journal.record(Sample {
@@ -727,23 +519,23 @@ impl Ctx<'_> {
                     message: Some(why),
                     figures: verdict.figures,
                 })?;
-                return Ok(true);
+                return Ok(Budget::Left);
             }
             quality = verdict.figures;
         }
         for &r in missing {
             if self.started.elapsed() > self.args.budget {
-                return Ok(false);
+                return Ok(Budget::Spent);
             }
             // The same salts for every trial: run r of each sees the same prompts.
             let report = run::run(
                 &target,
-                &self.args.workload(),
+                &self.args.workload().workload(),
                 &options(1000 + r as u64),
                 &Silent(&silent),
             )
             .await?;
-            let mut sample = sample(trial, r, &report, self.args.objective, &self.slo);
+            let mut sample = Sample::of_run(trial, r, &report, self.args.objective, &self.slo);
             sample.figures.extend(quality.clone());
             self.shell.status(
                 "run",
@@ -759,87 +551,7 @@ impl Ctx<'_> {
             );
             journal.record(sample)?;
         }
-        Ok(true)
-    }
-}
-
-/// The run's sample: its objective, figures, evidence and whether a p99 broke the SLO.
-fn sample(
-    trial: &Trial,
-    run: usize,
-    report: &sous::bench::report::Report,
-    objective: Objective,
-    slo: &Slo,
-) -> Sample {
-    let mut figures = BTreeMap::new();
-    let Some(level) = report.levels.first() else {
-        return Sample {
-            trial: trial.id.clone(),
-            run,
-            outcome: Outcome::Failed,
-            value: None,
-            message: Some("the workload ran no level".into()),
-            figures,
-        };
-    };
-    let m = &level.metrics;
-    figures.insert("output_throughput".into(), m.output_throughput);
-    figures.insert("request_throughput".into(), m.request_throughput);
-    figures.insert("median_ttft_ms".into(), m.ttft.median);
-    figures.insert("median_tpot_ms".into(), m.tpot.median);
-    for (name, s) in [("ttft", &m.ttft), ("tpot", &m.tpot), ("e2el", &m.e2el)] {
-        if let Some(p99) = s.at(99.0) {
-            figures.insert(format!("p99_{name}_ms"), p99);
-        }
-    }
-    if let Some(g) = m.request_goodput {
-        figures.insert("request_goodput".into(), g);
-    }
-    let server = &level.server;
-    for (k, v) in [
-        ("prefix_cache_hit_rate", server.prefix_cache_hit_rate),
-        ("spec_decode_acceptance_rate", server.spec_decode_acceptance_rate),
-        (
-            "spec_decode_acceptance_length",
-            server.spec_decode_acceptance_length,
-        ),
-        ("preemptions", server.preemptions),
-        ("kv_cache_usage_max", server.kv_cache_usage_max),
-    ] {
-        if let Some(v) = v {
-            figures.insert(k.into(), v);
-        }
-    }
-    let breach = [
-        ("ttft", slo.ttft_ms),
-        ("tpot", slo.tpot_ms),
-        ("e2el", slo.e2el_ms),
-    ]
-    .into_iter()
-    .find_map(|(name, bound)| {
-        let p99 = figures.get(&format!("p99_{name}_ms")).copied()?;
-        let bound = bound?;
-        (p99 > bound).then(|| format!("p99 {} {p99:.1} ms > {bound} ms", name.to_uppercase()))
-    });
-    let failed = m.failed > 0;
-    let value = figures.get(objective.key()).copied();
-    Sample {
-        trial: trial.id.clone(),
-        run,
-        outcome: if failed {
-            Outcome::Failed
-        } else if breach.is_some() {
-            Outcome::SloBreach
-        } else {
-            Outcome::Ok
-        },
-        value,
-        message: if failed {
-            Some(format!("{} of {} requests failed", m.failed, m.num_prompts))
-        } else {
-            breach
-        },
-        figures,
+        Ok(Budget::Left)
     }
 }
 
@@ -860,22 +572,7 @@ fn write_tuned(
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let extends = tune::relative_extends(&args.recipe.recipe, &out_dir);
     // A chosen memory fraction keeps the next one down that started as its fallback.
-    let fallback = chosen
-        .trial
-        .settings
-        .iter()
-        .find(|s| s.key == "memory.gpu_utilization")
-        .and_then(|s| {
-            let f: f64 = s.value.parse().ok()?;
-            all.iter()
-                .filter(|r| r.outcome == Outcome::Ok && r.trial.phase == Phase::Lever)
-                .flat_map(|r| r.trial.settings.iter())
-                .filter(|x| x.key == "memory.gpu_utilization")
-                .filter_map(|x| x.value.parse::<f64>().ok())
-                .filter(|v| *v < f)
-                .max_by(f64::total_cmp)
-                .map(|v| v.to_string())
-        });
+    let fallback = tune::fallback(chosen, all);
     let text = tune::tuned_recipe(&tune::TunedRecipe {
         extends: &extends,
         name: &format!("{}-tuned", base.name),
@@ -883,7 +580,7 @@ fn write_tuned(
         chosen,
         helped,
         objective: args.objective,
-        workload: &args.describe(),
+        workload: &args.workload().describe(),
         fallback,
     });
     // Checked where it will live (its `extends` is relative to that directory).
@@ -900,163 +597,6 @@ fn write_tuned(
     sous_engine::atomic::write_file(&args.out, text.as_bytes())
         .with_context(|| format!("writing {}", args.out.display()))?;
     Ok(args.out.clone())
-}
-
-/// The report's table: every trial with its runs, objective, change and evidence.
-fn render(results: &[TrialResult], baseline: &TrialResult, objective: Objective) -> String {
-    let unit = objective.unit();
-    let mut rows = vec![vec![
-        "TRIAL".to_owned(),
-        "PHASE".into(),
-        "OUTCOME".into(),
-        format!("{} ({unit})", objective.key()),
-        "95 % CI".into(),
-        "VS BASELINE".into(),
-        "EVIDENCE".into(),
-    ]];
-    let base_mean = baseline.estimate.map(|e| e.mean);
-    for r in results {
-        let (mean, ci) = match r.estimate {
-            Some(e) if e.n >= 2 => (
-                format!("{:.1}", e.mean),
-                format!("{:.1}–{:.1} ({} runs)", e.low, e.high, e.n),
-            ),
-            Some(e) => (format!("{:.1}", e.mean), "1 run".into()),
-            None => ("-".into(), "-".into()),
-        };
-        let vs = match (base_mean, r.estimate) {
-            (Some(b), Some(e)) if r.trial.phase != Phase::Baseline => tune::change(b, e.mean),
-            _ => "-".into(),
-        };
-        // The first line of why (the JSON report has all of it).
-        let why = r
-            .message
-            .as_deref()
-            .and_then(|m| m.lines().next())
-            .unwrap_or_default();
-        let outcome = match r.outcome {
-            Outcome::Ok => "ok".to_owned(),
-            Outcome::Oom => format!("out of memory: {why}"),
-            Outcome::SloBreach => format!("SLO: {why}"),
-            Outcome::Failed => format!("failed: {why}"),
-            Outcome::Unfit => format!("does not fit: {why}"),
-            Outcome::QualityGate => format!("quality: {why}"),
-        };
-        let outcome: String = if outcome.chars().count() > 60 {
-            outcome.chars().take(59).chain(['…']).collect()
-        } else {
-            outcome
-        };
-        let phase = match r.trial.phase {
-            Phase::Baseline => "baseline",
-            Phase::Lever => "lever",
-            Phase::Combination => "combined",
-        };
-        rows.push(vec![
-            r.trial.id.clone(),
-            phase.into(),
-            outcome,
-            mean,
-            ci,
-            vs,
-            tune::evidence(&baseline.figures, &r.figures).unwrap_or_else(|| "-".into()),
-        ]);
-    }
-    table::layout_left(&rows, "", 7)
-}
-
-impl Ctx<'_> {
-    /// Scores the trial served at `target` over the gate's windows (kept in the tune's
-    /// folder, so a resumed tune does not score it again) and, for a lever, compares it
-    /// with the baseline.
-    async fn judge_quality(&self, q: &Quality, trial: &Trial, target: &Target) -> anyhow::Result<Verdict> {
-        let client = reqwest::Client::new();
-        let served = sous::bench::discover::models(&client, &target.url, target.api_key.as_deref()).await?;
-        let job = {
-            let mut job = q
-                .job
-                .lock()
-                .map_err(|_| anyhow::anyhow!("the quality gate's lock"))?;
-            if job.is_none() {
-                let (tokenizer, _) = sous::bench::discover::tokenizer(
-                    self.args.tokenizer.as_deref(),
-                    served.root.as_deref(),
-                    &served.id,
-                )?;
-                let shape = sous::eval::windows::Shape::Windows {
-                    ctx: 512,
-                    score_from: None,
-                    chunks: None,
-                };
-                let (windows, _) =
-                    sous::eval::scoring(&tokenizer, sous::quantize::calibrate::BUILTIN, shape, 20)?;
-                *job = Some(windows);
-            }
-            job.clone().context("the quality gate's windows")?
-        };
-        let server = sous::eval::score::Server {
-            url: target.url.clone(),
-            model: served.id.clone(),
-            api_key: target.api_key.clone(),
-        };
-        let saved = |id: &str| sous::eval::resume::Saved::new(&q.dir, id);
-        let silent = self.shell.quiet();
-        let positions = sous::eval::score_all(
-            &client,
-            &server,
-            &job,
-            &saved(&trial.id),
-            &Silent(&silent),
-            &trial.id,
-        )
-        .await?;
-        if trial.phase == Phase::Baseline {
-            *q.baseline
-                .lock()
-                .map_err(|_| anyhow::anyhow!("the quality gate's lock"))? = Some(positions);
-            return Ok(Verdict {
-                figures: BTreeMap::new(),
-                over: None,
-            });
-        }
-        let baseline = {
-            let mut held = q
-                .baseline
-                .lock()
-                .map_err(|_| anyhow::anyhow!("the quality gate's lock"))?;
-            if held.is_none() {
-                // A resumed tune whose baseline was measured before: its saved scores.
-                let windows = saved(&Trial::baseline().id).load()?;
-                if windows.len() == job.windows.len() && windows.iter().all(Option::is_some) {
-                    *held = Some(windows.into_iter().flatten().flatten().collect());
-                }
-            }
-            held.clone().ok_or_else(|| {
-                UserError::new(
-                    "the baseline's quality scores are missing",
-                    Some("run the tune again with --fresh"),
-                )
-            })?
-        };
-        let c = sous::eval::quality::compare(&baseline, &positions, job.top_k)
-            .map_err(sous::eval::EvalError::from)?;
-        let figures = BTreeMap::from([
-            ("kld_mean".to_owned(), c.kld_mean.value),
-            ("kld_p99".to_owned(), c.kld_p99),
-            ("top1_agreement".to_owned(), c.top1_agreement.value),
-            ("delta_perplexity".to_owned(), c.delta_perplexity.value),
-        ]);
-        let over = (c.kld_mean.value > q.gate).then(|| {
-            format!(
-                "mean KL divergence {:.4} from the baseline exceeds --max-kld {} (same top token {:.1} %, perplexity {:+.2})",
-                c.kld_mean.value,
-                q.gate,
-                c.top1_agreement.value * 100.0,
-                c.delta_perplexity.value
-            )
-        });
-        Ok(Verdict { figures, over })
-    }
 }
 
 /// A reporter that shows nothing (the tune's own lines say what runs).
