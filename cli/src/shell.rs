@@ -3,18 +3,18 @@
 //!
 //! The shell is also the [`Reporter`] every library operation reports through:
 //! statuses and warnings as lines, engine output prefixed with the engine's name, and
-//! progress drawn by `progress` (bars on a terminal, a line every few seconds
+//! progress drawn by `draw` (bars on a terminal, a line every few seconds
 //! elsewhere, nothing with `--quiet`).
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-mod progress;
+mod draw;
 
 use std::io::{IsTerminal, Write};
 
 use sous_engine::reporter::{self, Reporter, Task};
 
-pub use progress::Draw;
+pub use draw::Draw;
 
 /// The terminal.
 #[derive(Debug, Clone)]
@@ -142,6 +142,6 @@ impl Reporter for Shell {
     }
 
     fn progress(&self, task: Task) -> Box<dyn reporter::Progress> {
-        progress::start(self.draw, task)
+        draw::start(self.draw, task)
     }
 }
