@@ -7,7 +7,7 @@
 //! - `select`: which files a pull takes.
 //! - `download`: one file, in parallel ranges, resumable and verified.
 //! - `pull`: a whole pull.
-//! - `progress`: bars or lines on stderr.
+//! - `transfer`: the progress of a pull's transfers, handed to the reporter.
 //! - `mirror`: the mirror server.
 
 pub mod api;
@@ -15,6 +15,6 @@ pub mod cache;
 pub mod config;
 pub mod download;
 pub mod mirror;
-pub mod progress;
 pub mod pull;
 pub mod select;
+pub mod transfer;

@@ -26,8 +26,8 @@ use tokio::sync::Semaphore;
 use super::api::{HubClient, HubError, TreeEntry};
 use super::cache::{Marker, MarkerFile, RepoCache, is_commit};
 use super::download::{self, DISK_FULL, DownloadError, FileJob, io_is_internal};
-use super::progress::Tracker;
 use super::select::{GlobError, Selection};
+use super::transfer::Tracker;
 
 /// Files fetched at once, at least: each has its own hashing thread, so a model of
 /// many shards is verified on as many cores as the machine has (up to

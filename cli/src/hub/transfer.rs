@@ -1,8 +1,8 @@
-//! Progress of a pull: downloads only bump atomic counters (bytes written and bytes
-//! verified, per file in flight), and a ticker task hands them to the [`Reporter`]'s
-//! progress handles ten times a second, so reporting never slows the transfer. The
-//! bar shows the download and its rate; its note, what is verified and at what rate,
-//! so a user sees which of the two bounds the pull.
+//! The transfer progress of a pull: downloads only bump atomic counters (bytes
+//! written and bytes verified, per file in flight), and a ticker task hands them to
+//! the [`Reporter`]'s progress handles ten times a second, so reporting never slows
+//! the transfer. The bar shows the download and its rate; its note, what is verified
+//! and at what rate, so a user sees which of the two bounds the pull.
 //!
 //! Not here: how progress looks (the binary's shell draws it).
 
