@@ -23,7 +23,7 @@ use sous_kernels::{BLOCK, TensorScale, fast};
 
 use super::error::QuantizeError;
 use super::layout::Content;
-use super::progress::Progress;
+use super::meter::Meter;
 use super::write::{Accelerator, Data, Item, TensorReport, Work, fused_with, kernel_dtype};
 
 /// The most input bytes one slot holds.
@@ -86,9 +86,9 @@ impl Accelerator for Pipeline {
         &mut self,
         work: &Work<'_>,
         items: Vec<(usize, Item<'_>)>,
-        progress: &mut Progress,
+        meter: &mut Meter,
     ) -> Result<Vec<TensorReport>, QuantizeError> {
-        self.run_items(work, items, progress)
+        self.run_items(work, items, meter)
     }
 }
 
@@ -143,25 +143,25 @@ impl Pipeline {
         &mut self,
         work: &Work<'_>,
         items: Vec<(usize, Item<'_>)>,
-        progress: &mut Progress,
+        meter: &mut Meter,
     ) -> Result<Vec<TensorReport>, QuantizeError> {
         let mut reports = Vec::new();
         let mut turn = 0;
         let mut order: Vec<usize> = Vec::new();
         for (_, item) in items {
             match item {
-                Item::Copy(i) => work.copy(i, progress)?,
+                Item::Copy(i) => work.copy(i, meter)?,
                 Item::Group(members) => {
                     let bytes: u64 = members.iter().map(|&i| work.source.tensors[i].len).sum();
                     if bytes as usize > self.capacity || members.len() > MAX_MEMBERS {
                         self.on_cpu.push(work.source.tensors[members[0]].name.clone());
-                        reports.extend(work.group(members, progress)?);
+                        reports.extend(work.group(members, meter)?);
                         continue;
                     }
                     let s = turn % 2;
                     turn += 1;
                     if let Some(queued) = self.slots[s].busy.take() {
-                        reports.extend(self.finish(s, queued, work, progress)?);
+                        reports.extend(self.finish(s, queued, work, meter)?);
                         order.retain(|&o| o != s);
                     }
                     self.start(s, members, work)?;
@@ -171,7 +171,7 @@ impl Pipeline {
         }
         for s in order {
             if let Some(queued) = self.slots[s].busy.take() {
-                reports.extend(self.finish(s, queued, work, progress)?);
+                reports.extend(self.finish(s, queued, work, meter)?);
             }
         }
         Ok(reports)
@@ -293,7 +293,7 @@ impl Pipeline {
         s: usize,
         queued: Queued,
         work: &Work<'_>,
-        progress: &mut Progress,
+        meter: &mut Meter,
     ) -> Result<Vec<TensorReport>, QuantizeError> {
         let slot = &mut self.slots[s];
         let small = slot.small.bytes().map_err(gpu_error)?.to_vec();
@@ -306,7 +306,7 @@ impl Pipeline {
         let mut reports = Vec::with_capacity(queued.members.len());
         for (k, m) in queued.members.iter().enumerate() {
             let tensor = &work.source.tensors[m.index];
-            progress.tensor(&tensor.name, tensor.len);
+            meter.tensor(&tensor.name, tensor.len);
             let packed = output[m.packed_at..m.packed_at + m.elements / 2].to_vec();
             let scales = output[m.scales_at..m.scales_at + m.elements / BLOCK].to_vec();
             let at = 4 * MAX_MEMBERS + k * STATS_BYTES;
@@ -334,9 +334,8 @@ impl Pipeline {
             let (scales_shard, scales_offset) = work.place(Content::Scales(m.index))?;
             work.send(packed_shard, packed_offset, Data::Owned(packed))?;
             work.send(scales_shard, scales_offset, Data::Owned(scales))?;
-            progress.advance(tensor.len, out);
-            let mut report =
-                work.finish_tensor(m.index, m.amax, &m.scale, blocks, errors, hashes, progress)?;
+            meter.advance(tensor.len, out);
+            let mut report = work.finish_tensor(m.index, m.amax, &m.scale, blocks, errors, hashes, meter)?;
             report.fused_with = fused_with(&names, &report.name);
             reports.push(report);
         }

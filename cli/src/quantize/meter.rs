@@ -1,23 +1,24 @@
-//! Progress of a quantization, handed to the [`Reporter`]: the whole model in source
-//! bytes (with the bytes written so far as its note) and the tensor in hand as a
-//! part. The work loop calls [`Progress`] between windows; nothing here blocks it.
+//! The meter of a quantization: the bytes in and out, handed to the [`Reporter`] as
+//! progress: the whole model in source bytes (with the bytes written so far as its
+//! note) and the tensor in hand as a part. The work loop calls [`Meter`] between
+//! windows; nothing here blocks it.
 //!
 //! Not here: how it looks (the binary's shell draws it).
 
 use sous_engine::reporter::{self, Reporter, Task};
 use sous_engine::size::human;
 
-/// The progress of one quantization.
-pub struct Progress {
+/// The meter of one quantization.
+pub struct Meter {
     model: Box<dyn reporter::Progress>,
     tensor: Option<Box<dyn reporter::Progress>>,
     out: u64,
 }
 
-impl Progress {
+impl Meter {
     /// Starts tracking `total` source bytes.
-    pub fn new(reporter: &dyn Reporter, total: u64) -> Progress {
-        Progress {
+    pub fn new(reporter: &dyn Reporter, total: u64) -> Meter {
+        Meter {
             model: reporter.progress(Task::bytes("quantize", total)),
             tensor: None,
             out: 0,

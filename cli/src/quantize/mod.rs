@@ -12,7 +12,8 @@
 //! - `write`: the work, window by window, through `sous-kernels`.
 //! - `marker`: the completion marker and the rerun check; the output itself is staged
 //!   and renamed into place by `sous_engine::atomic`.
-//! - `progress`: what the work reports to the caller's [`Reporter`].
+//! - `meter`: the bytes in and out, model and tensor, reported to the caller's
+//!   [`Reporter`].
 //!
 //! Not here: the command line (`commands/quantize.rs`) or the numerics
 //! (`sous-kernels`).
@@ -24,7 +25,7 @@ mod fused;
 mod gpu;
 mod layout;
 pub mod marker;
-mod progress;
+mod meter;
 mod select;
 mod source;
 mod write;
@@ -269,7 +270,7 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
     )?;
     // `check_output` has decided that what is at `out`, if anything, may go.
     let staging = StagingDir::create(&request.out, Existing::Replace)?;
-    let mut progress = progress::Progress::new(reporter, source.tensors.iter().map(|t| t.len).sum());
+    let mut meter = meter::Meter::new(reporter, source.tensors.iter().map(|t| t.len).sum());
     let options = write::Options {
         window_bytes: request.window_bytes,
         digests: request.digests,
@@ -284,9 +285,9 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         options,
         &inputs,
         gpu.as_mut().map(|p| p as &mut dyn write::Accelerator),
-        &mut progress,
+        &mut meter,
     );
-    progress.finish();
+    meter.finish();
     if let Some(pipeline) = &gpu
         && !pipeline.on_cpu.is_empty()
     {

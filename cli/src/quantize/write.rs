@@ -27,7 +27,7 @@ use sous_kernels::{BlockCounts, Dtype, ErrorStats, Flavor, Matrix, TensorScale, 
 
 use super::error::{QuantizeError, io};
 use super::layout::{Content, Layout};
-use super::progress::Progress;
+use super::meter::Meter;
 use super::source::{Source, SourceTensor};
 
 /// How the work is done.
@@ -134,7 +134,7 @@ pub(super) trait Accelerator {
         &mut self,
         work: &Work<'_>,
         items: Vec<(usize, Item<'_>)>,
-        progress: &mut Progress,
+        meter: &mut Meter,
     ) -> Result<Vec<TensorReport>, QuantizeError>;
 }
 
@@ -155,7 +155,7 @@ pub fn write(
     options: Options,
     inputs: &BTreeMap<usize, f32>,
     gpu: Option<&mut dyn Accelerator>,
-    progress: &mut Progress,
+    meter: &mut Meter,
 ) -> Result<Vec<TensorReport>, QuantizeError> {
     let mut files = Vec::with_capacity(layout.shards.len());
     for shard in &layout.shards {
@@ -188,15 +188,15 @@ pub fn write(
         let mut reports = Vec::new();
         let mut outcome = Ok(());
         match gpu {
-            Some(pipeline) => match pipeline.run(&work, items, progress) {
+            Some(pipeline) => match pipeline.run(&work, items, meter) {
                 Ok(r) => reports = r,
                 Err(e) => outcome = Err(e),
             },
             None => {
                 for (_, item) in items {
                     let done = match item {
-                        Item::Copy(i) => work.copy(i, progress),
-                        Item::Group(members) => work.group(members, progress).map(|r| reports.extend(r)),
+                        Item::Copy(i) => work.copy(i, meter),
+                        Item::Group(members) => work.group(members, meter).map(|r| reports.extend(r)),
                     };
                     if let Err(e) = done {
                         outcome = Err(e);
@@ -241,17 +241,17 @@ impl Work<'_> {
             .map_err(|_| QuantizeError::Bug("the writer stopped".into()))
     }
 
-    pub(super) fn copy(&self, index: usize, progress: &mut Progress) -> Result<(), QuantizeError> {
+    pub(super) fn copy(&self, index: usize, meter: &mut Meter) -> Result<(), QuantizeError> {
         let tensor = &self.source.tensors[index];
         let (shard, offset) = self.place(Content::Copy(index))?;
-        progress.tensor(&tensor.name, tensor.len);
+        meter.tensor(&tensor.name, tensor.len);
         let window = self.options.window_bytes.max(1);
         let mut at = 0;
         while at < tensor.len {
             let len = window.min(tensor.len - at);
             let map = self.source.map(tensor, at, len)?;
             self.send(shard, offset + at, Data::Mapped(map))?;
-            progress.advance(len, len);
+            meter.advance(len, len);
             at += len;
         }
         Ok(())
@@ -310,7 +310,7 @@ impl Work<'_> {
     pub(super) fn group(
         &self,
         members: &[usize],
-        progress: &mut Progress,
+        meter: &mut Meter,
     ) -> Result<Vec<TensorReport>, QuantizeError> {
         // A group that fits in one window is mapped once for both passes.
         let tensors: Vec<&SourceTensor> = members.iter().map(|&i| &self.source.tensors[i]).collect();
@@ -344,7 +344,7 @@ impl Work<'_> {
             .collect();
         let mut reports = Vec::with_capacity(members.len());
         for (k, &i) in members.iter().enumerate() {
-            let mut report = self.quantize(i, amax, whole.as_ref().map(|maps| &maps[k][..]), progress)?;
+            let mut report = self.quantize(i, amax, whole.as_ref().map(|maps| &maps[k][..]), meter)?;
             report.fused_with = fused_with(&names, &report.name);
             reports.push(report);
         }
@@ -358,7 +358,7 @@ impl Work<'_> {
         index: usize,
         amax: f32,
         whole: Option<&[u8]>,
-        progress: &mut Progress,
+        meter: &mut Meter,
     ) -> Result<TensorReport, QuantizeError> {
         let tensor = &self.source.tensors[index];
         let cols = tensor.shape[1];
@@ -369,7 +369,7 @@ impl Work<'_> {
         let scale = TensorScale::from_amax(self.flavor, dtype, amax);
         let (packed_shard, packed_at) = self.place(Content::Packed(index))?;
         let (scales_shard, scales_at) = self.place(Content::Scales(index))?;
-        progress.tensor(&tensor.name, tensor.len);
+        meter.tensor(&tensor.name, tensor.len);
         let mut blocks = BlockCounts::default();
         let mut errors = ErrorStats::default();
         let mut hashes = self
@@ -410,9 +410,9 @@ impl Work<'_> {
                 scales_at + (first * cols / 16) as u64,
                 Data::Owned(q.scales),
             )?;
-            progress.advance((rows * cols * tensor.dtype.bitsize() / 8) as u64, out);
+            meter.advance((rows * cols * tensor.dtype.bitsize() / 8) as u64, out);
         }
-        self.finish_tensor(index, amax, &scale, blocks, errors, hashes, progress)
+        self.finish_tensor(index, amax, &scale, blocks, errors, hashes, meter)
     }
 
     /// Queues what follows a quantized tensor's blocks (its global scale and, for W4A4,
@@ -426,17 +426,17 @@ impl Work<'_> {
         blocks: BlockCounts,
         errors: ErrorStats,
         hashes: Option<[Sha256; 3]>,
-        progress: &mut Progress,
+        meter: &mut Meter,
     ) -> Result<TensorReport, QuantizeError> {
         let tensor = &self.source.tensors[index];
         let (global_shard, global_at) = self.place(Content::Global(index))?;
         let global = scale.value().to_le_bytes();
         self.send(global_shard, global_at, Data::Owned(global.to_vec()))?;
-        progress.advance(0, 4);
+        meter.advance(0, 4);
         if let Some(value) = self.inputs.get(&index) {
             let (shard, at) = self.place(Content::InputGlobal(index))?;
             self.send(shard, at, Data::Owned(value.to_le_bytes().to_vec()))?;
-            progress.advance(0, 4);
+            meter.advance(0, 4);
         }
         let share = |n: u64| {
             if blocks.total == 0 {
