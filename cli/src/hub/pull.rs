@@ -10,6 +10,8 @@
 //! wait for the Hub (huggingface_hub's `snapshot_download` falls back the same way).
 //! An answer from a reachable Hub (401, 403, 404) is not an outage and fails the pull.
 
+mod error;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,17 +19,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use sous_engine::diagnose::{Class, Diagnose, user_unless};
 use sous_engine::repo::RepoId;
 use sous_engine::reporter::Reporter;
-use sous_engine::size::human;
 use tokio::sync::Semaphore;
 
-use super::api::{HubClient, HubError, TreeEntry};
+use super::api::{HubClient, TreeEntry};
 use super::cache::{Marker, MarkerFile, RepoCache, is_commit};
-use super::download::{self, DISK_FULL, DownloadError, FileJob, io_is_internal};
-use super::select::{GlobError, Selection};
+use super::download::{self, FileJob};
+use super::select::Selection;
 use super::transfer::Tracker;
+
+pub use error::PullError;
 
 /// Files fetched at once, at least: each has its own hashing thread, so a model of
 /// many shards is verified on as many cores as the machine has (up to
@@ -124,99 +126,6 @@ pub struct PullReport {
     /// The Hub could not be reached, so the revision's snapshot already on disk was
     /// used without learning whether the revision has moved since.
     pub hub_unreachable: bool,
-}
-
-/// Why a pull failed.
-#[derive(Debug, thiserror::Error)]
-pub enum PullError {
-    /// The Hub said no, or could not be reached.
-    #[error(transparent)]
-    Hub(#[from] HubError),
-    /// A file could not be fetched or verified.
-    #[error(transparent)]
-    Download(#[from] DownloadError),
-    /// A bad `--include` / `--exclude`.
-    #[error(transparent)]
-    Glob(#[from] GlobError),
-    /// The selection matched nothing.
-    #[error("no file of `{repo}` at {commit} matches the selection")]
-    NothingSelected {
-        /// Repository.
-        repo: String,
-        /// Commit.
-        commit: String,
-    },
-    /// Not enough free space for what must be downloaded.
-    #[error("not enough disk space in `{}`: the pull needs {} more, {} is free", path.display(), human(*needed), human(*available))]
-    DiskFull {
-        /// Where the files go.
-        path: PathBuf,
-        /// Bytes to download.
-        needed: u64,
-        /// Bytes free.
-        available: u64,
-    },
-    /// Offline, and the cache does not hold the revision.
-    #[error("`{repo}` at `{revision}` is not in the cache, and the pull is offline")]
-    NotCached {
-        /// Repository.
-        repo: String,
-        /// Revision.
-        revision: String,
-    },
-    /// `SOUS_VERIFY` names no verification sous knows.
-    #[error("{0}")]
-    Verify(String),
-    /// `SOUS_PULL_IO` names no way of writing sous knows.
-    #[error("{0}")]
-    WriteMode(String),
-    /// A local file operation failed.
-    #[error("{action} `{}`", path.display())]
-    Io {
-        /// What sous was doing.
-        action: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-}
-
-impl PullError {
-    fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> PullError + use<> {
-        let path = path.to_path_buf();
-        move |source| PullError::Io { action, path, source }
-    }
-}
-
-impl Diagnose for PullError {
-    /// sous is at fault (exit code 2) only for a local I/O error it cannot explain;
-    /// the input, the network or the machine otherwise (exit code 1).
-    fn class(&self) -> Class {
-        match self {
-            PullError::Io { source, .. } => user_unless(io_is_internal(source)),
-            PullError::Download(e) => e.class(),
-            _ => Class::User,
-        }
-    }
-
-    fn hint(&self) -> Option<String> {
-        match self {
-            PullError::Hub(e) => e.hint(),
-            PullError::Download(e) => e.hint(),
-            PullError::Io { source, .. } if source.raw_os_error() == Some(28) => Some(DISK_FULL.into()),
-            PullError::NothingSelected { .. } => Some("check `--include` / `--exclude`".into()),
-            PullError::DiskFull { .. } => {
-                Some("free space, or pull elsewhere with HF_HUB_CACHE or --local-dir".into())
-            }
-            PullError::NotCached { .. } => {
-                Some("run the pull once with the network (without --offline / HF_HUB_OFFLINE)".into())
-            }
-            PullError::Verify(_) => Some(format!("unset {} or set it to `auto`", download::VERIFY_ENV)),
-            PullError::WriteMode(_) => Some(format!("unset {} or set it to `auto`", download::IO_ENV)),
-            _ => None,
-        }
-    }
 }
 
 /// Where the files of a pull go, and where its bookkeeping lives.
