@@ -6,13 +6,15 @@
 //! are comparable with it; see [`stats`]. The active runner is [`run`] (what to run in
 //! [`workload`], their prompts in [`prompts`], when open-loop requests arrive in
 //! [`arrivals`], the report in
-//! [`report`]); the passive ones are [`logs`] and [`scrape`]; engines' metric names
+//! [`report`]); the passive ones are [`logs`] and [`scrape`]; [`compare`] puts two
+//! reports of any kind side by side; engines' metric names
 //! and log lines come from `sous_engine::dialect`. Nothing here prints: progress and
 //! warnings go to a `Reporter`, and the command prints the rest.
 
 pub mod arrivals;
 pub mod charts;
 pub mod client;
+pub mod compare;
 pub mod discover;
 mod error;
 pub mod logs;

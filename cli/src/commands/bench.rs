@@ -2,6 +2,13 @@
 //! `agent`) run against `--url`, or against `--recipe R`, which is served first and
 //! stopped after; `compare` puts two reports side by side; `logs` and `scrape` read
 //! what a production server leaves behind, without sending it a request.
+//!
+//! Here: the flags of every subcommand and the workloads they make. The active
+//! workloads run in `active.rs`, `logs` and `scrape` in `passive.rs`; the comparison
+//! itself is the library's (`sous::bench::compare`).
+
+mod active;
+mod passive;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,18 +16,14 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::Value;
-use sous_engine::serve::Instance;
 
 use crate::failure::UserError;
 use crate::shell::Shell;
 use sous::bench::arrivals;
 use sous::bench::client::Endpoint;
 use sous::bench::logs::AfterRestart;
-use sous::bench::report;
-use sous::bench::run::{self, Target};
 use sous::bench::scrape;
-use sous::bench::stats::Slo;
-use sous::bench::window::{self, TimeArg, Window};
+use sous::bench::window::{self, TimeArg};
 use sous::bench::workload::{self, Workload};
 
 #[derive(Debug, Subcommand)]
@@ -368,8 +371,8 @@ pub struct CompareArgs {
 pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Compare(args) => compare(&args, shell),
-        BenchCommand::Logs(args) => logs(&args, shell),
-        BenchCommand::Scrape(args) => watch(&args, shell),
+        BenchCommand::Logs(args) => passive::logs(&args, shell),
+        BenchCommand::Scrape(args) => passive::watch(&args, shell),
         BenchCommand::Probe(a) => {
             let prompt = match &a.prompt_file {
                 Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
@@ -386,7 +389,7 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
                 output_len: a.output_len,
                 prompt,
             });
-            active(&a.common, &workload, shell)
+            active::active(&a.common, &workload, shell)
         }
         BenchCommand::Sweep(a) => {
             let workload = Workload::Sweep(workload::Sweep {
@@ -400,7 +403,7 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
                 range_ratio: a.range_ratio,
                 eos: a.eos,
             });
-            active(&a.common, &workload, shell)
+            active::active(&a.common, &workload, shell)
         }
         BenchCommand::Prefix(a) => {
             let workload = Workload::Prefix(workload::Prefix {
@@ -411,7 +414,7 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
                 output_len: a.output_len,
                 concurrency: a.concurrency,
             });
-            active(&a.common, &workload, shell)
+            active::active(&a.common, &workload, shell)
         }
         BenchCommand::Agent(a) => {
             let workload = Workload::Agent(workload::Agent {
@@ -421,186 +424,12 @@ pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
                 ratio: a.ratio,
                 max_context: a.max_context,
             });
-            active(&a.common, &workload, shell)
+            active::active(&a.common, &workload, shell)
         }
     }
 }
 
-fn logs(args: &LogsArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
-    use sous::bench::logs::{LogInput, LogsOptions, analyze};
-    if !args.names.is_empty() && args.names.len() != args.files.len() {
-        return Err(UserError::new(
-            format!(
-                "{} --name values for {} files",
-                args.names.len(),
-                args.files.len()
-            ),
-            Some("give one --name per file, in order, or none"),
-        )
-        .into());
-    }
-    let inputs = args
-        .files
-        .iter()
-        .enumerate()
-        .map(|(i, path)| LogInput::read(path, args.names.get(i).map(String::as_str)))
-        .collect::<Result<Vec<_>, _>>()?;
-    let defaults = LogsOptions::default();
-    let options = LogsOptions {
-        year: args.year.unwrap_or(defaults.year),
-        idle_gap_s: args.idle_gap,
-        threshold_tok_s: args.threshold,
-        top_k: args.top,
-        window: Window {
-            since: args.since,
-            until: args.until,
-        },
-        after_restart: args.after_restart,
-        ..defaults
-    };
-    let report = analyze(&inputs, &options)?;
-    if let Some(path) = &args.svg {
-        sous::bench::logs::chart::draw(path, &report)
-            .map_err(|e| UserError::new(format!("cannot draw {}: {e}", path.display()), None))?;
-        shell.status("wrote", &path.display().to_string());
-    }
-    print_report(shell, args.json, &report, || report.to_table())
-}
-
-/// `sous bench scrape`: every URL now, then on the schedule; the first round must
-/// reach them all, later failures are skipped. With --prometheus, the Prometheus
-/// server's figures of a past window instead.
-fn watch(args: &ScrapeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
-    if let Some(url) = &args.prometheus {
-        return history(url, args, shell);
-    }
-    let Some(window) = args.window else {
-        return Err(UserError::new("pass --for DURATION", Some("e.g. --for 10m")).into());
-    };
-    let runtime = super::runtime()?;
-    let (instances, scheduled) = runtime.block_on(scrape::watch(&args.urls, window, args.interval, shell))?;
-    let report = scrape::analyze(&instances, scheduled)?;
-    for r in &report.counter_resets {
-        shell.warn(&format!(
-            "{} restarted before scrape {} (a counter went down); its figures span the restart",
-            r.url, r.scrape
-        ));
-    }
-    if let Some(path) = &args.svg {
-        // Each URL alone, beside the sum, where there are several.
-        let each: Vec<(String, Vec<scrape::report::Latency>)> = if instances.len() > 1 {
-            instances
-                .iter()
-                .map(|i| {
-                    let alone = scrape::analyze(std::slice::from_ref(i), scheduled);
-                    (i.url.clone(), alone.map(|r| r.latency).unwrap_or_default())
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut series = vec![scrape::Series {
-            name: if instances.len() > 1 {
-                "all URLs"
-            } else {
-                report.urls.first().map_or("", String::as_str)
-            },
-            latency: &report.latency,
-        }];
-        series.extend(
-            each.iter()
-                .map(|(name, latency)| scrape::Series { name, latency }),
-        );
-        let title = format!(
-            "Latency percentiles over {:.0} s of live scrapes",
-            report.window_s
-        );
-        scrape::draw_chart(path, &title, &series)?;
-        shell.status("wrote", &path.display().to_string());
-    }
-    print_report(shell, args.json, &report, || report.to_table())
-}
-
-/// `sous bench scrape --prometheus URL --since ...`: the window placed on the clock
-/// (relative times back from --until or now), then the Prometheus server's figures.
-fn history(url: &str, args: &ScrapeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    let window = sous::bench::window::Window {
-        since: args.since,
-        until: args.until,
-    };
-    let bounds = window
-        .place(now)
-        .map_err(|e| UserError::new(e, Some("--since must come before --until")))?;
-    let (Some(since), until) = (bounds.since, bounds.until.unwrap_or(now)) else {
-        return Err(UserError::new("--prometheus needs --since", Some("e.g. --since 1d")).into());
-    };
-    if since >= until {
-        return Err(UserError::new(
-            format!(
-                "the window is empty: --since is {} and it ends at {}",
-                sous::bench::window::format_utc(since),
-                sous::bench::window::format_utc(until)
-            ),
-            Some("--since must come before --until (and now)"),
-        )
-        .into());
-    }
-    let selector = match &args.selector {
-        Some(text) => scrape::promql::Selector::parse(text)?,
-        None => scrape::promql::Selector::NONE,
-    };
-    let ask = scrape::Ask {
-        url,
-        selector: &selector,
-        selector_text: args.selector.as_deref(),
-        since,
-        until,
-        now,
-    };
-    let runtime = super::runtime()?;
-    let report = runtime.block_on(scrape::ask(&ask, shell))?;
-    if let Some(path) = &args.svg {
-        let mut series = Vec::new();
-        if report.instances.len() != 1 {
-            series.push(scrape::Series {
-                name: "all instances",
-                latency: &report.total.latency,
-            });
-        }
-        for f in &report.instances {
-            series.push(scrape::Series {
-                name: f.instance.as_deref().unwrap_or_default(),
-                latency: &f.latency,
-            });
-        }
-        let title = format!(
-            "Latency percentiles, {} to {} (Prometheus {})",
-            report.start, report.end, report.prometheus
-        );
-        scrape::draw_chart(path, &title, &series)?;
-        shell.status("wrote", &path.display().to_string());
-    }
-    print_report(shell, args.json, &report, || report.to_table())
-}
-
-/// A passive report on stdout: its JSON with `--json`, else its table.
-fn print_report(
-    shell: &Shell,
-    json: bool,
-    report: &impl serde::Serialize,
-    table: impl FnOnce() -> String,
-) -> anyhow::Result<ExitCode> {
-    if json {
-        shell.data(&serde_json::to_string_pretty(report)?)?;
-    } else {
-        shell.data(&table())?;
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
+/// `sous bench compare A B`: both files read as JSON, then their table on stdout.
 fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let read = |path: &Path| -> anyhow::Result<Value> {
         let text = std::fs::read_to_string(path)
@@ -609,135 +438,8 @@ fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             .map_err(|e| UserError::new(format!("{} is not JSON: {e}", path.display()), None).into())
     };
     let (a, b) = (read(&args.a)?, read(&args.b)?);
-    use sous::eval::report as eval_report;
-    if eval_report::is_eval_report(&a) || eval_report::is_eval_report(&b) {
-        let hint = Some("compare two reports of `sous eval --json` (or --out DIR's eval.json)");
-        let parse = |v: Value, path: &Path| {
-            serde_json::from_value::<eval_report::Report>(v).map_err(|e| {
-                UserError::new(
-                    format!("{} is not a `sous eval` report: {e}", path.display()),
-                    hint,
-                )
-            })
-        };
-        let (a, b) = (parse(a, &args.a)?, parse(b, &args.b)?);
-        let table = eval_report::compare(&a, &b).map_err(|e| UserError::new(e, hint))?;
-        shell.data(&table)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    use sous::bench::logs::compare as logs_compare;
-    if logs_compare::is_logs_report(&a) || logs_compare::is_logs_report(&b) {
-        let table = logs_compare::compare(&a, &b).map_err(|e| {
-            UserError::new(
-                e,
-                Some("compare two `sous bench logs --json` reports, or one and an active report"),
-            )
-        })?;
-        shell.data(&table)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let table = report::compare(&a, &b)
-        .map_err(|e| UserError::new(e, Some("compare two reports of `sous bench sweep --out DIR`")))?;
+    let table = sous::bench::compare::compare((&args.a, a), (&args.b, b))
+        .map_err(|e| UserError::new(e.message, Some(e.hint)))?;
     shell.data(&table)?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Serves `recipe` for the length of a benchmark; returns the instance, its base URL and
-/// the API key its recipe names.
-async fn serve(
-    file: &Path,
-    overrides: &super::OverrideArgs,
-    shell: &Shell,
-) -> anyhow::Result<(Instance, String, Option<String>)> {
-    let recipe = super::load_recipe(file, overrides)?.recipe;
-    let key = super::recipe_api_key(&recipe);
-    let (instance, url) = super::serve::for_session(&recipe, shell).await?;
-    Ok((instance, url, key))
-}
-
-fn active(common: &Common, workload: &Workload, shell: &Shell) -> anyhow::Result<ExitCode> {
-    let slo = match &common.slo {
-        Some(text) => Slo::parse(text)
-            .map_err(|e| UserError::new(format!("--slo: {e}"), Some("e.g. --slo ttft:500,tpot:50")))?,
-        None => Slo::default(),
-    };
-    if let Some(bad) = common.percentiles.iter().find(|p| !(0.0..=100.0).contains(*p)) {
-        return Err(UserError::new(format!("--percentiles: {bad} is not between 0 and 100"), None).into());
-    }
-    let options = run::Options {
-        seed: common.seed,
-        salt: common.salt,
-        percentiles: common.percentiles.clone(),
-        slo,
-        label: common.label.clone(),
-    };
-    let runtime = super::runtime()?;
-    runtime.block_on(async {
-        let (served, url, recipe_key) = match (&common.recipe, &common.url) {
-            (Some(recipe), _) => {
-                let (instance, url, key) = serve(recipe, &common.overrides, shell).await?;
-                (Some(instance), url, key)
-            }
-            (None, Some(url)) => (None, url.trim_end_matches('/').to_owned(), None),
-            (None, None) => return Err(UserError::new("pass --url URL or --recipe FILE", None).into()),
-        };
-        let measured = measure(common, workload, &options, url, recipe_key, shell).await;
-        // The recipe's server stops whether the benchmark succeeded or not.
-        if let Some(instance) = served {
-            instance.stop().await?;
-        }
-        measured
-    })
-}
-
-/// Runs the workload against `url` and reports it.
-async fn measure(
-    common: &Common,
-    workload: &Workload,
-    options: &run::Options,
-    url: String,
-    recipe_key: Option<String>,
-    shell: &Shell,
-) -> anyhow::Result<ExitCode> {
-    let key = match super::api_key(common.api_key_env.as_deref())? {
-        Some(key) => Some(key),
-        None => recipe_key,
-    };
-    let target = Target {
-        url,
-        model: common.model.clone(),
-        api_key: key,
-        endpoint: common.endpoint.into(),
-        tokenizer: common.tokenizer.clone(),
-        instances: common
-            .instances
-            .iter()
-            .map(|u| u.trim_end_matches('/').to_owned())
-            .collect(),
-    };
-    let report = run::run(&target, workload, options, shell).await?;
-    let text = report.to_json()?;
-    if let Some(dir) = &common.out {
-        let written = report::write(dir, &report, &common.percentiles)?;
-        let charts: Vec<String> = written.charts.iter().map(|p| p.display().to_string()).collect();
-        shell.status(
-            "wrote",
-            &format!(
-                "{}, {} and {}",
-                written.json.display(),
-                written.csv.display(),
-                charts.join(", ")
-            ),
-        );
-    }
-    if common.json {
-        shell.data(&text)?;
-    } else {
-        shell.data(&report::summary(&report))?;
-    }
-    Ok(if report.failed() > 0 {
-        ExitCode::from(sous::error::Class::User.exit_code())
-    } else {
-        ExitCode::SUCCESS
-    })
 }

@@ -3,8 +3,9 @@
 //! millisecond scale, since E2E is often a thousand times ITL), p50, p90, p95 and p99
 //! along each panel, one bar per series: the instances summed and each instance where
 //! there are several. A percentile that fell in the `+Inf` bucket is labelled with a
-//! `+` (its bar is the largest finite bound). Drawn with `plotters`' SVG backend, as
-//! [`crate::bench::charts`]; not here: the figures themselves.
+//! `+` (its bar is the largest finite bound). [`draw_live`] and [`draw_prometheus`]
+//! choose the series of a live and of a Prometheus report. Drawn with `plotters`' SVG
+//! backend, as [`crate::bench::charts`]; not here: the figures themselves.
 
 use std::ops::Range;
 use std::path::Path;
@@ -13,8 +14,9 @@ use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::report::Latency;
-use super::{QUANTILES, ScrapeError};
+use super::analyze::analyze;
+use super::report::{Latency, PrometheusReport, Report};
+use super::{Instance, QUANTILES, ScrapeError};
 use crate::bench::charts::top;
 
 /// The histograms charted, in panel order.
@@ -74,6 +76,65 @@ pub fn draw(path: &Path, title: &str, series: &[Series<'_>]) -> Result<(), Scrap
         path: path.display().to_string(),
         error: e.to_string(),
     })
+}
+
+/// The chart of live scrapes (`sous bench scrape --svg`): the URLs summed, and each URL
+/// alone beside the sum where there are several.
+pub fn draw_live(
+    path: &Path,
+    instances: &[Instance],
+    report: &Report,
+    scheduled: usize,
+) -> Result<(), ScrapeError> {
+    // Each URL alone, beside the sum, where there are several.
+    let each: Vec<(String, Vec<Latency>)> = if instances.len() > 1 {
+        instances
+            .iter()
+            .map(|i| {
+                let alone = analyze(std::slice::from_ref(i), scheduled);
+                (i.url.clone(), alone.map(|r| r.latency).unwrap_or_default())
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut series = vec![Series {
+        name: if instances.len() > 1 {
+            "all URLs"
+        } else {
+            report.urls.first().map_or("", String::as_str)
+        },
+        latency: &report.latency,
+    }];
+    series.extend(each.iter().map(|(name, latency)| Series { name, latency }));
+    let title = format!(
+        "Latency percentiles over {:.0} s of live scrapes",
+        report.window_s
+    );
+    draw(path, &title, &series)
+}
+
+/// The chart of a window Prometheus stored (`sous bench scrape --prometheus --svg`):
+/// the instances summed (unless there is only one), then each instance.
+pub fn draw_prometheus(path: &Path, report: &PrometheusReport) -> Result<(), ScrapeError> {
+    let mut series = Vec::new();
+    if report.instances.len() != 1 {
+        series.push(Series {
+            name: "all instances",
+            latency: &report.total.latency,
+        });
+    }
+    for f in &report.instances {
+        series.push(Series {
+            name: f.instance.as_deref().unwrap_or_default(),
+            latency: &f.latency,
+        });
+    }
+    let title = format!(
+        "Latency percentiles, {} to {} (Prometheus {})",
+        report.start, report.end, report.prometheus
+    );
+    draw(path, &title, &series)
 }
 
 fn row<'a>(series: &Series<'a>, name: &str) -> Option<&'a Latency> {

@@ -41,7 +41,9 @@ use sous_engine::dialect::Family;
 use super::prom::Scrape;
 
 pub use analyze::analyze;
-pub use chart::{Series, draw as draw_chart};
+pub use chart::{
+    Series, draw as draw_chart, draw_live as draw_live_chart, draw_prometheus as draw_prometheus_chart,
+};
 pub use prometheus::{Ask, ask};
 pub use watch::watch;
 
