@@ -231,6 +231,17 @@ impl Diagnose for LogsError {
     }
 }
 
+/// A finite number as the engines print it (`12.5`), for the stats lines and the
+/// speculative-decoding lines alike.
+fn parse_rate(text: &str) -> Option<f64> {
+    text.parse::<f64>().ok().filter(|v| v.is_finite())
+}
+
+/// A percentage as the engines print it (`45.2%`), as printed (not divided by 100).
+fn parse_percent(value: &str) -> Option<f64> {
+    parse_rate(value.strip_suffix('%')?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::testing::*;

@@ -35,6 +35,7 @@ use sous_engine::dialect::log::vllm::{self, part};
 
 use super::report::Restart;
 use super::spec::{self, SpecSample};
+use super::{parse_percent, parse_rate};
 use super::time::{LogTime, Timeline};
 
 /// The compiled patterns; built once per [`super::analyze`].
@@ -339,16 +340,8 @@ fn parse_stats(message: &str, patterns: &Patterns) -> Option<Stats> {
     })
 }
 
-pub(super) fn parse_rate(text: &str) -> Option<f64> {
-    text.parse::<f64>().ok().filter(|v| v.is_finite())
-}
-
 fn parse_reqs(value: &str) -> Option<u32> {
     value.strip_suffix(" reqs")?.parse().ok()
-}
-
-pub(super) fn parse_percent(value: &str) -> Option<f64> {
-    parse_rate(value.strip_suffix('%')?)
 }
 
 #[cfg(test)]

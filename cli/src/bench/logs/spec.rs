@@ -31,7 +31,7 @@
 
 use std::collections::BTreeMap;
 
-use super::parse::{parse_percent, parse_rate};
+use super::{parse_percent, parse_rate};
 
 /// How a speculative-decoding message starts in V1.
 pub(super) const V1_MARKER: &str = "SpecDecoding metrics: ";
