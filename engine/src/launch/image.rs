@@ -34,13 +34,9 @@ pub fn official(reference: &str, engine: EngineKind, version: Option<&Version>) 
         .and_then(|t| t.strip_prefix('v').or(Some(t)))
         .and_then(|t| t.parse().ok());
     let version = tagged.as_ref().or(version);
-    let candidates = match engine {
-        EngineKind::Vllm => super::vllm::images(version).to_vec(),
-        EngineKind::Sglang => vec![super::sglang::IMAGE],
-        EngineKind::Trtllm => vec![super::trtllm::IMAGE],
-        EngineKind::Native => vec![SOUS_IMAGE],
-    };
-    candidates.into_iter().find(|d| d.repository == repository)
+    super::official_images(engine, version)
+        .into_iter()
+        .find(|d| d.repository == repository)
 }
 
 /// The image the repository's `Dockerfile` builds: `ENTRYPOINT ["/usr/local/bin/sous"]`

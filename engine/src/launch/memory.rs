@@ -129,11 +129,8 @@ const TRTLLM_OPTIONS: &[(&[&str], &str)] = &[
 /// The memory settings of `recipe` for its engine (`None` for the native engine, which
 /// reads the recipe itself), or why the engine would not read them as the recipe means.
 pub fn resolve(recipe: &Recipe) -> Result<Option<EngineMemory>, RenderError> {
-    let newest = match recipe.engine.kind {
-        EngineKind::Native => return Ok(None),
-        EngineKind::Vllm => super::vllm::NEWEST,
-        EngineKind::Sglang => super::sglang::NEWEST,
-        EngineKind::Trtllm => super::trtllm::NEWEST,
+    let Some(newest) = super::newest(recipe.engine.kind) else {
+        return Ok(None);
     };
     of(recipe, &Target::new(recipe, newest)).map(Some)
 }

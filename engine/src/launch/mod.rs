@@ -211,6 +211,28 @@ impl RenderError {
     }
 }
 
+/// The newest release of `engine` whose parser sous has checked (none for the native
+/// engine, which is sous's own).
+fn newest(engine: EngineKind) -> Option<Version> {
+    match engine {
+        EngineKind::Vllm => Some(vllm::NEWEST),
+        EngineKind::Sglang => Some(sglang::NEWEST),
+        EngineKind::Trtllm => Some(trtllm::NEWEST),
+        EngineKind::Native => None,
+    }
+}
+
+/// The official images of `engine` (at `version`, where the entrypoint changed between
+/// releases), each with what it runs by itself.
+fn official_images(engine: EngineKind, version: Option<&Version>) -> Vec<image::ImageDefaults> {
+    match engine {
+        EngineKind::Vllm => vllm::images(version).to_vec(),
+        EngineKind::Sglang => vec![sglang::IMAGE],
+        EngineKind::Trtllm => vec![trtllm::IMAGE],
+        EngineKind::Native => vec![image::SOUS_IMAGE],
+    }
+}
+
 /// Renders the recipe for its engine.
 pub fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, RenderError> {
     let recipe = &*served_recipe(recipe, ctx);
