@@ -24,6 +24,9 @@ fi
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "import circles (scripts/check/circles.py)"
+python3 scripts/check/circles.py
+
 step "build (tests and binaries)"
 cargo test --workspace --locked --no-run
 
