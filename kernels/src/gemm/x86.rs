@@ -1,7 +1,14 @@
 //! The micro-kernels for x86-64: AVX-512F (12 rows × 2 panels, 24 accumulators of 16
 //! lanes; up to 16 rows × 1 panel, 6 rows × 3 or 4 rows × 4 panels for decode batches
 //! and speculative verification) and AVX2 (6 rows × 1 panel as two 8-lane halves, 12
-//! accumulators), both with FMA.
+//! accumulators, in `avx2.rs`), both with FMA; the bf16 dot-product kernel of
+//! AVX512-BF16 is in `dot.rs`.
+//!
+//! The widening of stored weights to f32 and the block factors are written once, over
+//! the row of sixteen lanes each width holds ([`lanes::Lanes`]), and instantiated in
+//! one `#[target_feature]` function per width. So is the tile kernel ([`tile`]), but
+//! only AVX-512 runs it: AVX2 keeps its own loop (`avx2.rs` says why).
+//!
 //! Weights are widened in registers: bf16 by zero-extension and a 16-bit shift;
 //! NVFP4 by a table lookup of each code's FP4 value (`vpermps`: 16 entries in one
 //! AVX-512 register; on AVX2 the 8 magnitudes and the sign bit, as
@@ -10,14 +17,19 @@
 //! tensor's 256-entry table; Q8_0 by sign-extending each code to 32 bits, converting
 //! it to f32 and multiplying by the block's f16 scale, widened once per 32 values.
 
-// `unsafe` here: SIMD loads and stores through raw pointers into slices whose bounds
-// `Tile::check` has asserted, and calls of `#[target_feature]` functions after the CPU
-// has been checked for the features.
+// `unsafe` here and in the submodules: SIMD loads and stores through raw pointers into slices
+// whose bounds `Tile::check` has asserted, and calls of `#[target_feature]` functions
+// after the CPU has been checked for the features.
 #![allow(unsafe_code)]
 
-use std::arch::x86_64::*;
+mod avx2;
+mod dot;
+mod lanes;
 
-use super::{E4M3_UNBIAS, Form, NR, Panels, Tile, fp4_table};
+use self::avx2::k256;
+pub(super) use self::dot::{DP_MR, DP_MR_MAX, DP_NP, dot_bf16, pack_bf16_pairs};
+use self::lanes::{Avx2, Avx512, Lanes};
+use super::{E4M3_UNBIAS, Form, NR, Panels, Tile};
 
 /// Whether AVX-512F (with AVX2 and FMA) is there.
 pub(super) fn avx512() -> bool {
@@ -73,39 +85,36 @@ pub(super) fn tile_avx2(t: &mut Tile) {
     }
 }
 
-/// Sixteen pairs of bf16 values at `p` (`[16][2]`, see `pack_pairs`), widened: the first
-/// of each pair (a shift) and the second (a mask); no lane crossing.
-#[inline]
+/// [`tile`] with AVX-512: one register per row of a panel.
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn bf16_pairs16(p: *const u16) -> (__m512, __m512) {
-    let v = unsafe { _mm512_loadu_si512(p.cast()) };
-    (
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)),
-        _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xFFFF_0000_u32 as i32))),
-    )
+unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
+    // SAFETY: the caller's, and the features `Avx512` needs are enabled here.
+    unsafe { tile::<Avx512, MR, NP>(t) }
 }
 
+/// The tile kernel at width `V`: `MR` rows × `NP` panels, every weight format. AVX-512
+/// runs it; AVX2 runs `avx2::k256`, the same arithmetic in a loop of its own.
 // The accumulator arrays are indexed by constants after unrolling, so they live in
 // registers; explicit index loops say which lane goes with which row and panel.
 #[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
+#[inline(always)]
+unsafe fn tile<V: Lanes, const MR: usize, const NP: usize>(t: &mut Tile) {
     let (a, c, ldc, kc) = (t.a.as_ptr(), t.c.as_mut_ptr(), t.ldc, t.kc);
-    let mut acc = [[_mm512_setzero_ps(); NP]; MR];
     unsafe {
+        let mut acc = [[V::zero(); NP]; MR];
         if t.accumulate {
             for m in 0..MR {
                 for p in 0..NP {
-                    acc[m][p] = _mm512_loadu_ps(c.add(m * ldc + p * NR));
+                    acc[m][p] = V::load(c.add(m * ldc + p * NR));
                 }
             }
         }
         match t.panels {
             Panels::F32 { data, stride } => {
-                pairs512::<MR, NP, false>(&mut acc, a, kc, data.as_ptr().cast(), stride * 4);
+                pairs::<V, MR, NP, false>(&mut acc, a, kc, data.as_ptr().cast(), stride * 4);
             }
             Panels::Bf16 { data, stride } => {
-                pairs512::<MR, NP, true>(&mut acc, a, kc, data.as_ptr().cast(), stride * 2);
+                pairs::<V, MR, NP, true>(&mut acc, a, kc, data.as_ptr().cast(), stride * 2);
             }
             Panels::Nvfp4 {
                 codes,
@@ -115,36 +124,33 @@ unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
                 divisors,
                 form,
             } => {
-                let table = fp4_table();
-                let lut = _mm512_loadu_ps(table.as_ptr());
+                let table = V::table();
                 let (q, s, d) = (codes.as_ptr(), scales.as_ptr(), divisors.as_ptr());
                 for kb in 0..kc / crate::BLOCK {
-                    let mut f = [_mm512_setzero_ps(); NP];
+                    let mut f = [V::zero(); NP];
                     for p in 0..NP {
-                        let idx =
-                            _mm512_cvtepu8_epi32(_mm_loadu_si128(s.add(p * scale_stride + kb * NR).cast()));
-                        f[p] = factors16(idx, d, form);
+                        f[p] = factors::<V>(V::bytes(s.add(p * scale_stride + kb * NR)), d, form);
                     }
                     // Two rows of lanes per block, eight codes per lane each.
                     for half in 0..2 {
                         let k8 = kb * crate::BLOCK + 8 * half;
-                        let mut v = [_mm512_setzero_si512(); NP];
-                        for p in 0..NP {
-                            v[p] = _mm512_loadu_si512(q.add(p * code_stride + k8 / 2 * NR).cast());
+                        let mut v = [V::codes(q.add(k8 / 2 * NR)); NP];
+                        for p in 1..NP {
+                            v[p] = V::codes(q.add(p * code_stride + k8 / 2 * NR));
                         }
                         for pair in 0..4 {
                             let kk = k8 + 2 * pair;
-                            let mut w0 = [_mm512_setzero_ps(); NP];
-                            let mut w1 = [_mm512_setzero_ps(); NP];
+                            let mut w0 = [V::zero(); NP];
+                            let mut w1 = [V::zero(); NP];
                             for p in 0..NP {
-                                // `vpermps` reads the low four bits of each lane: the
-                                // code of `kk`; the next one is four bits up.
-                                w0[p] = _mm512_mul_ps(_mm512_permutexvar_ps(v[p], lut), f[p]);
-                                v[p] = _mm512_srli_epi32::<4>(v[p]);
-                                w1[p] = _mm512_mul_ps(_mm512_permutexvar_ps(v[p], lut), f[p]);
-                                v[p] = _mm512_srli_epi32::<4>(v[p]);
+                                // The code of `kk` is in the low four bits of each
+                                // lane; the next one is four bits up.
+                                w0[p] = V::fp4(v[p], table, f[p]);
+                                v[p] = V::shr4(v[p]);
+                                w1[p] = V::fp4(v[p], table, f[p]);
+                                v[p] = V::shr4(v[p]);
                             }
-                            fma_pair(&mut acc, a, kk, &w0, &w1);
+                            fma_pair::<V, MR, NP>(&mut acc, a, kk, &w0, &w1);
                         }
                     }
                 }
@@ -158,27 +164,27 @@ unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
                 use crate::formats::q8::BLOCK;
                 let (q, s) = (codes.as_ptr(), scales.as_ptr());
                 for kb in 0..kc / BLOCK {
-                    let mut d = [_mm512_setzero_ps(); NP];
+                    let mut d = [V::zero(); NP];
                     for p in 0..NP {
-                        d[p] = _mm512_cvtph_ps(_mm256_loadu_si256(s.add(p * scale_stride + kb * NR).cast()));
+                        d[p] = V::f16(s.add(p * scale_stride + kb * NR));
                     }
                     for pair in 0..BLOCK / 2 {
                         let kk = kb * BLOCK + 2 * pair;
-                        let mut w0 = [_mm512_setzero_ps(); NP];
-                        let mut w1 = [_mm512_setzero_ps(); NP];
+                        let mut w0 = [V::zero(); NP];
+                        let mut w1 = [V::zero(); NP];
                         for p in 0..NP {
                             let at = q.add(p * code_stride + kk * NR);
-                            w0[p] = q8x16(at, d[p]);
-                            w1[p] = q8x16(at.add(NR), d[p]);
+                            w0[p] = V::q8(at, d[p]);
+                            w1[p] = V::q8(at.add(NR), d[p]);
                         }
-                        fma_pair(&mut acc, a, kk, &w0, &w1);
+                        fma_pair::<V, MR, NP>(&mut acc, a, kk, &w0, &w1);
                     }
                 }
             }
         }
         for m in 0..MR {
             for p in 0..NP {
-                _mm512_storeu_ps(c.add(m * ldc + p * NR), acc[m][p]);
+                V::store(c.add(m * ldc + p * NR), acc[m][p]);
             }
         }
     }
@@ -188,46 +194,34 @@ unsafe fn k512<const MR: usize, const NP: usize>(t: &mut Tile) {
 /// w0[p] + x[kk + 1][m] · w1[p]`, as two fused multiply-adds in that order (`a` packed
 /// `[kk][MR]`).
 #[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn fma_pair<const MR: usize, const NP: usize>(
-    acc: &mut [[__m512; NP]; MR],
+#[inline(always)]
+unsafe fn fma_pair<V: Lanes, const MR: usize, const NP: usize>(
+    acc: &mut [[V::F; NP]; MR],
     a: *const f32,
     kk: usize,
-    w0: &[__m512; NP],
-    w1: &[__m512; NP],
+    w0: &[V::F; NP],
+    w1: &[V::F; NP],
 ) {
     for m in 0..MR {
-        // SAFETY: the caller's tile holds `[kc][MR]` inputs and `kk + 1 < kc`.
-        let (x0, x1) = unsafe { (*a.add(kk * MR + m), *a.add((kk + 1) * MR + m)) };
-        let (x0, x1) = (_mm512_set1_ps(x0), _mm512_set1_ps(x1));
-        for p in 0..NP {
-            acc[m][p] = _mm512_fmadd_ps(x0, w0[p], acc[m][p]);
-            acc[m][p] = _mm512_fmadd_ps(x1, w1[p], acc[m][p]);
+        // SAFETY: the caller's tile holds `[kc][MR]` inputs and `kk + 1 < kc`; the
+        // caller has `V`'s features.
+        unsafe {
+            let (x0, x1) = (V::splat(*a.add(kk * MR + m)), V::splat(*a.add((kk + 1) * MR + m)));
+            for p in 0..NP {
+                acc[m][p] = V::fmadd(x0, w0[p], acc[m][p]);
+                acc[m][p] = V::fmadd(x1, w1[p], acc[m][p]);
+            }
         }
     }
-}
-
-/// Sixteen Q8_0 codes at `p`, times the scales `d` (a function, not a closure: a
-/// closure has no `target_feature`, so its `__m512` result would go through the stack).
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn q8x16(p: *const i8, d: __m512) -> __m512 {
-    let codes = unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())) };
-    _mm512_mul_ps(_mm512_cvtepi32_ps(codes), d)
 }
 
 /// The float formats' loop, two values of `kk` per iteration (the shape of the NVFP4
 /// loop, which keeps more loads in flight). `b` is panel 0's first weight, panels
 /// `stride` bytes apart; `BF16` says whether weights are bf16 (else f32).
-///
-/// The loads are written out here rather than passed in as a closure: a closure has no
-/// `target_feature`, so its `__m512` results would travel through the stack.
 #[allow(clippy::needless_range_loop)]
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
-    acc: &mut [[__m512; NP]; MR],
+#[inline(always)]
+unsafe fn pairs<V: Lanes, const MR: usize, const NP: usize, const BF16: bool>(
+    acc: &mut [[V::F; NP]; MR],
     a: *const f32,
     kc: usize,
     b: *const u8,
@@ -238,32 +232,56 @@ unsafe fn pairs512<const MR: usize, const NP: usize, const BF16: bool>(
     // starts at an even `kk` is at the same offset as `kk`'s row would be.
     let at = |kk: usize, p: usize| -> *const u8 { unsafe { b.add(p * stride + kk * NR * size) } };
     let mut kk = 0;
+    // SAFETY: the caller's tile holds `kc` values of `kk` in each of `NP` panels and
+    // `[kc][MR]` inputs; the caller has `V`'s features.
     unsafe {
         while kk + 2 <= kc {
-            let mut w0 = [_mm512_setzero_ps(); NP];
-            let mut w1 = [_mm512_setzero_ps(); NP];
+            let mut w0 = [V::zero(); NP];
+            let mut w1 = [V::zero(); NP];
             for p in 0..NP {
                 if BF16 {
-                    (w0[p], w1[p]) = bf16_pairs16(at(kk, p).cast());
+                    (w0[p], w1[p]) = V::bf16_pairs(at(kk, p).cast());
                 } else {
-                    w0[p] = _mm512_loadu_ps(at(kk, p).cast());
-                    w1[p] = _mm512_loadu_ps(at(kk + 1, p).cast());
+                    w0[p] = V::load(at(kk, p).cast());
+                    w1[p] = V::load(at(kk + 1, p).cast());
                 }
             }
-            fma_pair(acc, a, kk, &w0, &w1);
+            fma_pair::<V, MR, NP>(acc, a, kk, &w0, &w1);
             kk += 2;
         }
         if kk < kc {
             for p in 0..NP {
                 let w = if BF16 {
-                    bf16_pairs16(at(kk, p).cast()).0
+                    V::bf16_pairs(at(kk, p).cast()).0
                 } else {
-                    _mm512_loadu_ps(at(kk, p).cast())
+                    V::load(at(kk, p).cast())
                 };
                 for m in 0..MR {
-                    acc[m][p] = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(kk * MR + m)), w, acc[m][p]);
+                    acc[m][p] = V::fmadd(V::splat(*a.add(kk * MR + m)), w, acc[m][p]);
                 }
             }
+        }
+    }
+}
+
+/// The divisors of sixteen NVFP4 blocks, one per lane, with scale bytes `idx`: computed
+/// by `form` ([`Form::apply`]'s arithmetic), or gathered from the tensor's table `d`.
+#[inline(always)]
+unsafe fn factors<V: Lanes>(idx: V::I, d: *const f32, form: Option<Form>) -> V::F {
+    // SAFETY: the caller has `V`'s features; every lane of `idx` is a byte, an index
+    // into the 256-entry table.
+    unsafe {
+        match form {
+            Some(form) => {
+                let e4m3 = V::mul(V::e4m3(idx), V::splat(E4M3_UNBIAS));
+                let v = V::splat(form.value);
+                if form.divide {
+                    V::div(e4m3, v)
+                } else {
+                    V::mul(e4m3, v)
+                }
+            }
+            None => V::gather(d, idx),
         }
     }
 }
@@ -280,75 +298,6 @@ pub(super) fn widen_avx512(panels: Panels, np: usize, kc: usize, out: &mut [f32]
     unsafe { widen512(panels, np, kc, out.as_mut_ptr()) }
 }
 
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn widen512(panels: Panels, np: usize, kc: usize, out: *mut f32) {
-    let lut = fp4_table();
-    for p in 0..np {
-        // SAFETY: as `widen_avx512` asserted; offsets as in `k512`.
-        unsafe {
-            let o = out.add(p * kc * NR);
-            match panels {
-                Panels::F32 { data, stride } => {
-                    std::ptr::copy_nonoverlapping(data.as_ptr().add(p * stride), o, kc * NR);
-                }
-                Panels::Bf16 { data, stride } => {
-                    let b = data.as_ptr().add(p * stride);
-                    for kk in (0..kc).step_by(2) {
-                        let (w0, w1) = bf16_pairs16(b.add(kk * NR));
-                        _mm512_storeu_ps(o.add(kk * NR), w0);
-                        if kk + 1 < kc {
-                            _mm512_storeu_ps(o.add((kk + 1) * NR), w1);
-                        }
-                    }
-                }
-                Panels::Nvfp4 {
-                    codes,
-                    code_stride,
-                    scales,
-                    scale_stride,
-                    divisors,
-                    form,
-                } => {
-                    let lut = _mm512_loadu_ps(lut.as_ptr());
-                    let q = codes.as_ptr().add(p * code_stride);
-                    let s = scales.as_ptr().add(p * scale_stride);
-                    for kb in 0..kc / crate::BLOCK {
-                        let idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(s.add(kb * NR).cast()));
-                        let f = factors16(idx, divisors.as_ptr(), form);
-                        for half in 0..2 {
-                            let k8 = kb * crate::BLOCK + 8 * half;
-                            let mut v = _mm512_loadu_si512(q.add(k8 / 2 * NR).cast());
-                            for i in 0..8 {
-                                _mm512_storeu_ps(
-                                    o.add((k8 + i) * NR),
-                                    _mm512_mul_ps(_mm512_permutexvar_ps(v, lut), f),
-                                );
-                                v = _mm512_srli_epi32::<4>(v);
-                            }
-                        }
-                    }
-                }
-                Panels::Q8 {
-                    codes,
-                    code_stride,
-                    scales,
-                    scale_stride,
-                } => {
-                    use crate::formats::q8::BLOCK;
-                    let q = codes.as_ptr().add(p * code_stride);
-                    let s = scales.as_ptr().add(p * scale_stride);
-                    for kb in 0..kc / BLOCK {
-                        let d = _mm512_cvtph_ps(_mm256_loadu_si256(s.add(kb * NR).cast()));
-                        for kk in kb * BLOCK..(kb + 1) * BLOCK {
-                            _mm512_storeu_ps(o.add(kk * NR), q8x16(q.add(kk * NR), d));
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// [`widen_avx512`] with AVX2: the values [`k256`] widens in registers.
 pub(super) fn widen_avx2(panels: Panels, np: usize, kc: usize, out: &mut [f32]) {
     assert!(avx2(), "the AVX2 widening needs AVX2, FMA and F16C");
@@ -358,17 +307,25 @@ pub(super) fn widen_avx2(panels: Panels, np: usize, kc: usize, out: &mut [f32]) 
     unsafe { widen256(panels, np, kc, out.as_mut_ptr()) }
 }
 
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn widen512(panels: Panels, np: usize, kc: usize, out: *mut f32) {
+    // SAFETY: the caller's, and the features `Avx512` needs are enabled here.
+    unsafe { widen::<Avx512>(panels, np, kc, out) }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn widen256(panels: Panels, np: usize, kc: usize, out: *mut f32) {
+    // SAFETY: the caller's, and the features `Avx2` needs are enabled here.
+    unsafe { widen::<Avx2>(panels, np, kc, out) }
+}
+
+/// The widening at width `V`, offsets as in [`tile`].
+#[inline(always)]
+unsafe fn widen<V: Lanes>(panels: Panels, np: usize, kc: usize, out: *mut f32) {
     for p in 0..np {
-        // SAFETY: as `widen_avx2` asserted; offsets as in `k256`.
+        // SAFETY: as the public entry points asserted; the caller has `V`'s features.
         unsafe {
             let o = out.add(p * kc * NR);
-            // Columns 0-7 and 8-15 of `kk`'s row.
-            let store = |kk: usize, w: [__m256; 2]| {
-                _mm256_storeu_ps(o.add(kk * NR), w[0]);
-                _mm256_storeu_ps(o.add(kk * NR + 8), w[1]);
-            };
             match panels {
                 Panels::F32 { data, stride } => {
                     std::ptr::copy_nonoverlapping(data.as_ptr().add(p * stride), o, kc * NR);
@@ -376,11 +333,10 @@ unsafe fn widen256(panels: Panels, np: usize, kc: usize, out: *mut f32) {
                 Panels::Bf16 { data, stride } => {
                     let b = data.as_ptr().add(p * stride);
                     for kk in (0..kc).step_by(2) {
-                        let (lo0, lo1) = bf16_pairs8(b.add(kk * NR));
-                        let (hi0, hi1) = bf16_pairs8(b.add(kk * NR + NR));
-                        store(kk, [lo0, hi0]);
+                        let (w0, w1) = V::bf16_pairs(b.add(kk * NR));
+                        V::store(o.add(kk * NR), w0);
                         if kk + 1 < kc {
-                            store(kk + 1, [lo1, hi1]);
+                            V::store(o.add((kk + 1) * NR), w1);
                         }
                     }
                 }
@@ -392,20 +348,17 @@ unsafe fn widen256(panels: Panels, np: usize, kc: usize, out: *mut f32) {
                     divisors,
                     form,
                 } => {
-                    let grid = _mm256_loadu_ps(crate::formats::fp4::GRID.as_ptr());
-                    let (q, s, d) = (
-                        codes.as_ptr().add(p * code_stride),
-                        scales.as_ptr().add(p * scale_stride),
-                        divisors.as_ptr(),
-                    );
+                    let table = V::table();
+                    let q = codes.as_ptr().add(p * code_stride);
+                    let s = scales.as_ptr().add(p * scale_stride);
                     for kb in 0..kc / crate::BLOCK {
-                        let f = fp4_divisors16(s, d, kb, form);
+                        let f = factors::<V>(V::bytes(s.add(kb * NR)), divisors.as_ptr(), form);
                         for half in 0..2 {
                             let k8 = kb * crate::BLOCK + 8 * half;
-                            let mut v = fp4_codes16(q, k8);
+                            let mut v = V::codes(q.add(k8 / 2 * NR));
                             for i in 0..8 {
-                                store(k8 + i, [fp4x8(v[0], grid, f[0]), fp4x8(v[1], grid, f[1])]);
-                                v = [_mm256_srli_epi32::<4>(v[0]), _mm256_srli_epi32::<4>(v[1])];
+                                V::store(o.add((k8 + i) * NR), V::fp4(v, table, f));
+                                v = V::shr4(v);
                             }
                         }
                     }
@@ -417,438 +370,15 @@ unsafe fn widen256(panels: Panels, np: usize, kc: usize, out: *mut f32) {
                     scale_stride,
                 } => {
                     use crate::formats::q8::BLOCK;
-                    let (q, s) = (
-                        codes.as_ptr().add(p * code_stride),
-                        scales.as_ptr().add(p * scale_stride),
-                    );
+                    let q = codes.as_ptr().add(p * code_stride);
+                    let s = scales.as_ptr().add(p * scale_stride);
                     for kb in 0..kc / BLOCK {
-                        let d = [
-                            _mm256_cvtph_ps(_mm_loadu_si128(s.add(kb * NR).cast())),
-                            _mm256_cvtph_ps(_mm_loadu_si128(s.add(kb * NR + 8).cast())),
-                        ];
+                        let d = V::f16(s.add(kb * NR));
                         for kk in kb * BLOCK..(kb + 1) * BLOCK {
-                            store(kk, [q8x8(q.add(kk * NR), d[0]), q8x8(q.add(kk * NR + 8), d[1])]);
+                            V::store(o.add(kk * NR), V::q8(q.add(kk * NR), d));
                         }
                     }
                 }
-            }
-        }
-    }
-}
-
-/// Eight pairs of bf16 values at `p` (`[8][2]`), widened: the first of each pair and
-/// the second.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn bf16_pairs8(p: *const u16) -> (__m256, __m256) {
-    let v = unsafe { _mm256_loadu_si256(p.cast()) };
-    (
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)),
-        _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF_0000_u32 as i32))),
-    )
-}
-
-/// Eight bytes at `p`, one per 32-bit lane.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn bytes8(p: *const u8) -> __m256i {
-    unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())) }
-}
-
-/// Eight Q8_0 codes at `p`, times the scales `d`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q8x8(p: *const i8, d: __m256) -> __m256 {
-    let codes = unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())) };
-    _mm256_mul_ps(_mm256_cvtepi32_ps(codes), d)
-}
-
-/// The divisors of NVFP4 block `kb`'s sixteen columns (0-7, then 8-15) with the
-/// panel's scale bytes `s`: computed by `form`, or gathered from the tensor's table `d`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fp4_divisors16(s: *const u8, d: *const f32, kb: usize, form: Option<Form>) -> [__m256; 2] {
-    // SAFETY: the caller's panel holds the block's sixteen scale bytes, and every byte
-    // indexes the 256-entry table.
-    unsafe {
-        [
-            factors8(bytes8(s.add(kb * NR)), d, form),
-            factors8(bytes8(s.add(kb * NR + 8)), d, form),
-        ]
-    }
-}
-
-/// [`factors16`] for eight blocks, on AVX2.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn factors8(idx: __m256i, d: *const f32, form: Option<Form>) -> __m256 {
-    match form {
-        Some(form) => {
-            let e4m3 = _mm256_mul_ps(
-                _mm256_castsi256_ps(_mm256_slli_epi32::<20>(idx)),
-                _mm256_set1_ps(E4M3_UNBIAS),
-            );
-            let v = _mm256_set1_ps(form.value);
-            if form.divide {
-                _mm256_div_ps(e4m3, v)
-            } else {
-                _mm256_mul_ps(e4m3, v)
-            }
-        }
-        // SAFETY: every lane of `idx` is a byte, an index into the 256-entry table.
-        None => unsafe { _mm256_i32gather_ps::<4>(d, idx) },
-    }
-}
-
-/// The divisors of sixteen NVFP4 blocks, one per lane, with scale bytes `idx`: computed
-/// by `form` ([`Form::apply`]'s arithmetic), or gathered from the tensor's table `d`.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn factors16(idx: __m512i, d: *const f32, form: Option<Form>) -> __m512 {
-    match form {
-        Some(form) => {
-            let e4m3 = _mm512_mul_ps(
-                _mm512_castsi512_ps(_mm512_slli_epi32::<20>(idx)),
-                _mm512_set1_ps(E4M3_UNBIAS),
-            );
-            let v = _mm512_set1_ps(form.value);
-            if form.divide {
-                _mm512_div_ps(e4m3, v)
-            } else {
-                _mm512_mul_ps(e4m3, v)
-            }
-        }
-        // SAFETY: every lane of `idx` is a byte, an index into the 256-entry table.
-        None => unsafe { _mm512_i32gather_ps::<4>(idx, d) },
-    }
-}
-
-/// The codes of values `k8..k8 + 8` of a panel's sixteen columns (0-7, then 8-15),
-/// eight per lane, the code of `k8` in the low four bits.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fp4_codes16(q: *const u8, k8: usize) -> [__m256i; 2] {
-    // SAFETY: the caller's panel holds the 64 code bytes from `k8 / 2 · 16`.
-    unsafe {
-        let at = q.add(k8 / 2 * NR);
-        [
-            _mm256_loadu_si256(at.cast()),
-            _mm256_loadu_si256(at.add(32).cast()),
-        ]
-    }
-}
-
-/// The FP4 values of the codes in the low four bits of each lane, times `factor`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn fp4x8(codes: __m256i, grid: __m256, factor: __m256) -> __m256 {
-    // `vpermps` reads the low three bits: the magnitude; bit 3 is the sign.
-    let magnitude = _mm256_permutevar8x32_ps(grid, codes);
-    let sign = _mm256_slli_epi32::<28>(_mm256_and_si256(codes, _mm256_set1_epi32(8)));
-    _mm256_mul_ps(_mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign)), factor)
-}
-
-#[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k256<const MR: usize>(t: &mut Tile) {
-    let (a, c, ldc, kc) = (t.a.as_ptr(), t.c.as_mut_ptr(), t.ldc, t.kc);
-    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-    unsafe {
-        if t.accumulate {
-            for m in 0..MR {
-                for h in 0..2 {
-                    acc[m][h] = _mm256_loadu_ps(c.add(m * ldc + h * 8));
-                }
-            }
-        }
-        macro_rules! step {
-            ($m:expr, $kk:expr, $w:expr) => {
-                let x = _mm256_set1_ps(*a.add($kk * MR + $m));
-                for h in 0..2 {
-                    acc[$m][h] = _mm256_fmadd_ps(x, $w[h], acc[$m][h]);
-                }
-            };
-        }
-        match t.panels {
-            Panels::F32 { data, .. } => {
-                let b = data.as_ptr();
-                let load = |kk: usize| {
-                    [
-                        _mm256_loadu_ps(b.add(kk * NR)),
-                        _mm256_loadu_ps(b.add(kk * NR + 8)),
-                    ]
-                };
-                let mut kk = 0;
-                while kk + 2 <= kc {
-                    let (w0, w1) = (load(kk), load(kk + 1));
-                    for m in 0..MR {
-                        step!(m, kk, w0);
-                        step!(m, kk + 1, w1);
-                    }
-                    kk += 2;
-                }
-                if kk < kc {
-                    let w = load(kk);
-                    for m in 0..MR {
-                        step!(m, kk, w);
-                    }
-                }
-            }
-            Panels::Bf16 { data, .. } => {
-                let b = data.as_ptr();
-                // The pair starting at even `kk`: columns 0-7, then 8-15.
-                let load = |kk: usize| {
-                    let (lo0, lo1) = bf16_pairs8(b.add(kk * NR));
-                    let (hi0, hi1) = bf16_pairs8(b.add(kk * NR + NR));
-                    ([lo0, hi0], [lo1, hi1])
-                };
-                let mut kk = 0;
-                while kk + 2 <= kc {
-                    let (w0, w1) = load(kk);
-                    for m in 0..MR {
-                        step!(m, kk, w0);
-                        step!(m, kk + 1, w1);
-                    }
-                    kk += 2;
-                }
-                if kk < kc {
-                    let (w, _) = load(kk);
-                    for m in 0..MR {
-                        step!(m, kk, w);
-                    }
-                }
-            }
-            Panels::Nvfp4 {
-                codes,
-                scales,
-                divisors,
-                form,
-                ..
-            } => {
-                let grid = _mm256_loadu_ps(crate::formats::fp4::GRID.as_ptr());
-                let (q, s, d) = (codes.as_ptr(), scales.as_ptr(), divisors.as_ptr());
-                for kb in 0..kc / crate::BLOCK {
-                    let f = fp4_divisors16(s, d, kb, form);
-                    // Two rows of lanes per block, eight codes per lane each.
-                    for half in 0..2 {
-                        let k8 = kb * crate::BLOCK + 8 * half;
-                        let mut v = fp4_codes16(q, k8);
-                        for pair in 0..4 {
-                            let kk = k8 + 2 * pair;
-                            let w0 = [fp4x8(v[0], grid, f[0]), fp4x8(v[1], grid, f[1])];
-                            v = [_mm256_srli_epi32::<4>(v[0]), _mm256_srli_epi32::<4>(v[1])];
-                            let w1 = [fp4x8(v[0], grid, f[0]), fp4x8(v[1], grid, f[1])];
-                            v = [_mm256_srli_epi32::<4>(v[0]), _mm256_srli_epi32::<4>(v[1])];
-                            for m in 0..MR {
-                                step!(m, kk, w0);
-                                step!(m, kk + 1, w1);
-                            }
-                        }
-                    }
-                }
-            }
-            Panels::Q8 { codes, scales, .. } => {
-                use crate::formats::q8::BLOCK;
-                let (q, s) = (codes.as_ptr(), scales.as_ptr());
-                for kb in 0..kc / BLOCK {
-                    let d = [
-                        _mm256_cvtph_ps(_mm_loadu_si128(s.add(kb * NR).cast())),
-                        _mm256_cvtph_ps(_mm_loadu_si128(s.add(kb * NR + 8).cast())),
-                    ];
-                    let load = |kk: usize| [q8x8(q.add(kk * NR), d[0]), q8x8(q.add(kk * NR + 8), d[1])];
-                    for pair in 0..BLOCK / 2 {
-                        let kk = kb * BLOCK + 2 * pair;
-                        let (w0, w1) = (load(kk), load(kk + 1));
-                        for m in 0..MR {
-                            step!(m, kk, w0);
-                            step!(m, kk + 1, w1);
-                        }
-                    }
-                }
-            }
-        }
-        for m in 0..MR {
-            for h in 0..2 {
-                _mm256_storeu_ps(c.add(m * ldc + h * 8), acc[m][h]);
-            }
-        }
-    }
-}
-
-/// Rows per tile of the bf16 dot-product kernel for many rows, with [`DP_NP`] panels
-/// side by side (24 accumulators); a batch of up to [`DP_MR_MAX`] rows takes one tile
-/// of one panel, so that each panel is read once.
-pub(super) const DP_MR: usize = 8;
-
-/// Panels side by side in a tile of the bf16 dot-product kernel for many rows: each
-/// broadcast pair of inputs feeds three dot products, and the rows' packed inputs
-/// stream past the weights a third as often as with one panel. 8 × 3 measured fastest
-/// of the shapes tried, for 512 rows and for 64 (BENCHMARKS.md, "Figures that were in
-/// code comments").
-pub(super) const DP_NP: usize = 3;
-
-// `dot_bf16` dispatches tiles of `DP_MR` rows × `DP_NP` panels by literals.
-const _: () = assert!(DP_MR == 8 && DP_NP == 3);
-
-/// The most rows one tile of the bf16 dot-product kernel holds (16 accumulators).
-pub(super) const DP_MR_MAX: usize = 16;
-
-/// `x` (`rows × k`) rounded to bf16 (`super::round_bf16`) and packed for [`dot_bf16`]:
-/// blocks of `mr` rows, each `[pair][width]` of bf16 pairs (`kk`, `kk + 1`).
-pub(super) fn pack_bf16_pairs(x: &[f32], rows: usize, k: usize, mr: usize) -> Vec<u32> {
-    assert!(avx512(), "the bf16 packing needs AVX-512F");
-    assert!(x.len() >= rows * k, "x is not rows × k");
-    let pairs = k.div_ceil(2);
-    let mut a = vec![0u32; rows * pairs];
-    for (b, block) in a.chunks_mut(mr * pairs).enumerate() {
-        let width = block.len() / pairs;
-        for m in 0..width {
-            let row = &x[(b * mr + m) * k..(b * mr + m + 1) * k];
-            // SAFETY: AVX-512F is present (asserted above).
-            unsafe { pack_row(row, block, m, width) };
-        }
-    }
-    a
-}
-
-/// One row of [`pack_bf16_pairs`]: `row`'s values rounded to bf16 (`super::round_bf16`)
-/// in pairs, pair `t` into `block[t * width + m]`. Sixteen values at a time with
-/// AVX-512F, the rounding's integer steps lane by lane (a NaN kept as it is), then
-/// the top halves narrowed to sixteen bf16, which are eight pairs in order; the
-/// values past the last sixteen one by one. The same bits as the scalar steps, which a
-/// test holds it to.
-///
-/// Why vectorized: done one value at a time, the packing took a tenth of a bf16 prefill
-/// of SmolLM2 (11 % of the samples of a 512-token prefill on a Zen 5, against 57 % in
-/// the dot products themselves).
-#[target_feature(enable = "avx512f,avx2,fma")]
-fn pack_row(row: &[f32], block: &mut [u32], m: usize, width: usize) {
-    let pairs = row.len().div_ceil(2);
-    assert!(block.len() >= pairs * width && m < width.max(1));
-    let groups = row.len() / 16;
-    let mut eight = [0u32; 8];
-    for g in 0..groups {
-        // SAFETY: `16 g + 16 ≤ row.len()`; `eight` holds eight u32.
-        unsafe {
-            let v = _mm512_loadu_si512(row.as_ptr().add(16 * g).cast());
-            let f = _mm512_castsi512_ps(v);
-            let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(v), _mm512_set1_epi32(1));
-            let rounded = _mm512_add_epi32(v, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-            let kept = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(f, f), rounded, v);
-            let halves = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(kept));
-            _mm256_storeu_si256(eight.as_mut_ptr().cast(), halves);
-        }
-        for (i, &pair) in eight.iter().enumerate() {
-            block[(8 * g + i) * width + m] = pair;
-        }
-    }
-    for t in 8 * groups..pairs {
-        let lo = super::round_bf16(row[2 * t]).to_bits() >> 16;
-        let hi = row
-            .get(2 * t + 1)
-            .map_or(0, |&v| super::round_bf16(v).to_bits() >> 16);
-        block[t * width + m] = lo | (hi << 16);
-    }
-}
-
-/// `c = x · wᵀ` for panels `first..first + count` of bf16 weights, with `vdpbf16ps`:
-/// `a` is `rows` rows packed by [`pack_bf16_pairs`] in blocks of `mr` (at most
-/// [`DP_MR_MAX`] for one panel per tile, [`DP_MR`] for [`DP_NP`]); row `m`'s sixteen
-/// values of panel `first + p` go to `c[m * ldc + 16 p..]`. Each pair of inputs is
-/// broadcast and dotted with the pairs of sixteen lanes of `np` panels side by side
-/// (1 or [`DP_NP`]; the last panels of a run that does not fill a tile go one at a
-/// time). Every output is the same chain of dot products over the pairs in order,
-/// whatever panels share its tile.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn dot_bf16(
-    a: &[u32],
-    rows: usize,
-    (mr, np): (usize, usize),
-    w: &super::Packed,
-    first: usize,
-    count: usize,
-    c: &mut [f32],
-    ldc: usize,
-) {
-    assert!(avx512_bf16(), "the bf16 dot-product kernel needs AVX512-BF16");
-    assert!(
-        (np == 1 && (1..=DP_MR_MAX).contains(&mr)) || (np == DP_NP && (1..=DP_MR).contains(&mr)),
-        "a tile of {mr} rows × {np} panels"
-    );
-    let Some((panels, stride)) = w.bf16_panels() else {
-        unreachable!("bf16 weights checked by the caller");
-    };
-    let pairs = w.k().div_ceil(2);
-    assert!(a.len() == rows * pairs && (first + count) * NR <= w.n().next_multiple_of(NR));
-    assert!(panels.len() >= (first + count) * stride && stride >= pairs * 2 * NR);
-    assert!(rows == 0 || c.len() >= (rows - 1) * ldc + count * NR);
-    // `np` panels at a time, every block of rows: the panels (`k` pairs of 16 lanes
-    // each) stay in L1/L2 while the rows' packed inputs stream past them.
-    let mut p = 0;
-    while p < count {
-        let np = if count - p >= np { np } else { 1 };
-        let b = &panels[(first + p) * stride..(first + p + np - 1) * stride + pairs * 2 * NR];
-        let mut m = 0;
-        while m < rows {
-            let width = mr.min(rows - m);
-            let block = &a[m * pairs..m * pairs + width * pairs];
-            let c = &mut c[m * ldc + p * NR..];
-            macro_rules! rows {
-                ($np:literal, [$($r:literal),*]) => {
-                    match width {
-                        // SAFETY: AVX512-BF16 is present (asserted above), `block` holds
-                        // `pairs × width` values, `b` `np` panels `stride` apart of
-                        // `pairs` pairs of 16 lanes, and `c` `width` rows `ldc` apart of
-                        // `16 · np` values (asserted above).
-                        $($r => unsafe {
-                            dp512::<$r, $np>(block.as_ptr(), b.as_ptr(), stride, pairs, c.as_mut_ptr(), ldc)
-                        },)*
-                        _ => unreachable!("a tile of {width} rows × {np} panels"),
-                    }
-                };
-            }
-            // The literals are `DP_NP` and `DP_MR` (checked at compile time beside them).
-            if np == 1 {
-                rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
-            } else {
-                rows!(3, [1, 2, 3, 4, 5, 6, 7, 8]);
-            }
-            m += width;
-        }
-        p += np;
-    }
-}
-
-#[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
-unsafe fn dp512<const MR: usize, const NP: usize>(
-    a: *const u32,
-    b: *const u16,
-    stride: usize,
-    pairs: usize,
-    c: *mut f32,
-    ldc: usize,
-) {
-    let mut acc = [[_mm512_setzero_ps(); NP]; MR];
-    unsafe {
-        for t in 0..pairs {
-            // A loop, not `array::from_fn`: a closure has no `target_feature`.
-            let mut w = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); NP];
-            for p in 0..NP {
-                w[p] = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
-                    b.add(p * stride + t * 2 * NR).cast(),
-                ));
-            }
-            for m in 0..MR {
-                let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(t * MR + m) as i32));
-                for p in 0..NP {
-                    acc[m][p] = _mm512_dpbf16_ps(acc[m][p], x, w[p]);
-                }
-            }
-        }
-        for m in 0..MR {
-            for p in 0..NP {
-                _mm512_storeu_ps(c.add(m * ldc + p * NR), acc[m][p]);
             }
         }
     }
