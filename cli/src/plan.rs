@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 use sous_engine::checkpoint::index::Shards;
 use sous_engine::diagnose::{Class, Diagnose};
+use sous_engine::native::{self, KvDtype, Settings};
 use sous_engine::plan::{Model, Shape, ShapeError};
 use sous_engine::recipe::{
     DEFAULT_REVISION, EmbeddingDtype, EngineKind, Recipe, host_weight_glob, is_host_weight,
@@ -251,6 +252,13 @@ fn read_config(bytes: &[u8], path: &str) -> Result<Map<String, Value>, ModelErro
 /// engine will load (what a planned `[quantize]` will write), and the native engine's
 /// bytes per token.
 pub fn model(files: &ModelFiles, recipe: &Recipe) -> Result<Model, ModelError> {
+    let native_kv = (recipe.engine.kind == EngineKind::Native).then(|| native::kv_dtype(recipe));
+    model_with(files, recipe, native_kv)
+}
+
+/// [`model`], with the native engine's KV dtype already resolved: `native_kv` is `None`
+/// for another engine, which has no native bytes per token.
+fn model_with(files: &ModelFiles, recipe: &Recipe, native_kv: Option<KvDtype>) -> Result<Model, ModelError> {
     let config = Value::Object(files.config.clone());
     let shape = Shape::from_config(&config)?;
     let original: u64 = files.tensors.iter().map(|t| t.len).sum();
@@ -289,15 +297,11 @@ pub fn model(files: &ModelFiles, recipe: &Recipe) -> Result<Model, ModelError> {
     } else {
         (experts as f64 * weight_bytes as f64 / original as f64) as u64
     };
-    let native_kv_per_token = (recipe.engine.kind == EngineKind::Native)
-        .then(|| {
-            sous_engine::native::config::ModelConfig::parse(&config.to_string(), Path::new("config.json"))
-                .ok()
-                .map(|c| {
-                    sous_engine::native::model::kv_bytes_per_token(&c, sous_engine::native::kv_dtype(recipe))
-                })
-        })
-        .flatten();
+    let native_kv_per_token = native_kv.and_then(|dtype| {
+        native::config::ModelConfig::parse(&config.to_string(), Path::new("config.json"))
+            .ok()
+            .map(|c| native::model::kv_bytes_per_token(&c, dtype))
+    });
     Ok(Model {
         shape,
         weight_bytes,
@@ -337,19 +341,21 @@ fn q8_0_saving(files: &ModelFiles, recipe: &Recipe) -> Result<u64, ModelError> {
 }
 
 /// The KV tokens `sous plan` predicts for the native engine serving the checkpoint in
-/// `dir`, for `sous serve` to show beside the engine's own figure; `None` where the
-/// prediction would be a guess (another engine, whose GPU sous cannot see, or a
-/// budget that depends on the weights' size in memory).
-pub fn predicted_native_tokens(recipe: &Recipe, dir: &Path) -> Option<u64> {
-    if recipe.engine.kind != EngineKind::Native || recipe.memory.gpu_utilization.is_some() {
+/// `settings.model_dir` with `settings` (resolved once by the build step, which the
+/// engine's own start-up resolves alike), for `sous serve` to show beside the engine's
+/// own figure; `None` where the prediction would be a guess (a budget that depends on
+/// the weights' size in memory).
+pub fn predicted_native_tokens(recipe: &Recipe, settings: &Settings) -> Option<u64> {
+    let kv = settings.kv();
+    if kv.memory_fraction.is_some() {
         return None;
     }
-    let files = local(dir).ok()?;
+    let files = local(&settings.model_dir).ok()?;
     let mut served = recipe.clone();
     served.quantize = None;
-    let model = model(&files, &served).ok()?;
+    let model = model_with(&files, &served, Some(kv.dtype)).ok()?;
     let hardware = sous_engine::plan::Hardware::this_cpu().ok()?;
-    sous_engine::plan::plan(&served, &model, &hardware)
+    sous_engine::plan::plan_with(&served, &kv, &model, &hardware)
         .ok()
         .map(|p| p.kv_tokens)
 }

@@ -12,6 +12,8 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use sous_engine::launch::{self, RenderContext};
+use sous_engine::native::Settings;
+use sous_engine::native::config::ModelConfig;
 use sous_engine::recipe::{DEFAULT_REVISION, EngineKind, Recipe, Runtime};
 use sous_engine::reporter::Reporter;
 
@@ -27,6 +29,10 @@ pub struct Built {
     pub recipe: Recipe,
     /// What the engine serves.
     pub weights: Weights,
+    /// The native engine's settings, resolved once from the recipe (which keys it
+    /// refuses, its KV dtype and budget), for a native recipe; the plan's prediction
+    /// below is made from them.
+    pub native: Option<Settings>,
     /// The KV tokens `sous plan` predicts, where it can (the native engine).
     pub planned_kv_tokens: Option<u64>,
 }
@@ -130,21 +136,27 @@ pub async fn build(
             summary.output
         }
     };
-    let native = recipe.engine.kind == EngineKind::Native;
-    if native {
-        // What the engine process would refuse, refused before anything starts.
-        sous_engine::native::Settings::from_recipe(recipe, &dir)?;
-        sous_engine::native::config::ModelConfig::read(&dir)?;
-    }
-    let planned_kv_tokens = crate::plan::predicted_native_tokens(recipe, &dir);
+    let native = match recipe.engine.kind {
+        EngineKind::Native => {
+            // What the engine process would refuse, refused before anything starts.
+            let settings = Settings::from_recipe(recipe, &dir)?;
+            ModelConfig::read(&dir)?;
+            Some(settings)
+        }
+        _ => None,
+    };
+    let planned_kv_tokens = native
+        .as_ref()
+        .and_then(|settings| crate::plan::predicted_native_tokens(recipe, settings));
     Ok(Built {
         recipe: recipe.clone(),
         planned_kv_tokens,
         weights: Weights {
             dir,
-            given_to_engine: recipe.quantize.is_some() || native,
+            given_to_engine: recipe.quantize.is_some() || native.is_some(),
             provenance,
         },
+        native,
     })
 }
 

@@ -6,6 +6,8 @@
 //! - [`blocks`], [`core`], [`sampling`]: the paged KV cache, the scheduler with
 //!   iteration-level batching, chunked prefill and prefix caching, and sampling;
 //! - [`text`]: tokenizer, chat template, detokenization, stop strings;
+//! - `settings`: [`Settings`], resolved once from a recipe, and the keys the engine
+//!   refuses ([`unhonoured`]);
 //! - [`http`], [`metrics`]: the HTTP API and the Prometheus metrics.
 //!
 //! [`Engine::load`] builds everything from a resolved recipe; [`http::serve`] runs it.
@@ -17,37 +19,31 @@ pub mod http;
 pub mod metrics;
 pub mod model;
 pub mod sampling;
+mod settings;
 pub mod speculative;
 pub mod text;
 pub mod weights;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::diagnose::{Class, Diagnose, user_unless};
 use crate::dialect::log::vllm;
-use crate::recipe::{EmbeddingDtype, KvCacheDtype, ModelDtype, Recipe};
 use crate::reporter::Reporter;
 use config::ModelConfig;
 use metrics::Metrics;
 pub use model::KvDtype;
-use model::{Embeddings, Model};
+use model::Model;
+pub use settings::{
+    DEFAULT_KV_BYTES, DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, KvSettings, Settings, Unhonoured,
+    kv_dtype, unhonoured,
+};
 use text::TextModel;
 use weights::{Checkpoint, Precision};
 
 /// Tokens per KV block (vLLM's default `--block-size`).
 pub const BLOCK_SIZE: usize = 16;
-/// Default `serving.max_num_seqs` of the native engine.
-pub const DEFAULT_MAX_NUM_SEQS: usize = 64;
-/// Default `serving.max_batched_tokens`: one step of this many tokens takes well under a
-/// second on two cores for small models, so decoding streams keep flowing while a long
-/// prompt is prefilled in chunks.
-pub const DEFAULT_MAX_BATCHED_TOKENS: usize = 512;
-/// Default KV budget when the recipe sets neither `memory.kv_cache_bytes` nor
-/// `memory.gpu_utilization`: vLLM's CPU backend reserves 4 GiB
-/// (`VLLM_CPU_KVCACHE_SPACE`); sous takes the smaller of that and a quarter of RAM.
-pub const DEFAULT_KV_BYTES: u64 = 4 << 30;
 
 /// What can go wrong loading or running the native engine.
 #[derive(Debug, thiserror::Error)]
@@ -122,226 +118,6 @@ impl Diagnose for NativeError {
     }
 }
 
-/// How the native engine holds `recipe`'s KV cache: bf16 for `memory.kv_cache_dtype =
-/// "bfloat16"`; for `auto` (or none) the dtype the model is served in, as vLLM's `auto`
-/// is the model's dtype: bf16 with `serving.dtype = "bfloat16"`, else f32 ([`unhonoured`]
-/// refuses the dtypes it has no kernels for).
-pub fn kv_dtype(recipe: &Recipe) -> KvDtype {
-    match (recipe.memory.kv_cache_dtype, recipe.serving.dtype) {
-        (Some(KvCacheDtype::Bfloat16), _) => KvDtype::Bf16,
-        (None | Some(KvCacheDtype::Auto), Some(ModelDtype::Bfloat16)) => KvDtype::Bf16,
-        _ => KvDtype::F32,
-    }
-}
-
-/// The engine's settings, resolved from a recipe.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// The model directory.
-    pub model_dir: PathBuf,
-    /// Name clients use.
-    pub served_name: String,
-    /// The precision float weights are held in (products accumulate in f32).
-    pub precision: Precision,
-    /// How the token embedding and a float lm_head are held.
-    pub embeddings: Embeddings,
-    /// How the KV cache holds keys and values.
-    pub kv_dtype: KvDtype,
-    /// Longest prompt + output; `None`: the model's.
-    pub max_model_len: Option<usize>,
-    /// Most sequences at once.
-    pub max_num_seqs: usize,
-    /// Most tokens per step.
-    pub max_batched_tokens: usize,
-    /// Prefix caching.
-    pub prefix_caching: bool,
-    /// Chunked prefill.
-    pub chunked_prefill: bool,
-    /// Speculative decoding by prompt lookup, if the recipe asks for it.
-    pub speculative: Option<speculative::Ngram>,
-    /// Fixed KV budget in bytes.
-    pub kv_cache_bytes: Option<u64>,
-    /// Fraction of host RAM for weights and KV cache together.
-    pub memory_fraction: Option<f64>,
-    /// Listen address.
-    pub host: String,
-    /// Listen port (0: any).
-    pub port: u16,
-    /// API key clients must send, if any.
-    pub api_key: Option<String>,
-    /// How long in-flight requests may run after a stop signal.
-    pub stop_grace: Duration,
-    /// How often the stats line is logged (`VLLM_LOG_STATS_INTERVAL`, as vLLM).
-    pub log_interval: Duration,
-}
-
-impl Settings {
-    /// The settings of `recipe`, serving the model in `model_dir`.
-    pub fn from_recipe(recipe: &Recipe, model_dir: &Path) -> Result<Settings, NativeError> {
-        if let Some(u) = unhonoured(recipe) {
-            return Err(NativeError::Settings {
-                message: format!("the native engine cannot honour `{}`: {}", u.key, u.message),
-                hint: u.hint,
-            });
-        }
-        let s = &recipe.serving;
-        // `auto`/`float32`: f32 arithmetic on the checkpoint's own weights (a bf16
-        // checkpoint stays bf16: widening is exact, so the numbers are the same and half
-        // the bytes are read). `bfloat16`: bf16 weights and bf16 inputs to the products,
-        // accumulated in f32.
-        let precision = match s.dtype {
-            None | Some(ModelDtype::Auto) | Some(ModelDtype::Float32) => Precision::Stored,
-            Some(ModelDtype::Bfloat16) => Precision::Bf16,
-            Some(ModelDtype::Float16) => {
-                return Err(NativeError::Settings {
-                    message: "`serving.dtype = \"float16\"`: the native engine computes in f32 or bf16"
-                        .into(),
-                    hint: "use \"bfloat16\" (bf16 weights) or \"float32\" / \"auto\" (the checkpoint's own)"
-                        .into(),
-                });
-            }
-        };
-        let api_key = match &recipe.server.api_key_env {
-            Some(var) => Some(crate::env::named(var).ok_or_else(|| NativeError::Settings {
-                message: format!("`server.api_key_env` names `{var}`, which is not set"),
-                hint: format!("export {var}=... before `sous serve`, or remove `server.api_key_env`"),
-            })?),
-            None => None,
-        };
-        Ok(Settings {
-            model_dir: model_dir.to_owned(),
-            served_name: recipe.model.served_name.clone(),
-            precision,
-            embeddings: match recipe.memory.embedding_dtype {
-                None | Some(EmbeddingDtype::Auto) => Embeddings::Stored,
-                Some(EmbeddingDtype::Q8_0) => Embeddings::Q8_0,
-            },
-            kv_dtype: kv_dtype(recipe),
-            max_model_len: s.max_model_len.map(|v| v as usize),
-            max_num_seqs: s.max_num_seqs.map_or(DEFAULT_MAX_NUM_SEQS, |v| v as usize),
-            max_batched_tokens: s
-                .max_batched_tokens
-                .map_or(DEFAULT_MAX_BATCHED_TOKENS, |v| v as usize),
-            prefix_caching: s.prefix_caching.unwrap_or(false),
-            chunked_prefill: s.chunked_prefill.unwrap_or(true),
-            speculative: s
-                .speculative
-                .as_ref()
-                .map(speculative::Ngram::from_section)
-                .transpose()?,
-            kv_cache_bytes: recipe.memory.kv_cache_bytes,
-            memory_fraction: recipe.memory.gpu_utilization,
-            host: recipe.server.host.clone(),
-            port: recipe.server.port,
-            api_key,
-            stop_grace: recipe.server.stop_grace,
-            log_interval: log_interval(crate::env::VLLM_LOG_STATS_INTERVAL.get().as_deref())?,
-        })
-    }
-}
-
-/// The stats line's interval from vLLM's own variable, read as vLLM 0.33's `envs.py`
-/// reads `VLLM_LOG_STATS_INTERVAL`: seconds as a float, 10 when unset or not above 0.
-fn log_interval(value: Option<&str>) -> Result<Duration, NativeError> {
-    let Some(text) = value else {
-        return Ok(Duration::from_secs(10));
-    };
-    let secs: f64 = text.trim().parse().map_err(|_| NativeError::Settings {
-        message: format!("VLLM_LOG_STATS_INTERVAL is `{text}`, not a number of seconds"),
-        hint: "set it to the seconds between the engine's stats lines (10 by default), or unset it".into(),
-    })?;
-    Ok(if secs > 0.0 && secs.is_finite() {
-        Duration::from_secs_f64(secs)
-    } else {
-        Duration::from_secs(10)
-    })
-}
-
-/// A recipe setting the native engine does not honour: the key, why, and what to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unhonoured {
-    /// The recipe key, e.g. `memory.kv_cache_dtype`.
-    pub key: &'static str,
-    /// Why the engine cannot honour it.
-    pub message: String,
-    /// What to do instead.
-    pub hint: String,
-}
-
-/// The first setting of `recipe` the native engine would otherwise ignore. Each is
-/// refused rather than dropped: a recipe that asks for an fp8 KV cache or a tool-call
-/// parser and silently gets neither would be measured, tuned and deployed as if it had.
-pub fn unhonoured(recipe: &Recipe) -> Option<Unhonoured> {
-    let refuse = |key: &'static str, message: &str, hint: &str| {
-        Some(Unhonoured {
-            key,
-            message: message.into(),
-            hint: hint.into(),
-        })
-    };
-    let (m, s) = (&recipe.memory, &recipe.serving);
-    if let Some(dtype) = m
-        .kv_cache_dtype
-        .filter(|d| !matches!(d, KvCacheDtype::Auto | KvCacheDtype::Bfloat16))
-    {
-        return refuse(
-            "memory.kv_cache_dtype",
-            &format!(
-                "the native engine holds its KV cache in f32 (`auto`) or bf16 (`bfloat16`), not {}",
-                dtype.as_str()
-            ),
-            "set `memory.kv_cache_dtype` to \"bfloat16\" for half the bytes per token, or remove it for f32",
-        );
-    }
-    if m.kv_offload_bytes.is_some() {
-        return refuse(
-            "memory.kv_offload_bytes",
-            "the native engine's KV cache is in host memory already; there is no tier to offload it to",
-            "remove `memory.kv_offload_bytes`, and give `memory.kv_cache_bytes` the memory instead",
-        );
-    }
-    let parallel = [
-        ("serving.tensor_parallel", s.tensor_parallel),
-        ("serving.pipeline_parallel", s.pipeline_parallel),
-        ("serving.data_parallel", s.data_parallel),
-    ];
-    if let Some((key, _)) = parallel.into_iter().find(|(_, n)| n.is_some_and(|n| n > 1)) {
-        return refuse(
-            key,
-            "the native engine is one process on the CPU; it spreads each product over the cores itself",
-            &format!("remove `{key}`; `RAYON_NUM_THREADS` in `[env]` sets how many cores it uses"),
-        );
-    }
-    if s.expert_parallel == Some(true) {
-        return refuse(
-            "serving.expert_parallel",
-            "the native engine serves dense Llama-family models, which have no experts",
-            "remove `serving.expert_parallel`",
-        );
-    }
-    let parsers = [
-        ("serving.reasoning_parser", s.reasoning_parser.is_some()),
-        // `serving.auto_tool_choice` needs a tool-call parser (the recipe checks), so
-        // refusing the parser refuses it too.
-        ("serving.tool_call_parser", s.tool_call_parser.is_some()),
-    ];
-    if let Some((key, _)) = parsers.into_iter().find(|(_, set)| *set) {
-        return refuse(
-            key,
-            "the native engine returns the model's text as it is: it parses no tool calls or reasoning",
-            &format!("remove `{key}`, or serve the model with vLLM or SGLang, which parse them"),
-        );
-    }
-    if s.trust_remote_code == Some(true) {
-        return refuse(
-            "serving.trust_remote_code",
-            "the native engine runs no code from the model's repository; it implements the architectures it serves",
-            "remove `serving.trust_remote_code`",
-        );
-    }
-    None
-}
-
 /// A loaded engine, ready to serve.
 pub struct Engine {
     /// The settings.
@@ -380,30 +156,6 @@ pub struct Capacity {
     pub tokens: usize,
     /// Requests of `max_model_len` tokens that fit at once.
     pub max_concurrency: f64,
-}
-
-/// The KV budget in bytes: `memory.kv_cache_bytes`; else `memory.gpu_utilization` of
-/// host RAM less the weights; else the smaller of [`DEFAULT_KV_BYTES`] and a quarter of
-/// RAM. `host` is the RAM (`/proc/meminfo`).
-pub fn kv_budget(
-    kv_cache_bytes: Option<u64>,
-    memory_fraction: Option<f64>,
-    weights: u64,
-    host: Option<u64>,
-) -> Result<u64, NativeError> {
-    Ok(match (kv_cache_bytes, memory_fraction) {
-        (Some(bytes), _) => bytes,
-        (None, Some(fraction)) => {
-            let total = host.ok_or_else(|| NativeError::Settings {
-                message: "`memory.gpu_utilization` is a fraction of host RAM for the native engine, \
-                          and /proc/meminfo cannot be read"
-                    .into(),
-                hint: "set `memory.kv_cache_bytes` instead".into(),
-            })?;
-            ((total as f64 * fraction) as u64).saturating_sub(weights)
-        }
-        (None, None) => DEFAULT_KV_BYTES.min(host.map_or(DEFAULT_KV_BYTES, |m| m / 4)),
-    })
 }
 
 /// Blocks, tokens and concurrency of a `budget` at `per_token` bytes per token.
@@ -531,12 +283,7 @@ impl Engine {
             log(format!("bf16 products: {calibration}"));
         }
         let per_token = model::kv_bytes_per_token(model.config(), settings.kv_dtype);
-        let budget = kv_budget(
-            settings.kv_cache_bytes,
-            settings.memory_fraction,
-            weights,
-            host_memory(),
-        )?;
+        let budget = settings.kv().budget(weights, host_memory())?;
         let Capacity {
             blocks,
             tokens: kv_tokens,
@@ -620,23 +367,5 @@ impl Engine {
             max_concurrency,
             started,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_log_interval_is_read_as_vllm_reads_it() {
-        let secs = |v: Option<&str>| log_interval(v).map(|d| d.as_secs_f64()).ok();
-        assert_eq!(secs(None), Some(10.0));
-        assert_eq!(secs(Some("1")), Some(1.0));
-        assert_eq!(secs(Some(" 0.5 ")), Some(0.5));
-        // vLLM falls back to 10 for 0 and below.
-        assert_eq!(secs(Some("0")), Some(10.0));
-        assert_eq!(secs(Some("-3")), Some(10.0));
-        let err = log_interval(Some("fast")).expect_err("not a number");
-        assert!(err.to_string().contains("`fast`"), "{err}");
     }
 }

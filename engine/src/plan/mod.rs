@@ -23,6 +23,7 @@ pub use shape::{Layer, Shape, ShapeError};
 
 use crate::launch::RenderError;
 use crate::launch::memory::{EngineMemory, VLLM_CPU_KV_SPACE};
+use crate::native::KvSettings;
 use crate::recipe::{EngineKind, Recipe};
 use crate::size::gib;
 
@@ -204,6 +205,18 @@ pub struct HostTier {
 
 /// Plans `recipe` for `model` on `hardware`.
 pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan, PlanError> {
+    plan_with(recipe, &KvSettings::from_recipe(recipe), model, hardware)
+}
+
+/// [`plan`], with the native engine's KV settings already resolved (`sous serve` has
+/// them from the engine's [`Settings`](crate::native::Settings), which it resolves once);
+/// the plans of other engines do not read them.
+pub fn plan_with(
+    recipe: &Recipe,
+    native_kv: &KvSettings,
+    model: &Model,
+    hardware: &Hardware,
+) -> Result<Plan, PlanError> {
     let max_model_len = recipe
         .serving
         .max_model_len
@@ -216,7 +229,7 @@ pub fn plan(recipe: &Recipe, model: &Model, hardware: &Hardware) -> Result<Plan,
         (EngineKind::Sglang | EngineKind::Trtllm, Some(memory)) => {
             pool(recipe, memory, model, hardware, max_model_len)?
         }
-        _ => (native(recipe, model, hardware, max_model_len)?, Vec::new()),
+        _ => (native(native_kv, model, hardware, max_model_len)?, Vec::new()),
     };
     check_memory(&mut plan, overhead, recipe, model, hardware);
     if model.weight_bytes == 0 {
@@ -398,7 +411,7 @@ fn check_memory(plan: &mut Plan, overhead: Vec<Part>, recipe: &Recipe, model: &M
 }
 
 fn native(
-    recipe: &Recipe,
+    kv: &KvSettings,
     model: &Model,
     hardware: &Hardware,
     max_model_len: u64,
@@ -407,10 +420,10 @@ fn native(
         .native_kv_per_token
         .ok_or(PlanError::Engine("the native engine (this architecture)"))?;
     let host = hardware.cpu.then_some(hardware.memory).or(Some(hardware.memory));
-    let fraction = recipe.memory.gpu_utilization;
-    let kv_bytes = crate::native::kv_budget(recipe.memory.kv_cache_bytes, fraction, model.weight_bytes, host)
+    let kv_bytes = kv
+        .budget(model.weight_bytes, host)
         .map_err(|e| PlanError::Native(e.to_string()))?;
-    let steps = match (recipe.memory.kv_cache_bytes, fraction) {
+    let steps = match (kv.bytes, kv.memory_fraction) {
         (Some(b), _) => vec![format!("`memory.kv_cache_bytes`: {}", gib(b))],
         (None, Some(f)) => vec![
             format!(
@@ -439,7 +452,7 @@ fn native(
             cap.tokens,
             gib(per_token * max_model_len)
         ));
-        if crate::native::kv_dtype(recipe) == crate::native::KvDtype::F32 {
+        if kv.dtype == crate::native::KvDtype::F32 {
             advice.push("set `memory.kv_cache_dtype = \"bfloat16\"`: half the bytes per token".into());
         }
     }
@@ -450,7 +463,7 @@ fn native(
         weight_bytes: model.weight_bytes,
         budget: Budget {
             kv_bytes,
-            exact: recipe.memory.kv_cache_bytes.is_some(),
+            exact: kv.bytes.is_some(),
             steps,
         },
         kv_tokens: cap.tokens as u64,
@@ -462,7 +475,7 @@ fn native(
                 format!(
                     "{layers} layers: {} B per token in {} (`memory.kv_cache_dtype`)",
                     n(per_token),
-                    crate::native::kv_dtype(recipe).name()
+                    kv.dtype.name()
                 ),
                 format!(
                     "{} B / ({} B × {} tokens a block) = {} blocks = {} tokens",
