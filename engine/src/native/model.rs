@@ -21,19 +21,27 @@
 //! the layers (`Model::with_layers`) takes the hidden states its first layer reads and
 //! gives back those its last one writes, so a calibration holds one layer's weights
 //! and every sample's hidden states, not the whole model.
+//!
+//! Loading the weights is in `load`, the paged KV cache in `cache`; this file holds the
+//! model, the pass and calibration.
 
-use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use sous_kernels::activation::quantize_dequantize_nvfp4;
 use sous_kernels::gemm::{self, Packed};
-use sous_kernels::pages::{Placement, Plain, Zeroed};
-use sous_kernels::transformer::{self as k, KvShape, Rotary, Span};
+use sous_kernels::pages::Placement;
+use sous_kernels::transformer::{self as k, Rotary, Span};
+
+mod cache;
+mod load;
+
+use cache::Held;
+pub use cache::{KvCache, KvDtype, kv_bytes_per_token};
 
 use super::NativeError;
-use super::config::{Family, ModelConfig};
-use super::weights::{Checkpoint, Precision};
+use super::config::ModelConfig;
+use super::weights::Precision;
 
 /// Tokens in a pass from which its per-token work between the products (q/k norms, the
 /// rotary embedding) is shared out on the thread pool; fewer stay on the calling thread.
@@ -104,121 +112,6 @@ impl std::fmt::Debug for Model {
             .field("precision", &self.precision)
             .finish()
     }
-}
-
-/// How the KV cache holds keys and values (`memory.kv_cache_dtype`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvDtype {
-    /// f32, the products' own output (`auto`).
-    #[default]
-    F32,
-    /// bf16, each value rounded to nearest when stored (`bfloat16`): half the bytes per
-    /// token, so twice the tokens in a budget and half the bytes a decode step's
-    /// attention reads.
-    Bf16,
-}
-
-impl KvDtype {
-    /// Bytes per value.
-    pub fn bytes(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::Bf16 => 2,
-        }
-    }
-
-    /// The name vLLM's logs and metrics use (`cache_dtype`).
-    pub fn name(self) -> &'static str {
-        match self {
-            KvDtype::F32 => "float32",
-            KvDtype::Bf16 => "bfloat16",
-        }
-    }
-}
-
-/// One layer's keys and values, as the cache holds them.
-enum Held {
-    F32 { k: Zeroed<f32>, v: Zeroed<f32> },
-    Bf16 { k: Zeroed<u16>, v: Zeroed<u16> },
-}
-
-/// The KV cache of every layer: `blocks × block_size` token slots of keys and values.
-pub struct KvCache {
-    shape: KvShape,
-    blocks: usize,
-    layers: Vec<Held>,
-}
-
-/// `len` values of `T`, every page written once, in parallel (see [`KvCache::new`]),
-/// in huge pages where the system gives them ([`Zeroed`]).
-fn committed<T: Plain>(len: usize) -> Zeroed<T> {
-    let mut v = Zeroed::new(len);
-    // One write per 4 KiB page. The value is opaque to the compiler, so the store is
-    // not dropped as redundant on memory it knows to be zero.
-    let zero = std::hint::black_box(T::default());
-    let page = 4096 / std::mem::size_of::<T>().max(1);
-    v.par_chunks_mut(256 * page).for_each(|chunk| {
-        for x in chunk.iter_mut().step_by(page) {
-            *x = zero;
-        }
-    });
-    v
-}
-
-impl KvCache {
-    /// A cache of `blocks` blocks for `model`, held in f32, its memory committed now:
-    /// every page is written once, in parallel, as vLLM's CPU backend (`torch.zeros`) and
-    /// llama.cpp (`ggml_backend_buffer_clear`) do with theirs. Left to the OS to fault in
-    /// page by page, a fresh block's first write zeroed its pages inside the request: 6 %
-    /// of a 512-token prefill's time went to `clear_page_erms` until the whole budget had
-    /// been used once, which with prefix caching (fresh blocks first) is hundreds of
-    /// requests. A budget larger than the machine can hold also fails here, at start-up,
-    /// rather than in the middle of serving.
-    pub fn new(model: &Model, blocks: usize, block_size: usize) -> KvCache {
-        KvCache::with_dtype(model, blocks, block_size, KvDtype::F32)
-    }
-
-    /// [`KvCache::new`], holding its values as `dtype`.
-    pub fn with_dtype(model: &Model, blocks: usize, block_size: usize, dtype: KvDtype) -> KvCache {
-        let shape = KvShape {
-            block_size,
-            kv_heads: model.config.kv_heads,
-            head_dim: model.config.head_dim,
-        };
-        let len = blocks * block_size * shape.slot_len();
-        let layers = (0..model.layers.len())
-            .map(|_| match dtype {
-                KvDtype::F32 => Held::F32 {
-                    k: committed(len),
-                    v: committed(len),
-                },
-                KvDtype::Bf16 => Held::Bf16 {
-                    k: committed(len),
-                    v: committed(len),
-                },
-            })
-            .collect();
-        KvCache {
-            shape,
-            blocks,
-            layers,
-        }
-    }
-
-    /// Blocks in the cache.
-    pub fn blocks(&self) -> usize {
-        self.blocks
-    }
-
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.shape.block_size
-    }
-}
-
-/// Bytes of KV cache one token takes in every layer, held as `dtype`.
-pub fn kv_bytes_per_token(config: &ModelConfig, dtype: KvDtype) -> u64 {
-    (config.layers * 2 * config.kv_heads * config.head_dim * dtype.bytes()) as u64
 }
 
 /// One scheduled sequence in a batch.
@@ -295,111 +188,6 @@ pub enum Logits {
 }
 
 impl Model {
-    /// Loads the weights of `checkpoint`, float ones held in `precision`, with rotary
-    /// tables for `max_len` positions.
-    pub fn load(
-        config: ModelConfig,
-        checkpoint: &Checkpoint,
-        precision: Precision,
-        max_len: usize,
-    ) -> Result<Model, NativeError> {
-        Model::load_with(config, checkpoint, precision, Embeddings::Stored, max_len)
-    }
-
-    /// [`Model::load`], with the token embedding and a float output projection held as
-    /// `embeddings` says.
-    pub fn load_with(
-        config: ModelConfig,
-        checkpoint: &Checkpoint,
-        precision: Precision,
-        embeddings: Embeddings,
-        max_len: usize,
-    ) -> Result<Model, NativeError> {
-        let all = 0..config.layers;
-        Model::load_parts(config, checkpoint, precision, embeddings, max_len, all)
-    }
-
-    /// The token embedding, final norm and output projection of `checkpoint` and none
-    /// of its layers: the start of a calibration that takes the layers one at a time
-    /// ([`Model::with_layers`]).
-    pub fn load_stem(
-        config: ModelConfig,
-        checkpoint: &Checkpoint,
-        precision: Precision,
-        max_len: usize,
-    ) -> Result<Model, NativeError> {
-        Model::load_parts(config, checkpoint, precision, Embeddings::Stored, max_len, 0..0)
-    }
-
-    /// A model holding `layers` of `checkpoint` (the one this model was loaded from),
-    /// in this model's precision, sharing its embedding and output projection. Its
-    /// calibration passes start from the hidden states entering `layers.start`.
-    pub fn with_layers(&self, checkpoint: &Checkpoint, layers: Range<usize>) -> Result<Model, NativeError> {
-        Ok(Model {
-            config: self.config.clone(),
-            precision: self.precision,
-            embed: Arc::clone(&self.embed),
-            layers: load_layers(&self.config, checkpoint, self.precision, layers.clone())?,
-            first_layer: layers.start,
-            norm: self.norm.clone(),
-            lm_head: self.lm_head.clone(),
-            rotary: self.rotary.clone(),
-            scratch: Mutex::default(),
-        })
-    }
-
-    fn load_parts(
-        config: ModelConfig,
-        checkpoint: &Checkpoint,
-        precision: Precision,
-        embeddings: Embeddings,
-        max_len: usize,
-        layers: Range<usize>,
-    ) -> Result<Model, NativeError> {
-        let first_layer = layers.start;
-        let layers = load_layers(&config, checkpoint, precision, layers)?;
-        let c = &config;
-        let h = c.hidden_size;
-        let dtype = precision;
-        const EMBED: &str = "model.embed_tokens.weight";
-        // The lm_head's prefix, unless it is the embedding (tied and not stored apart).
-        let head = (!c.tie_word_embeddings || checkpoint.has("lm_head.weight")).then_some("lm_head");
-        let shape = [c.vocab_size, h];
-        let (embed, lm_head) = match embeddings {
-            Embeddings::Stored => (
-                checkpoint.matrix(EMBED, shape, dtype)?,
-                head.map(|p| checkpoint.linear(p, shape, dtype)).transpose()?,
-            ),
-            Embeddings::Q8_0 => {
-                // A 16-bit lm_head becomes Q8_0; one the quantizer quantized stays as it is.
-                let q8_or_stored = |p: &str| {
-                    let weight = format!("{p}.weight");
-                    if checkpoint.has(&weight) {
-                        checkpoint.matrix_q8_0(&weight, shape)
-                    } else {
-                        checkpoint.linear(p, shape, dtype)
-                    }
-                };
-                (
-                    checkpoint.matrix_q8_0(EMBED, shape)?,
-                    head.map(q8_or_stored).transpose()?,
-                )
-            }
-        };
-        let rotary = Rotary::new(&config.inv_freq(), max_len, 1.0);
-        Ok(Model {
-            norm: checkpoint.vector("model.norm.weight")?,
-            config,
-            precision,
-            embed: Arc::new(embed),
-            layers,
-            first_layer,
-            lm_head: lm_head.map(Arc::new),
-            rotary,
-            scratch: Mutex::default(),
-        })
-    }
-
     /// The configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
@@ -826,102 +614,4 @@ impl Model {
         product(&hidden, rows.len(), head, &mut logits);
         Ok(logits)
     }
-}
-
-/// Loads layer `i` of the decoder from `checkpoint`, float weights held in `precision`.
-fn load_layer(
-    config: &ModelConfig,
-    checkpoint: &Checkpoint,
-    precision: Precision,
-    i: usize,
-) -> Result<Layer, NativeError> {
-    let dtype = precision;
-    let stack = |name: String, parts: Vec<Packed>| {
-        Packed::stack(parts).map_err(|e| NativeError::Config {
-            path: name.into(),
-            message: format!("cannot fuse the projections: {e}"),
-        })
-    };
-    let c = config;
-    let (h, hd) = (c.hidden_size, c.head_dim);
-    let p = format!("model.layers.{i}");
-    let q = checkpoint.linear(&format!("{p}.self_attn.q_proj"), [c.heads * hd, h], dtype)?;
-    let kp = checkpoint.linear(&format!("{p}.self_attn.k_proj"), [c.kv_heads * hd, h], dtype)?;
-    let v = checkpoint.linear(&format!("{p}.self_attn.v_proj"), [c.kv_heads * hd, h], dtype)?;
-    let qkv_bias = if c.attention_bias {
-        let mut bias = checkpoint.vector(&format!("{p}.self_attn.q_proj.bias"))?;
-        bias.extend(checkpoint.vector(&format!("{p}.self_attn.k_proj.bias"))?);
-        bias.extend(checkpoint.vector(&format!("{p}.self_attn.v_proj.bias"))?);
-        Some(bias)
-    } else {
-        None
-    };
-    let (q_norm, k_norm) = if c.family == Family::Qwen3 {
-        (
-            Some(checkpoint.vector(&format!("{p}.self_attn.q_norm.weight"))?),
-            Some(checkpoint.vector(&format!("{p}.self_attn.k_norm.weight"))?),
-        )
-    } else {
-        (None, None)
-    };
-    let input_scales = if checkpoint.quantization().activations() {
-        // Fused inputs take the largest of their members' scales, as vLLM does
-        // (`process_weights_after_loading` of its compressed-tensors W4A4
-        // scheme; its ModelOpt one takes the largest `input_scale` and inverts
-        // it); q/k/v and gate/up read one input, so they agree anyway.
-        let modelopt = checkpoint.quantization() == crate::native::weights::Quantization::Nvfp4W4a4ModelOpt;
-        let scale = |modules: &[&str]| -> Result<f32, NativeError> {
-            let mut best = f32::NEG_INFINITY;
-            for m in modules {
-                let name = if modelopt {
-                    "input_scale"
-                } else {
-                    "input_global_scale"
-                };
-                let values = checkpoint.vector(&format!("{p}.{m}.{name}"))?;
-                best = values.iter().copied().fold(best, f32::max);
-            }
-            Ok(if modelopt { 1.0 / best } else { best })
-        };
-        Some([
-            scale(&["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])?,
-            scale(&["self_attn.o_proj"])?,
-            scale(&["mlp.gate_proj", "mlp.up_proj"])?,
-            scale(&["mlp.down_proj"])?,
-        ])
-    } else {
-        None
-    };
-    let gate = checkpoint.linear(&format!("{p}.mlp.gate_proj"), [c.intermediate_size, h], dtype)?;
-    let up = checkpoint.linear(&format!("{p}.mlp.up_proj"), [c.intermediate_size, h], dtype)?;
-    Ok(Layer {
-        input_norm: checkpoint.vector(&format!("{p}.input_layernorm.weight"))?,
-        qkv: stack(format!("{p}.self_attn"), vec![q, kp, v])?,
-        qkv_bias,
-        q_norm,
-        k_norm,
-        o: checkpoint.linear(&format!("{p}.self_attn.o_proj"), [h, c.heads * hd], dtype)?,
-        post_norm: checkpoint.vector(&format!("{p}.post_attention_layernorm.weight"))?,
-        gate_up: stack(format!("{p}.mlp"), vec![gate, up])?,
-        down: checkpoint.linear(&format!("{p}.mlp.down_proj"), [h, c.intermediate_size], dtype)?,
-        input_scales,
-    })
-}
-
-/// Loads `layers` of the decoder, or says which are not in it.
-fn load_layers(
-    config: &ModelConfig,
-    checkpoint: &Checkpoint,
-    precision: Precision,
-    layers: Range<usize>,
-) -> Result<Vec<Layer>, NativeError> {
-    if layers.end > config.layers {
-        return Err(NativeError::Internal(format!(
-            "layers {layers:?} of a model of {} layers",
-            config.layers
-        )));
-    }
-    layers
-        .map(|i| load_layer(config, checkpoint, precision, i))
-        .collect()
 }
