@@ -1,8 +1,10 @@
 //! The build step: makes sure what a recipe serves is on disk. Pulls the model when
 //! the recipe names a Hub repository and the pull is not complete yet; then, with
 //! `[quantize]`, quantizes it unless an up-to-date checkpoint of the same source
-//! commit, settings and sous version exists; for the native engine, checks that it
-//! will load the result. Every step is a no-op when already done.
+//! commit, settings and sous version exists; for the native engine, resolves its
+//! settings once (refusing what it would refuse at start-up), checks that it will load
+//! the result and predicts its KV capacity from those settings. Every step is a no-op
+//! when already done.
 //!
 //! The recipe is never changed: what the build made is returned beside it in
 //! [`Built`].

@@ -3,9 +3,10 @@
 //! a served model go through these steps, and nothing else does them.
 //!
 //! ```text
-//! Recipe ──build──▶ Built { recipe, weights } ──start──▶ Instance (supervised, ready)
-//!          pull, quantize,                      launch, readiness, KV capacity,
-//!          up-to-date checks                    --replace
+//! Recipe ──build──▶ Built { recipe, weights, native } ──start──▶ Instance (supervised, ready)
+//!          pull, quantize,                              launch, readiness, KV capacity,
+//!          up-to-date checks, the native                --replace
+//!          engine's settings and planned KV
 //! ```
 //!
 //! - `build`: [`build()`], [`Built`], [`Weights`].
