@@ -1,7 +1,10 @@
 //! The products against a plain triple loop, and the instruction sets against each other
 //! bit for bit.
 
+use super::drive::{KC, matmul_tiled, pass_depth};
+use super::packed::panels;
 use super::*;
+use crate::KernelError;
 use crate::reference;
 use crate::{Dtype, Flavor, Matrix, TensorScale};
 
@@ -406,7 +409,7 @@ fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
         // (what `calibrate_bf16_dot` chooses between).
         for dot in [true, false] {
             let mut got = vec![f32::NAN; rows * n];
-            super::matmul_bf16_with(dot, &x, rows, &packed, &mut got);
+            super::bf16::matmul_bf16_with(dot, &x, rows, &packed, &mut got);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
@@ -417,7 +420,7 @@ fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
             // whatever the number of rows.
             for m in [0, rows / 2, rows - 1] {
                 let mut alone = vec![f32::NAN; n];
-                super::matmul_bf16_with(dot, &x[m * k..(m + 1) * k], 1, &packed, &mut alone);
+                super::bf16::matmul_bf16_with(dot, &x[m * k..(m + 1) * k], 1, &packed, &mut alone);
                 assert!(
                     bits_eq(&alone, &got[m * n..(m + 1) * n]),
                     "{rows}x{n}x{k} dot {dot}: row {m} alone differs"
