@@ -1,0 +1,532 @@
+//! The AVX-512 kernels: one row's sixteen scores in one register (`rows512`), or
+//! sixteen rows' scores of one key in one register (`lanes512`); and the AVX2 ones:
+//! eight rows' scores of one key in one register (`lanes256`), and the scores of a
+//! block for the tile loop (`pairs256`).
+
+use std::arch::x86_64::*;
+
+use super::{Head, LANES};
+
+use crate::gemm::Isa;
+
+/// Whether the AVX2 kernel may run (with FMA): the CPU has them and
+/// `SOUS_KERNELS_ISA` does not ask for the portable code.
+pub(super) fn avx2() -> bool {
+    Isa::current() != Isa::Portable && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+/// [`super::pairs16`] with AVX2: each pair's sixteen scores in two registers, four
+/// pairs side by side.
+///
+/// # Safety
+/// AVX2 and FMA present; every pair's row holds `hd` values and its keys `hd · 16`.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::needless_range_loop)]
+pub(super) unsafe fn pairs256(pairs: &[(&[f32], &[f32])], hd: usize, scale: f32, out: &mut [[f32; LANES]]) {
+    for (chunk, out) in pairs.chunks(4).zip(out.chunks_mut(4)) {
+        let q: [*const f32; 4] = std::array::from_fn(|i| chunk[i.min(chunk.len() - 1)].0.as_ptr());
+        let k: [*const f32; 4] = std::array::from_fn(|i| chunk[i.min(chunk.len() - 1)].1.as_ptr());
+        let (mut low, mut high) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+        for d in 0..hd {
+            for p in 0..4 {
+                // SAFETY: `d < hd`, within the row and its keys (the caller's promise).
+                unsafe {
+                    let x = _mm256_set1_ps(*q[p].add(d));
+                    let keys = k[p].add(d * LANES);
+                    low[p] = _mm256_fmadd_ps(x, _mm256_loadu_ps(keys), low[p]);
+                    high[p] = _mm256_fmadd_ps(x, _mm256_loadu_ps(keys.add(8)), high[p]);
+                }
+            }
+        }
+        let scale = _mm256_set1_ps(scale);
+        for (p, o) in out.iter_mut().enumerate() {
+            // SAFETY: `o` holds sixteen values.
+            unsafe {
+                _mm256_storeu_ps(o.as_mut_ptr(), _mm256_mul_ps(low[p], scale));
+                _mm256_storeu_ps(o.as_mut_ptr().add(8), _mm256_mul_ps(high[p], scale));
+            }
+        }
+    }
+}
+
+/// Whether the AVX-512 kernels may run: the CPU has them and `SOUS_KERNELS_ISA`
+/// does not ask for a narrower set (as for the products).
+pub(super) fn avx512() -> bool {
+    Isa::current() == Isa::Avx512 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
+}
+
+/// `super::super::exp` on sixteen lanes, the same operations in the same order (no
+/// fused multiply-adds), so the same bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn exp512(x: __m512) -> __m512 {
+    use super::super::exp_consts::*;
+    let splat = _mm512_set1_ps;
+    let clamped = _mm512_min_ps(_mm512_max_ps(x, splat(LOW)), splat(HIGH));
+    let round = splat(ROUND);
+    let t = _mm512_add_ps(_mm512_mul_ps(clamped, splat(std::f32::consts::LOG2_E)), round);
+    let n = _mm512_sub_ps(t, round);
+    let r = _mm512_sub_ps(
+        _mm512_sub_ps(clamped, _mm512_mul_ps(n, splat(LN2_HI))),
+        _mm512_mul_ps(n, splat(LN2_LO)),
+    );
+    let mut p = splat(POLY[0]);
+    for &c in &POLY[1..] {
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), splat(c));
+    }
+    let e = _mm512_add_ps(
+        _mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r),
+        splat(1.0),
+    );
+    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(ROUND.to_bits() as i32)),
+        _mm512_set1_epi32(127),
+    ));
+    let y = _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
+    let y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, splat(LOW)), y, splat(0.0));
+    let y = _mm512_mask_blend_ps(
+        _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, splat(HIGH)),
+        y,
+        splat(f32::INFINITY),
+    );
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), y, x)
+}
+
+/// The sum of the sixteen lanes of `x` in the module's tree (`super::fold`).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn fold512(x: __m512) -> f32 {
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+    let x = _mm256_add_ps(_mm512_castps512_ps256(x), high);
+    let x = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps::<0b01>(x, x)))
+}
+
+/// This head's first key value (of the transposed block) and first value in
+/// `block`.
+///
+/// # Safety
+/// The block is in the caches (`Head::check`).
+#[inline(always)]
+unsafe fn block_start<T>(head: &Head<T>, block: u32) -> (*const T, *const T) {
+    let start = block as usize * LANES * head.slot;
+    // SAFETY: the block's `16 · slot` values are in both caches (the caller's
+    // promise), and the offsets are within a block.
+    unsafe {
+        (
+            head.keys.as_ptr().add(start + head.key_offset),
+            head.values.as_ptr().add(start + head.offset),
+        )
+    }
+}
+
+/// Attention of `R` query rows at one position (query heads of one token, sharing a
+/// KV head) over their blocks of sixteen keys, with each row's output (`C`
+/// registers: `head_dim / 16`), running maximum and sum kept in registers from the
+/// first block to the last. The operations per row and block are the tile loop's in
+/// `attend_tile`, in its order (scores, maximum, correction, probabilities, their
+/// sum, then the values key by key), so the bits are the same.
+///
+/// # Safety
+/// AVX-512F and FMA present; each `qs[i]` and `outs[i]` holds `16·C` values; for every
+/// block `b` with `16·b ≤ position`, the block's keys and values are in the caches
+/// (checked by the caller: `Head::check`).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+pub(super) unsafe fn rows512<const C: usize, const R: usize, const G: usize, T: super::Held>(
+    qs: [&[f32]; R],
+    head: &Head<T>,
+    position: usize,
+    scale: f32,
+    outs: &mut [&mut [f32]],
+) {
+    let (blocks, slot) = (head.blocks, head.slot);
+    let hd = C * LANES;
+    let used = (position / LANES + 1).min(blocks.len());
+    // The scores of `G` blocks at a time, side by side, then those blocks one by one:
+    // each score is one chain of `hd` dependent multiply-adds, and `R · G` of them
+    // keep the FMA units busy where one block's `R` would wait on themselves.
+    let mut o = [[_mm512_setzero_ps(); C]; R];
+    let (mut max, mut sum) = ([f32::NEG_INFINITY; R], [0.0f32; R]);
+    let mut p = [[0.0f32; LANES]; R];
+    let mut first = 0;
+    while first < used {
+        let count = G.min(used - first);
+        let mut group = [[_mm512_setzero_ps(); R]; G];
+        unsafe {
+            let k: [*const T; G] =
+                std::array::from_fn(|g| block_start(head, blocks[first + g.min(count - 1)]).0);
+            for d in 0..hd {
+                let kd: [__m512; G] = std::array::from_fn(|g| T::load16(k[g].add(d * LANES)));
+                for i in 0..R {
+                    let x = _mm512_set1_ps(*qs[i].get_unchecked(d));
+                    for g in 0..G {
+                        group[g][i] = _mm512_fmadd_ps(x, kd[g], group[g][i]);
+                    }
+                }
+            }
+        }
+        for (g, scores) in group.iter().enumerate().take(count) {
+            let b = first + g;
+            let seen = LANES.min(position + 1 - b * LANES);
+            let valid: __mmask16 = ((1u32 << seen) - 1) as u16;
+            unsafe {
+                let (_, v) = block_start(head, blocks[b]);
+                let scores: [__m512; R] =
+                    std::array::from_fn(|i| _mm512_mul_ps(scores[i], _mm512_set1_ps(scale)));
+                let mut correction = [1.0f32; R];
+                for i in 0..R {
+                    let new_max =
+                        max[i].max(f32::NEG_INFINITY.max(_mm512_mask_reduce_max_ps(valid, scores[i])));
+                    // "1 if unchanged, else exp", as the tile loop (the scalar `exp`
+                    // gives `exp512`'s bits).
+                    if new_max != max[i] {
+                        correction[i] = super::super::exp(max[i] - new_max);
+                    }
+                    max[i] = new_max;
+                }
+                for i in 0..R {
+                    let factor = _mm512_set1_ps(correction[i]);
+                    for acc in &mut o[i] {
+                        *acc = _mm512_mul_ps(*acc, factor);
+                    }
+                    let probs =
+                        _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(scores[i], _mm512_set1_ps(max[i]))));
+                    sum[i] = sum[i] * correction[i] + fold512(probs);
+                    _mm512_storeu_ps(p[i].as_mut_ptr(), probs);
+                }
+                for j in 0..seen {
+                    for c in 0..C {
+                        let value = T::load16(v.add(j * slot + c * LANES));
+                        for i in 0..R {
+                            o[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(p[i][j]), value, o[i][c]);
+                        }
+                    }
+                }
+            }
+        }
+        first += count;
+    }
+    for i in 0..R {
+        let inv = _mm512_set1_ps(1.0 / sum[i]);
+        for (c, acc) in o[i].iter().enumerate() {
+            // SAFETY: `outs[i]` holds `16·C` values (asserted by the caller).
+            unsafe { _mm512_storeu_ps(outs[i].as_mut_ptr().add(c * LANES), _mm512_mul_ps(*acc, inv)) };
+        }
+    }
+}
+
+/// `V` vectors of sixteen query rows, the rows as the lanes of each register (`qt`:
+/// `[v][d][lane]`, lane `l` of vector `v` at position `positions[v][l]`), over their
+/// blocks of sixteen keys, into `ot` (`[v][d][lane]`). Per block: one register of
+/// scores per vector and key (the key's value `d` broadcast against the rows' `q[d]`,
+/// in order over `d`), the lanes' maxima and corrections, the probabilities, their
+/// sum in `super::sum`'s tree (register by register), then the outputs, key by key.
+/// Keys past a lane's position are masked out of all of it, as the tile loop never
+/// reads them; blocks past all of a vector's lanes change none of its bits (their
+/// probabilities are zeros and their corrections ones).
+///
+/// Every broadcast key value and value feeds one multiply-add per vector, where with
+/// one vector each multiply-add had a load of its own, which measured slower
+/// (BENCHMARKS.md, "Figures that were in code comments"). Per lane the
+/// operations and their order do not depend on `V`, so neither do the bits.
+///
+/// # Safety
+/// AVX-512F and FMA present; `qt` and `ot` hold `V·HD·16` values; for every block `b`
+/// with `16·b ≤` the largest position, the block's keys and values are in the
+/// caches (checked by the caller: `Head::check`).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+pub(super) unsafe fn lanes512<const HD: usize, const V: usize>(
+    qt: &[f32],
+    positions: &[[i32; LANES]; V],
+    head: &Head,
+    scale: f32,
+    ot: &mut [f32],
+) {
+    // Keys per pass of the scores, and values of `d` per pass of the outputs: `V ·
+    // KB` accumulators in registers (16 of the 32 for one vector, 24 for three).
+    let kb = if V == 1 { LANES } else { LANES / 2 };
+    let (blocks, slot) = (head.blocks, head.slot);
+    let mut last = 0usize;
+    let mut first = [usize::MAX; V];
+    for v in 0..V {
+        for &p in &positions[v] {
+            let p = p.max(0) as usize;
+            last = last.max(p);
+            first[v] = first[v].min(p);
+        }
+    }
+    assert!(qt.len() >= V * HD * LANES && ot.len() >= V * HD * LANES);
+    let (q, o) = (qt.as_ptr(), ot.as_mut_ptr());
+    ot[..V * HD * LANES].fill(0.0);
+    unsafe {
+        let mut pos = [_mm512_setzero_si512(); V];
+        for v in 0..V {
+            pos[v] = _mm512_loadu_si512(positions[v].as_ptr().cast());
+        }
+        let mut max = [_mm512_set1_ps(f32::NEG_INFINITY); V];
+        let mut sum = [_mm512_setzero_ps(); V];
+        let mut correction = [_mm512_set1_ps(1.0); V];
+        // A block's scores, then its probabilities, per vector and key.
+        let mut s = [[_mm512_setzero_ps(); LANES]; V];
+        let mut seen = [[0xFFFFu16; LANES]; V];
+        for (b, &block) in blocks.iter().enumerate().take_while(|(b, _)| b * LANES <= last) {
+            let (k, val) = block_start(head, block);
+            for k0 in (0..LANES).step_by(kb) {
+                let mut acc = [[_mm512_setzero_ps(); LANES]; V];
+                for d in 0..HD {
+                    let mut qd = [_mm512_setzero_ps(); V];
+                    for v in 0..V {
+                        qd[v] = _mm512_loadu_ps(q.add((v * HD + d) * LANES));
+                    }
+                    for j in 0..kb {
+                        let key = _mm512_set1_ps(*k.add(d * LANES + k0 + j));
+                        for v in 0..V {
+                            acc[v][j] = _mm512_fmadd_ps(key, qd[v], acc[v][j]);
+                        }
+                    }
+                }
+                for v in 0..V {
+                    for j in 0..kb {
+                        s[v][k0 + j] = acc[v][j];
+                    }
+                }
+            }
+            for v in 0..V {
+                // Which lanes see key `j`: all of them below the first lane's block.
+                seen[v] = [0xFFFF; LANES];
+                if (b + 1) * LANES > first[v] + 1 {
+                    for j in 0..LANES {
+                        seen[v][j] = _mm512_cmp_epi32_mask::<_MM_CMPINT_NLT>(
+                            pos[v],
+                            _mm512_set1_epi32((b * LANES + j) as i32),
+                        );
+                    }
+                }
+                let mut block_max = _mm512_set1_ps(f32::NEG_INFINITY);
+                for j in 0..LANES {
+                    s[v][j] = _mm512_mul_ps(s[v][j], _mm512_set1_ps(scale));
+                    block_max = _mm512_mask_max_ps(block_max, seen[v][j], block_max, s[v][j]);
+                }
+                let new = _mm512_max_ps(max[v], block_max);
+                // "1 where the maximum stayed, else exp", lane by lane.
+                let stayed = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(max[v], new);
+                correction[v] =
+                    _mm512_mask_blend_ps(stayed, exp512(_mm512_sub_ps(max[v], new)), _mm512_set1_ps(1.0));
+                max[v] = new;
+                for j in 0..LANES {
+                    s[v][j] = _mm512_maskz_mov_ps(seen[v][j], exp512(_mm512_sub_ps(s[v][j], new)));
+                }
+                // `super::sum`'s tree: keys j and j + 8, then + 4, + 2, + 1.
+                let mut t = [_mm512_setzero_ps(); 8];
+                for l in 0..8 {
+                    t[l] = _mm512_add_ps(s[v][l], s[v][l + 8]);
+                }
+                for width in [4, 2, 1] {
+                    for l in 0..width {
+                        t[l] = _mm512_add_ps(t[l], t[l + width]);
+                    }
+                }
+                sum[v] = _mm512_add_ps(_mm512_mul_ps(sum[v], correction[v]), t[0]);
+            }
+            // The outputs, `kb` values of `d` (one register per `d` and vector) at a
+            // time.
+            for c in 0..HD / kb {
+                let mut acc = [[_mm512_setzero_ps(); LANES]; V];
+                for v in 0..V {
+                    for dd in 0..kb {
+                        let at = o.add((v * HD + c * kb + dd) * LANES);
+                        acc[v][dd] = _mm512_mul_ps(_mm512_loadu_ps(at), correction[v]);
+                    }
+                }
+                for j in 0..LANES {
+                    for dd in 0..kb {
+                        let value = _mm512_set1_ps(*val.add(j * slot + c * kb + dd));
+                        for v in 0..V {
+                            acc[v][dd] = _mm512_mask3_fmadd_ps(s[v][j], value, acc[v][dd], seen[v][j]);
+                        }
+                    }
+                }
+                for v in 0..V {
+                    for dd in 0..kb {
+                        _mm512_storeu_ps(o.add((v * HD + c * kb + dd) * LANES), acc[v][dd]);
+                    }
+                }
+            }
+        }
+        for v in 0..V {
+            let inv = _mm512_div_ps(_mm512_set1_ps(1.0), sum[v]);
+            for d in 0..HD {
+                let at = o.add((v * HD + d) * LANES);
+                _mm512_storeu_ps(at, _mm512_mul_ps(_mm512_loadu_ps(at), inv));
+            }
+        }
+    }
+}
+
+/// `super::super::exp` on eight lanes, the same operations in the same order (no
+/// fused multiply-adds), so the same bits (as `exp512`).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn exp256(x: __m256) -> __m256 {
+    use super::super::exp_consts::*;
+    let splat = _mm256_set1_ps;
+    let clamped = _mm256_min_ps(_mm256_max_ps(x, splat(LOW)), splat(HIGH));
+    let round = splat(ROUND);
+    let t = _mm256_add_ps(_mm256_mul_ps(clamped, splat(std::f32::consts::LOG2_E)), round);
+    let n = _mm256_sub_ps(t, round);
+    let r = _mm256_sub_ps(
+        _mm256_sub_ps(clamped, _mm256_mul_ps(n, splat(LN2_HI))),
+        _mm256_mul_ps(n, splat(LN2_LO)),
+    );
+    let mut p = splat(POLY[0]);
+    for &c in &POLY[1..] {
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), splat(c));
+    }
+    let e = _mm256_add_ps(
+        _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
+        splat(1.0),
+    );
+    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(ROUND.to_bits() as i32)),
+        _mm256_set1_epi32(127),
+    ));
+    let y = _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
+    let y = _mm256_blendv_ps(y, splat(0.0), _mm256_cmp_ps::<_CMP_LT_OQ>(x, splat(LOW)));
+    let y = _mm256_blendv_ps(
+        y,
+        splat(f32::INFINITY),
+        _mm256_cmp_ps::<_CMP_GT_OQ>(x, splat(HIGH)),
+    );
+    _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+}
+
+/// [`lanes512`] with AVX2: eight query rows as the lanes of each register (`qt`:
+/// `[d][lane]`, lane `l` at position `positions[l]`, `l < 8`) over their blocks of
+/// sixteen keys, into `ot` (`[d][lane]`). The same operations per row and block in
+/// the same order, so the same bits: the scores eight keys at a time (sixteen
+/// accumulators would take every register), the masks as vectors, and the weighted
+/// values of a block every lane sees without any.
+///
+/// # Safety
+/// AVX2 and FMA present; `qt` and `ot` hold `HD·8` values; for every block `b` with
+/// `16·b ≤ max(positions[..8])`, the block's keys and values are in the caches
+/// (checked by the caller: `Head::check`).
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+pub(super) unsafe fn lanes256<const HD: usize>(
+    qt: &[f32],
+    positions: &[i32; LANES],
+    head: &Head,
+    scale: f32,
+    ot: &mut [f32],
+) {
+    const W: usize = 8;
+    let (blocks, slot) = (head.blocks, head.slot);
+    let positions = &positions[..W];
+    let last = positions.iter().copied().max().unwrap_or(0).max(0) as usize;
+    let first = positions.iter().copied().min().unwrap_or(0).max(0) as usize;
+    assert!(qt.len() >= HD * W && ot.len() >= HD * W);
+    let (q, o) = (qt.as_ptr(), ot.as_mut_ptr());
+    ot[..HD * W].fill(0.0);
+    unsafe {
+        let pos = _mm256_loadu_si256(positions.as_ptr().cast());
+        let mut max = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut sum = _mm256_setzero_ps();
+        // A block's scores, then its probabilities: `[key][lane]`.
+        let mut p = [0.0f32; LANES * W];
+        for (b, &block) in blocks.iter().enumerate().take_while(|(b, _)| b * LANES <= last) {
+            let (k, v) = block_start(head, block);
+            for half in 0..2 {
+                let mut s = [_mm256_setzero_ps(); W];
+                for d in 0..HD {
+                    let qd = _mm256_loadu_ps(q.add(d * W));
+                    for j in 0..W {
+                        let key = _mm256_broadcast_ss(&*k.add(d * LANES + half * W + j));
+                        s[j] = _mm256_fmadd_ps(key, qd, s[j]);
+                    }
+                }
+                for j in 0..W {
+                    _mm256_storeu_ps(
+                        p.as_mut_ptr().add((half * W + j) * W),
+                        _mm256_mul_ps(s[j], _mm256_set1_ps(scale)),
+                    );
+                }
+            }
+            // Which lanes see key `j` (all bits set where they do): all of them below
+            // the first lane's block.
+            let all = (b + 1) * LANES <= first + 1;
+            let seen = |j: usize| -> __m256 {
+                if all {
+                    _mm256_castsi256_ps(_mm256_set1_epi32(-1))
+                } else {
+                    // `pos > b·16 + j - 1`, i.e. `pos ≥ b·16 + j`.
+                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                        pos,
+                        _mm256_set1_epi32((b * LANES + j) as i32 - 1),
+                    ))
+                }
+            };
+            let mut block_max = _mm256_set1_ps(f32::NEG_INFINITY);
+            for j in 0..LANES {
+                let s = _mm256_loadu_ps(p.as_ptr().add(j * W));
+                block_max = _mm256_blendv_ps(block_max, _mm256_max_ps(block_max, s), seen(j));
+            }
+            let new = _mm256_max_ps(max, block_max);
+            // "1 where the maximum stayed, else exp", lane by lane.
+            let stayed = _mm256_cmp_ps::<_CMP_EQ_OQ>(max, new);
+            let correction = _mm256_blendv_ps(exp256(_mm256_sub_ps(max, new)), _mm256_set1_ps(1.0), stayed);
+            max = new;
+            let mut probs = [_mm256_setzero_ps(); LANES];
+            for j in 0..LANES {
+                let s = _mm256_loadu_ps(p.as_ptr().add(j * W));
+                probs[j] = _mm256_and_ps(exp256(_mm256_sub_ps(s, new)), seen(j));
+                _mm256_storeu_ps(p.as_mut_ptr().add(j * W), probs[j]);
+            }
+            // `super::sum`'s tree: keys j and j + 8, then + 4, + 2, + 1.
+            let mut t = [_mm256_setzero_ps(); 8];
+            for l in 0..8 {
+                t[l] = _mm256_add_ps(probs[l], probs[l + 8]);
+            }
+            for width in [4, 2, 1] {
+                for l in 0..width {
+                    t[l] = _mm256_add_ps(t[l], t[l + width]);
+                }
+            }
+            sum = _mm256_add_ps(_mm256_mul_ps(sum, correction), t[0]);
+            // The outputs, eight values of `d` (one register per `d`) at a time.
+            for c in 0..HD / W {
+                let mut acc = [_mm256_setzero_ps(); W];
+                for dd in 0..W {
+                    acc[dd] = _mm256_mul_ps(_mm256_loadu_ps(o.add((c * W + dd) * W)), correction);
+                }
+                for j in 0..LANES {
+                    let pj = _mm256_loadu_ps(p.as_ptr().add(j * W));
+                    let values = v.add(j * slot + c * W);
+                    if all {
+                        for dd in 0..W {
+                            acc[dd] = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(&*values.add(dd)), acc[dd]);
+                        }
+                    } else {
+                        // Keys a lane does not see leave it as it was (their values
+                        // may be anything, NaN included).
+                        let seen = seen(j);
+                        for dd in 0..W {
+                            let sum = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(&*values.add(dd)), acc[dd]);
+                            acc[dd] = _mm256_blendv_ps(acc[dd], sum, seen);
+                        }
+                    }
+                }
+                for dd in 0..W {
+                    _mm256_storeu_ps(o.add((c * W + dd) * W), acc[dd]);
+                }
+            }
+        }
+        let inv = _mm256_div_ps(_mm256_set1_ps(1.0), sum);
+        for d in 0..HD {
+            _mm256_storeu_ps(o.add(d * W), _mm256_mul_ps(_mm256_loadu_ps(o.add(d * W)), inv));
+        }
+    }
+}
