@@ -42,19 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(placement) = model.place_in_huge_pages()? {
         println!("{placement}");
     }
-    if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.tuning_matrix()) {
-        println!("{calibration}");
-    }
-    if let Some(calibration) = sous_kernels::gemm::calibrate_batch_tile(model.tuning_matrix()) {
-        println!("{calibration}");
-    }
-    if matches!(precision, sous_engine::native::weights::Precision::Bf16)
-        && let Some(calibration) = model
-            .layer_matrix()
-            .and_then(sous_kernels::gemm::calibrate_bf16_dot)
-    {
-        println!("{calibration}");
-    }
+    sous_engine::native::tune(&mut model, |line| println!("{line}"));
     // `BATCH=N`: N sequences decoding side by side, one token each per step.
     let batch_size: usize = std::env::var("BATCH").map_or(Ok(1), |s| s.parse())?;
     let mut cache = KvCache::with_dtype(&model, 64 * batch_size, 16, kv_dtype);

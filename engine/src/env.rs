@@ -124,11 +124,11 @@ vars! {
     /// The kernels' instruction set.
     KERNELS_ISA = "SOUS_KERNELS_ISA", "`avx512`, `avx2`, `neon`, `portable`", "the best the CPU has", "which product kernels run (the bits are the same)", "sous-kernels";
     /// AVX512-BF16 dot products.
-    BF16_DOT = "SOUS_BF16_DOT", "`on`, `off`", "measured at load", "whether bf16 arithmetic uses AVX512-BF16's dot product", "sous-kernels";
+    BF16_DOT = "SOUS_BF16_DOT", "`on`, `off`", "measured at load", "whether bf16 arithmetic uses AVX512-BF16's dot product", "the native engine (passed to sous-kernels)";
     /// Panels of a decode tile.
-    DECODE_PANELS = "SOUS_DECODE_PANELS", "`1`, `2`, `4`", "measured at load", "weight panels a decode step's tile reads side by side", "sous-kernels";
+    DECODE_PANELS = "SOUS_DECODE_PANELS", "`1`, `2`, `4`", "measured at load", "weight panels a decode step's tile reads side by side", "the native engine (passed to sous-kernels)";
     /// Tiles of 9 to 16 rows.
-    BATCH_TILE = "SOUS_BATCH_TILE", "`16x1`, `8x2`", "measured at load", "the tile of products of 9 to 16 rows", "sous-kernels";
+    BATCH_TILE = "SOUS_BATCH_TILE", "`16x1`, `8x2`", "measured at load", "the tile of products of 9 to 16 rows", "the native engine (passed to sous-kernels)";
     /// Huge pages for the weights.
     HUGE_PAGES = "SOUS_HUGE_PAGES", "`off`, `0`, `false`", "on", "`off` leaves the native engine's weights where they were loaded", "sous-kernels";
     /// Test only: the f32 stride.

@@ -195,6 +195,33 @@ macro_rules! here {
 }
 pub(crate) use here;
 
+/// Makes the choices `model`'s products run with and hands them to it: the user's
+/// (`SOUS_BF16_DOT`, `SOUS_DECODE_PANELS`, `SOUS_BATCH_TILE`), else measured on the
+/// model's matrices. Each choice made is reported (`Decode products: ...`).
+pub fn tune(model: &mut Model, mut report: impl FnMut(String)) {
+    use sous_kernels::gemm::{Choices, Tuning};
+    let choices = Choices::parse(
+        crate::env::BF16_DOT.get().as_deref(),
+        crate::env::DECODE_PANELS.get().as_deref(),
+        crate::env::BATCH_TILE.get().as_deref(),
+    );
+    let mut tuning = Tuning::default();
+    if let Some(calibration) = tuning.calibrate_decode_panels(model.tuning_matrix(), choices.decode_panels) {
+        report(format!("Decode products: {calibration}"));
+    }
+    if let Some(calibration) = tuning.calibrate_batch_tile(model.tuning_matrix(), choices.batch_tile) {
+        report(format!("Batch products: {calibration}"));
+    }
+    if model.precision() == Precision::Bf16
+        && let Some(calibration) = model
+            .layer_matrix()
+            .and_then(|w| tuning.calibrate_bf16_dot(w, choices.bf16_dot))
+    {
+        report(format!("bf16 products: {calibration}"));
+    }
+    model.set_tuning(tuning);
+}
+
 /// Total host RAM in bytes (`MemTotal` of `/proc/meminfo`), if known.
 pub fn host_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -269,19 +296,7 @@ impl Engine {
             model.embedding_format(),
             sous_kernels::gemm::Isa::current().name(),
         ));
-        if let Some(calibration) = sous_kernels::gemm::calibrate_decode_panels(model.tuning_matrix()) {
-            log(format!("Decode products: {calibration}"));
-        }
-        if let Some(calibration) = sous_kernels::gemm::calibrate_batch_tile(model.tuning_matrix()) {
-            log(format!("Batch products: {calibration}"));
-        }
-        if settings.precision == Precision::Bf16
-            && let Some(calibration) = model
-                .layer_matrix()
-                .and_then(sous_kernels::gemm::calibrate_bf16_dot)
-        {
-            log(format!("bf16 products: {calibration}"));
-        }
+        tune(&mut model, log);
         let per_token = model::kv_bytes_per_token(model.config(), settings.kv_dtype);
         let budget = settings.kv().budget(weights, host_memory())?;
         let Capacity {

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use sous_kernels::activation::quantize_dequantize_nvfp4;
-use sous_kernels::gemm::{self, Packed};
+use sous_kernels::gemm::{Packed, Tuning};
 use sous_kernels::pages::Placement;
 use sous_kernels::transformer::{self as k, Rotary, Span};
 
@@ -88,6 +88,8 @@ pub struct Model {
     /// `None`: tied to `embed`.
     lm_head: Option<Arc<Packed>>,
     rotary: Rotary,
+    /// The choices the products run with ([`Model::set_tuning`]).
+    tuning: Tuning,
     /// The last pass's buffers, for the next.
     scratch: Mutex<Scratch>,
 }
@@ -218,6 +220,12 @@ impl Model {
             ("q8_0", Some(layer)) => &layer.gate_up,
             _ => self.head(),
         }
+    }
+
+    /// Sets the choices the products run with, made at load from the user's switches
+    /// and measurements on this model's matrices (`native::tune`).
+    pub fn set_tuning(&mut self, tuning: Tuning) {
+        self.tuning = tuning;
     }
 
     /// The format the token embedding is held in (`bf16`, `f32`, `q8_0`).
@@ -398,9 +406,10 @@ impl Model {
         let mut attn = zeroed(&mut scratch.attn, n * q_len);
         let mut act = zeroed(&mut scratch.act, n * c.intermediate_size);
         // `bfloat16`: bf16 arithmetic in the products (inputs rounded to bf16).
-        let product = match self.precision {
-            Precision::Bf16 => gemm::matmul_bf16,
-            Precision::Stored => gemm::matmul,
+        let (precision, tuning) = (self.precision, self.tuning);
+        let product = |x: &[f32], rows: usize, w: &Packed, out: &mut [f32]| match precision {
+            Precision::Bf16 => tuning.matmul_bf16(x, rows, w, out),
+            Precision::Stored => tuning.matmul(x, rows, w, out),
         };
         // The products' outputs, once per pass (fresh pages for every layer's products
         // cost more than the norms between them).

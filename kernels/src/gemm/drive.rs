@@ -1,4 +1,4 @@
-//! The product drivers: [`matmul`] and [`matmul_with`] split a product into tasks
+//! The product drivers: [`Tuning::matmul`] (and [`matmul`], [`matmul_with`]) split a product into tasks
 //! (by columns for a few rows, by rows for many), pack the input rows, and run the
 //! register tiles pass by pass over `k`. Not here: the tiles' kernels (`tile` and the
 //! instruction sets' modules) or the packed weights' layout (`packed`).
@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use super::packed::panels;
 use super::tile::{Panels, Tile, panel_slice, run_length, run_tile, widen};
-use super::{Isa, NR, Packed};
+use super::{Isa, NR, Packed, Tuning};
 
 /// Most depth (values of `kk`) of one pass over the packed weights in a product of many
 /// rows; a deeper `k` is split into the fewest equal passes of about this many (rounded
@@ -46,21 +46,30 @@ pub(super) const BY_COLUMNS_MAX: usize = 128;
 /// task holds more than this many only on one thread past 1,536 rows.
 const MC: usize = 384;
 
-/// `out = x · wᵀ`: `x` is `rows × k`, `out` `rows × n`, row-major.
+/// `out = x · wᵀ` with the default choices ([`Tuning::default`]): `x` is `rows × k`,
+/// `out` `rows × n`, row-major. The engine calls [`Tuning::matmul`] with its own.
 pub fn matmul(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
-    matmul_with(Isa::current(), x, rows, w, out);
+    Tuning::default().matmul(x, rows, w, out);
 }
 
-/// [`matmul`] on a given instruction set (one of [`Isa::available`]).
+/// [`matmul`] on a given instruction set (one of [`Isa::available`]), with the tiles
+/// of [`Tuning::new`].
 pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
-    let (n, k) = (w.n, w.k);
-    assert_eq!(x.len(), rows * k, "x is not rows × k");
-    assert_eq!(out.len(), rows * n, "out is not rows × n");
-    if rows == 0 || n == 0 {
-        return;
+    Tuning::new(isa).matmul(x, rows, w, out);
+}
+
+impl Tuning {
+    /// `out = x · wᵀ`: `x` is `rows × k`, `out` `rows × n`, row-major, with these
+    /// choices.
+    pub fn matmul(&self, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
+        let (n, k) = (w.n, w.k);
+        assert_eq!(x.len(), rows * k, "x is not rows × k");
+        assert_eq!(out.len(), rows * n, "out is not rows × n");
+        if rows == 0 || n == 0 {
+            return;
+        }
+        matmul_tiled(self.isa, self.tile(rows, w), x, rows, w, out);
     }
-    let tile = isa.tile(rows, w.quantized());
-    matmul_tiled(isa, tile, x, rows, w, out);
 }
 
 /// [`matmul_with`] in register tiles of `mr` rows and `np` panels.

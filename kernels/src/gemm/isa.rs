@@ -7,7 +7,6 @@ use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 use super::x86;
-use super::{batch_tile, decode_panels};
 
 /// The instruction sets a product can run on, widest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,16 +58,24 @@ impl Isa {
 
     /// Rows and panels of one register tile for a product of `rows` rows. Up to four
     /// rows (decode steps) are bound by reading the weights, and how many panels to
-    /// read side by side depends on the CPU ([`decode_panels`], measured at load by
-    /// [`calibrate_decode_panels`]): on a Zen 4 one panel at a time, one sequential
+    /// read side by side depends on the CPU (`decode_panels`, measured at load by
+    /// [`super::Tuning::calibrate_decode_panels`]): on a Zen 4 one panel at a time, one sequential
     /// stream per task, measured fastest; on a Sapphire-Rapids-class Xeon four panels.
     /// `quantized` weights (NVFP4, Q8_0) always take four: a panel's chain of fused
     /// multiply-adds waits on itself (four cycles a step) long before the packed weights
     /// run out (BENCHMARKS.md, "Figures that were in code comments").
-    pub(super) fn tile(self, rows: usize, quantized: bool) -> (usize, usize) {
+    /// Products of 9 to 16 rows take `batch_tile`, also measured at load
+    /// ([`super::Tuning::calibrate_batch_tile`]).
+    pub(super) fn tile(
+        self,
+        rows: usize,
+        quantized: bool,
+        decode_panels: usize,
+        batch_tile: (usize, usize),
+    ) -> (usize, usize) {
         match self {
             Isa::Avx512 if rows <= 4 && quantized => (4, 4),
-            Isa::Avx512 if rows <= 4 => (12, decode_panels()),
+            Isa::Avx512 if rows <= 4 => (12, decode_panels),
             // Five or six rows of float weights (a speculative step verifying four or
             // five drafted tokens): one block, three panels side by side. One block
             // means every weight is widened once; three panels give each row three
@@ -81,7 +88,7 @@ impl Isa {
             // Up to eight rows fit one block of 8, so every weight is widened once.
             Isa::Avx512 if rows <= 8 => (8, 2),
             // A larger batch: as measured at load (`calibrate_batch_tile`).
-            Isa::Avx512 if rows <= 16 => batch_tile(),
+            Isa::Avx512 if rows <= 16 => batch_tile,
             Isa::Avx512 => (12, 2),
             Isa::Avx2 => (6, 1),
             // Within 24 of NEON's 32 vector registers for the accumulators: four

@@ -40,19 +40,18 @@ mod neon;
 mod packed;
 mod portable;
 mod tile;
+mod tuning;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use bf16::{Bf16DotCalibration, calibrate_bf16_dot, matmul_bf16, round_bf16};
-pub use calibrate::{
-    BatchCalibration, DecodeCalibration, batch_tile, calibrate_batch_tile, calibrate_decode_panels,
-    decode_panels,
-};
+pub use bf16::{Bf16DotCalibration, matmul_bf16, round_bf16};
+pub use calibrate::{BatchCalibration, DecodeCalibration};
 pub use drive::{matmul, matmul_with};
 pub use isa::Isa;
 use packed::{E4M3_UNBIAS, Form, bf16_at, fp4_byte, fp4_table};
 pub use packed::{Packed, StackError};
 use tile::{Panels, Tile};
+pub use tuning::{Choices, Tuning};
 
 /// Output columns per packed panel.
 pub const NR: usize = 16;

@@ -408,8 +408,12 @@ fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
         // With the dot-product kernel where the CPU has it, and with the f32 kernels
         // (what `calibrate_bf16_dot` chooses between).
         for dot in [true, false] {
+            let tuning = Tuning {
+                bf16_dot: dot,
+                ..Tuning::default()
+            };
             let mut got = vec![f32::NAN; rows * n];
-            super::bf16::matmul_bf16_with(dot, &x, rows, &packed, &mut got);
+            tuning.matmul_bf16(&x, rows, &packed, &mut got);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
@@ -420,7 +424,7 @@ fn bf16_products_round_the_inputs_and_match_the_plain_product() -> Result {
             // whatever the number of rows.
             for m in [0, rows / 2, rows - 1] {
                 let mut alone = vec![f32::NAN; n];
-                super::bf16::matmul_bf16_with(dot, &x[m * k..(m + 1) * k], 1, &packed, &mut alone);
+                tuning.matmul_bf16(&x[m * k..(m + 1) * k], 1, &packed, &mut alone);
                 assert!(
                     bits_eq(&alone, &got[m * n..(m + 1) * n]),
                     "{rows}x{n}x{k} dot {dot}: row {m} alone differs"
@@ -447,7 +451,9 @@ fn one_row_products_get_the_same_bits_whatever_panels_share_a_tile() -> Result {
     if Isa::current() != Isa::Avx512 {
         // Nothing to choose on the narrower kernels: one panel at a time.
         let packed = Packed::from_bf16(&bf16_bits(&w), n, k)?;
-        assert_eq!(calibrate_decode_panels(&packed), None);
+        let mut tuning = Tuning::default();
+        assert_eq!(tuning.calibrate_decode_panels(&packed, Some(2)), None);
+        assert_eq!(tuning, Tuning::default(), "nothing chosen");
         return Ok(());
     }
     for packed in [
@@ -465,24 +471,30 @@ fn one_row_products_get_the_same_bits_whatever_panels_share_a_tile() -> Result {
     // The calibration picks one of the choices it measured, and the products after it
     // give the same bits as before.
     let packed = Packed::from_bf16(&bf16_bits(&w), n, k)?;
-    let calibration = calibrate_decode_panels(&packed).ok_or("AVX-512 bf16 weights are calibrated")?;
-    if calibration.seconds.is_empty() {
-        assert!((1..=4).contains(&calibration.panels), "SOUS_DECODE_PANELS chose");
-    } else {
-        let measured: Vec<usize> = calibration.seconds.iter().map(|s| s.0).collect();
-        assert_eq!(measured, [1, 2, 4]);
-        let fastest = calibration.seconds.iter().min_by(|a, b| a.1.total_cmp(&b.1));
-        assert_eq!(
-            fastest.map(|s| s.0),
-            Some(calibration.panels),
-            "the fastest is kept"
-        );
-    }
-    assert_eq!(decode_panels(), calibration.panels);
+    // The user's choice is kept without measuring (`SOUS_DECODE_PANELS`); one out of
+    // range is ignored, and measured instead.
+    let mut tuning = Tuning::new(Isa::Avx512);
+    let chosen = tuning
+        .calibrate_decode_panels(&packed, Some(2))
+        .ok_or("AVX-512 bf16 weights are calibrated")?;
+    assert_eq!((chosen.panels, chosen.seconds.len()), (2, 0));
+    assert_eq!(tuning.decode_panels(), 2);
+    let calibration = tuning
+        .calibrate_decode_panels(&packed, Some(7))
+        .ok_or("AVX-512 bf16 weights are calibrated")?;
+    let measured: Vec<usize> = calibration.seconds.iter().map(|s| s.0).collect();
+    assert_eq!(measured, [1, 2, 4]);
+    let fastest = calibration.seconds.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+    assert_eq!(
+        fastest.map(|s| s.0),
+        Some(calibration.panels),
+        "the fastest is kept"
+    );
+    assert_eq!(tuning.decode_panels(), calibration.panels);
     let mut want = vec![0.0f32; n];
     matmul_tiled(Isa::Avx512, (12, 1), &x, 1, &packed, &mut want);
     let mut got = vec![0.0f32; n];
-    matmul_with(Isa::Avx512, &x, 1, &packed, &mut got);
+    tuning.matmul(&x, 1, &packed, &mut got);
     assert!(bits_eq(&want, &got), "after calibration");
     Ok(())
 }
@@ -493,7 +505,10 @@ fn batch_products_get_the_same_bits_whatever_the_tile() -> Result {
     let w = values(n * k, 13);
     let packed = Packed::from_bf16(&bf16_bits(&w), n, k)?;
     if Isa::current() != Isa::Avx512 {
-        assert_eq!(calibrate_batch_tile(&packed), None);
+        assert_eq!(
+            Tuning::default().calibrate_batch_tile(&packed, Some((8, 2))),
+            None
+        );
         return Ok(());
     }
     for rows in [5, 8, 11, 16] {
@@ -504,21 +519,29 @@ fn batch_products_get_the_same_bits_whatever_the_tile() -> Result {
         matmul_tiled(Isa::Avx512, (8, 2), &x, rows, &packed, &mut got);
         assert!(bits_eq(&want, &got), "{rows} rows in tiles of 8 x 2");
     }
-    let calibration = calibrate_batch_tile(&packed).ok_or("AVX-512 is calibrated")?;
-    if !calibration.seconds.is_empty() {
-        let fastest = calibration.seconds.iter().min_by(|a, b| a.1.total_cmp(&b.1));
-        assert_eq!(
-            fastest.map(|s| s.0),
-            Some(calibration.tile),
-            "the fastest is kept"
-        );
-    }
-    assert_eq!(batch_tile(), calibration.tile);
+    // The user's choice is kept without measuring (`SOUS_BATCH_TILE`); a tile that is
+    // not one of the two is ignored, and measured instead.
+    let mut tuning = Tuning::new(Isa::Avx512);
+    let chosen = tuning
+        .calibrate_batch_tile(&packed, Some((8, 2)))
+        .ok_or("AVX-512 is calibrated")?;
+    assert_eq!((chosen.tile, chosen.seconds.len()), ((8, 2), 0));
+    assert_eq!(tuning.batch_tile(), (8, 2));
+    let calibration = tuning
+        .calibrate_batch_tile(&packed, Some((4, 4)))
+        .ok_or("AVX-512 is calibrated")?;
+    let fastest = calibration.seconds.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+    assert_eq!(
+        fastest.map(|s| s.0),
+        Some(calibration.tile),
+        "the fastest is kept"
+    );
+    assert_eq!(tuning.batch_tile(), calibration.tile);
     let x = values(16 * k, 30);
     let mut want = vec![0.0f32; 16 * n];
     matmul_tiled(Isa::Avx512, (16, 1), &x, 16, &packed, &mut want);
     let mut got = vec![0.0f32; 16 * n];
-    matmul_with(Isa::Avx512, &x, 16, &packed, &mut got);
+    tuning.matmul(&x, 16, &packed, &mut got);
     assert!(bits_eq(&want, &got), "after calibration");
     Ok(())
 }
@@ -664,6 +687,54 @@ fn every_neon_tile_gives_the_portable_bits_in_every_format() -> Result {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+#[test]
+fn choices_are_read_as_their_switches_spell_them() {
+    assert_eq!(Choices::parse(None, None, None), Choices::default());
+    assert_eq!(
+        Choices::parse(Some(" on "), Some("4"), Some("8x2")),
+        Choices {
+            bf16_dot: Some(true),
+            decode_panels: Some(4),
+            batch_tile: Some((8, 2)),
+        }
+    );
+    assert_eq!(
+        Choices::parse(Some("off"), Some("1"), Some("16x1")),
+        Choices {
+            bf16_dot: Some(false),
+            decode_panels: Some(1),
+            batch_tile: Some((16, 1)),
+        }
+    );
+    // What names no valid choice is as if unset.
+    assert_eq!(
+        Choices::parse(Some("maybe"), Some("5"), Some("4x4")),
+        Choices::default()
+    );
+}
+
+#[test]
+fn the_users_bf16_dot_choice_is_kept_without_measuring() -> Result {
+    let (n, k) = (32, 64);
+    let packed = Packed::from_bf16(&bf16_bits(&values(n * k, 3)), n, k)?;
+    let mut tuning = Tuning::default();
+    match tuning.calibrate_bf16_dot(&packed, Some(false)) {
+        Some(calibration) => {
+            assert_eq!(
+                calibration,
+                Bf16DotCalibration {
+                    dot: false,
+                    seconds: None
+                }
+            );
+            assert!(!tuning.bf16_dot());
+        }
+        // No AVX512-BF16 here: nothing to choose, nothing changed.
+        None => assert_eq!(tuning, Tuning::default()),
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use sous_kernels::gemm::Packed;
+use sous_kernels::gemm::{Packed, Tuning};
 use sous_kernels::transformer::Rotary;
 
 use super::{Embeddings, Layer, Model};
@@ -64,6 +64,7 @@ impl Model {
             norm: self.norm.clone(),
             lm_head: self.lm_head.clone(),
             rotary: self.rotary.clone(),
+            tuning: self.tuning,
             scratch: Mutex::default(),
         })
     }
@@ -116,6 +117,7 @@ impl Model {
             first_layer,
             lm_head: lm_head.map(Arc::new),
             rotary,
+            tuning: Tuning::default(),
             scratch: Mutex::default(),
         })
     }
