@@ -11,9 +11,12 @@
 
 use std::time::Instant;
 
+use sous_kernels::gemm::Isa;
 use sous_kernels::transformer::{KvShape, Span, attention};
 
 fn main() {
+    // The example reads its own switch; the engine passes its choice the same way.
+    let isa = Isa::chosen(std::env::var("SOUS_KERNELS_ISA").ok().as_deref());
     let mut args = std::env::args().skip(1);
     let tokens: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(512).max(1);
     let decode = args.next().as_deref() == Some("decode");
@@ -52,7 +55,7 @@ fn main() {
         let started = Instant::now();
         for _ in 0..steps {
             for _ in 0..layers {
-                attention(&q, &spans, heads, shape, &k, &v, &mut out);
+                attention(&q, &spans, heads, shape, &k, &v, &mut out, isa);
             }
         }
         let s = started.elapsed().as_secs_f64() / steps as f64;

@@ -252,7 +252,7 @@ pub fn native() -> Native {
             arch,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory_bytes: sous_engine::native::host_memory(),
-            kernels: sous_kernels::gemm::Isa::current().name(),
+            kernels: sous_engine::native::kernel_isa().name(),
             instruction_sets: sous_kernels::gemm::Isa::available()
                 .into_iter()
                 .map(|isa| isa.name())

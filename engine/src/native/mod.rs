@@ -195,9 +195,16 @@ macro_rules! here {
 }
 pub(crate) use here;
 
-/// Makes the choices `model`'s products run with and hands them to it: the user's
-/// (`SOUS_BF16_DOT`, `SOUS_DECODE_PANELS`, `SOUS_BATCH_TILE`), else measured on the
-/// model's matrices. Each choice made is reported (`Decode products: ...`).
+/// The instruction set the kernels run on: the widest this CPU has, or the narrower
+/// one `SOUS_KERNELS_ISA` names.
+pub fn kernel_isa() -> sous_kernels::gemm::Isa {
+    sous_kernels::gemm::Isa::chosen(crate::env::KERNELS_ISA.get().as_deref())
+}
+
+/// Makes the choices `model`'s kernels run with and hands them to it: the user's
+/// (`SOUS_KERNELS_ISA`, `SOUS_BF16_DOT`, `SOUS_DECODE_PANELS`, `SOUS_BATCH_TILE`), else
+/// measured on the model's matrices. Each choice made is reported (`Decode products:
+/// ...`).
 pub fn tune(model: &mut Model, mut report: impl FnMut(String)) {
     use sous_kernels::gemm::{Choices, Tuning};
     let choices = Choices::parse(
@@ -205,7 +212,7 @@ pub fn tune(model: &mut Model, mut report: impl FnMut(String)) {
         crate::env::DECODE_PANELS.get().as_deref(),
         crate::env::BATCH_TILE.get().as_deref(),
     );
-    let mut tuning = Tuning::default();
+    let mut tuning = Tuning::new(kernel_isa());
     if let Some(calibration) = tuning.calibrate_decode_panels(model.tuning_matrix(), choices.decode_panels) {
         report(format!("Decode products: {calibration}"));
     }
@@ -294,7 +301,7 @@ impl Engine {
             quantization,
             settings.precision,
             model.embedding_format(),
-            sous_kernels::gemm::Isa::current().name(),
+            kernel_isa().name(),
         ));
         tune(&mut model, log);
         let per_token = model::kv_bytes_per_token(model.config(), settings.kv_dtype);

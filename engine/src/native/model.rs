@@ -535,13 +535,15 @@ impl Model {
                 Held::F32 { k, v } if bf16 => {
                     k::attention_eager_bf16(&q, &spans, c.heads, shape, k, v, &mut attn)
                 }
-                Held::F32 { k, v } => k::attention(&q, &spans, c.heads, shape, k, v, &mut attn),
+                Held::F32 { k, v } => k::attention(&q, &spans, c.heads, shape, k, v, &mut attn, tuning.isa()),
                 Held::Bf16 { .. } if bf16 => {
                     return Err(NativeError::Internal(
                         "calibration's bf16 attention reads an f32 cache".into(),
                     ));
                 }
-                Held::Bf16 { k, v } => k::attention_bf16_cache(&q, &spans, c.heads, shape, k, v, &mut attn),
+                Held::Bf16 { k, v } => {
+                    k::attention_bf16_cache(&q, &spans, c.heads, shape, k, v, &mut attn, tuning.isa())
+                }
             }
             if let Some(seen) = observe.as_mut() {
                 LayerInputs::raise(&mut seen.ranges[li].o, &attn);

@@ -24,18 +24,21 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The widest set this CPU has, narrowed by `SOUS_KERNELS_ISA` (`avx2` or `portable`;
-    /// `avx512` and `neon` name the widest) if set; checked once per process.
-    pub fn current() -> Isa {
-        static CURRENT: OnceLock<Isa> = OnceLock::new();
-        *CURRENT.get_or_init(|| {
-            let best = Isa::available().first().copied().unwrap_or(Isa::Portable);
-            match std::env::var("SOUS_KERNELS_ISA").ok().as_deref() {
-                Some("portable") => Isa::Portable,
-                Some("avx2") if Isa::available().contains(&Isa::Avx2) => Isa::Avx2,
-                _ => best,
-            }
-        })
+    /// The widest set this CPU has; checked once per process.
+    pub fn best() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| Isa::available().first().copied().unwrap_or(Isa::Portable))
+    }
+
+    /// The set a user's choice names, as `SOUS_KERNELS_ISA` spells it: `portable`, or
+    /// `avx2` where the CPU has it, narrow the products to that set; anything else
+    /// (`avx512` and `neon` name the widest), or no choice, gives [`Isa::best`].
+    pub fn chosen(name: Option<&str>) -> Isa {
+        match name {
+            Some("portable") => Isa::Portable,
+            Some("avx2") if Isa::available().contains(&Isa::Avx2) => Isa::Avx2,
+            _ => Isa::best(),
+        }
     }
 
     /// Every set this CPU can run, widest first (the portable one always).

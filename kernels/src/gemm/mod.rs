@@ -27,9 +27,11 @@
 //! exactly [`crate::reference::dequantize`]'s value; the product from packed NVFP4
 //! equals the product from the dequantized f32 matrix bit for bit (tested).
 //!
-//! The kernel in use is chosen at run time ([`Isa::current`]): AVX-512 or AVX2 on x86-64,
-//! NEON on aarch64 (every ARMv8-A CPU has it). `SOUS_KERNELS_ISA=avx2` or `=portable`
-//! forces a narrower one, for tests and for measuring the paths an older CPU would take.
+//! The kernel in use is chosen at run time ([`Isa::best`]): AVX-512 or AVX2 on x86-64,
+//! NEON on aarch64 (every ARMv8-A CPU has it). A user's choice (`SOUS_KERNELS_ISA=avx2`
+//! or `=portable`, read by the engine: [`Isa::chosen`]) narrows it, for tests and for
+//! measuring the paths an older CPU would take. Every choice a product runs with
+//! arrives as a value ([`Tuning`]); nothing here reads the environment.
 
 mod bf16;
 mod calibrate;

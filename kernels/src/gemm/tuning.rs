@@ -8,7 +8,7 @@
 //! bf16 products' bits, the same for every row count.
 //!
 //! Not here: reading the user's choices from the environment (the engine's `env`
-//! module does, and passes the text to [`Choices::parse`]).
+//! module does, and passes the text to [`Choices::parse`] and [`Isa::chosen`]).
 
 use super::{Isa, Packed};
 
@@ -37,9 +37,9 @@ pub struct Tuning {
 }
 
 impl Default for Tuning {
-    /// [`Tuning::new`] on [`Isa::current`].
+    /// [`Tuning::new`] on [`Isa::best`].
     fn default() -> Tuning {
-        Tuning::new(Isa::current())
+        Tuning::new(Isa::best())
     }
 }
 

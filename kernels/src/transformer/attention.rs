@@ -5,6 +5,7 @@
 use rayon::prelude::*;
 
 use super::{KvShape, Span, exp, scores};
+use crate::gemm::Isa;
 
 /// Query tokens per attention tile: with their group of query heads (`heads /
 /// kv_heads`) they share every key and value block read.
@@ -28,6 +29,11 @@ const QUERY_TILE: usize = 16;
 /// side through all their blocks with their state in registers (`scores::rows`), all
 /// with the same bits; elsewhere a tile goes block by block, its rows' scores side by
 /// side, then row by row.
+///
+/// The vector kernels run as far as `isa` allows (the products' choice,
+/// [`crate::gemm::Tuning::isa`]): AVX-512's under [`Isa::Avx512`], AVX2's under
+/// [`Isa::Avx2`], and none under [`Isa::Portable`]. The bits are the same on each.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
     spans: &[Span],
@@ -36,12 +42,13 @@ pub fn attention(
     k_cache: &[f32],
     v_cache: &[f32],
     out: &mut [f32],
+    isa: Isa,
 ) {
     let cache = Cache::F32 {
         k: k_cache,
         v: v_cache,
     };
-    attention_with(q, spans, heads, shape, cache, out, Kernels::Fastest);
+    attention_with(q, spans, heads, shape, cache, out, Kernels::Fastest, isa);
 }
 
 /// [`attention`] over caches held in bf16 ([`KvShape::store_bf16`]). Each tile widens
@@ -50,6 +57,7 @@ pub fn attention(
 /// [`attention`] over an f32 cache holding the same rounded values, while the cache
 /// itself, which a batch of decodes streams from memory once per layer, takes half the
 /// bytes.
+#[allow(clippy::too_many_arguments)]
 pub fn attention_bf16_cache(
     q: &[f32],
     spans: &[Span],
@@ -58,12 +66,13 @@ pub fn attention_bf16_cache(
     k_cache: &[u16],
     v_cache: &[u16],
     out: &mut [f32],
+    isa: Isa,
 ) {
     let cache = Cache::Bf16 {
         k: k_cache,
         v: v_cache,
     };
-    attention_with(q, spans, heads, shape, cache, out, Kernels::Fastest);
+    attention_with(q, spans, heads, shape, cache, out, Kernels::Fastest, isa);
 }
 
 /// A layer's keys and values as the cache holds them.
@@ -78,7 +87,9 @@ pub(super) enum Cache<'a> {
 /// cache once, and reading it in bf16 is what halves its bytes (widened into a buffer
 /// first, a step of sixteen 900-token sequences saved nothing). The same operations as
 /// `attend_tile`'s for such a tile, so the same bits. False, doing nothing, where that
-/// kernel does not run (several tokens, no AVX-512, another head or block size).
+/// kernel does not run (several tokens, no AVX-512 or `isa` narrower, another head or
+/// block size).
+#[allow(clippy::too_many_arguments)]
 fn decode_bf16(
     q: &[f32],
     tile: &Tile,
@@ -87,6 +98,7 @@ fn decode_bf16(
     k: &[u16],
     v: &[u16],
     o: &mut [f32],
+    isa: Isa,
 ) -> bool {
     let (hd, bs) = (shape.head_dim, shape.block_size);
     if tile.count != 1 || bs != 16 {
@@ -106,7 +118,7 @@ fn decode_bf16(
     let qs: Vec<&[f32]> = q[at..at + tile.heads.len() * hd].chunks_exact(hd).collect();
     let mut outs: Vec<&mut [f32]> = o.chunks_exact_mut(hd).collect();
     let scale = 1.0 / (hd as f32).sqrt();
-    scores::rows(&qs, &head, tile.span.start + tile.first, scale, &mut outs)
+    scores::rows(&qs, &head, tile.span.start + tile.first, scale, &mut outs, isa)
 }
 
 /// A tile's blocks widened from a bf16 cache ([`Widened::fill`]), kept per thread so
@@ -173,6 +185,7 @@ pub(super) fn attention_with(
     cache: Cache,
     out: &mut [f32],
     kernels: Kernels,
+    isa: Isa,
 ) {
     assert!(
         shape.block_size <= 64,
@@ -234,10 +247,11 @@ pub(super) fn attention_with(
                         shape,
                         kv_head: tile.kv_head,
                     };
-                    attend_tile(q, tile, heads, shape, layout, k, v, &mut o, kernels);
+                    attend_tile(q, tile, heads, shape, layout, k, v, &mut o, kernels, isa);
                 }
                 Cache::Bf16 { k, v }
-                    if kernels == Kernels::Fastest && decode_bf16(q, tile, heads, shape, k, v, &mut o) => {}
+                    if kernels == Kernels::Fastest
+                        && decode_bf16(q, tile, heads, shape, k, v, &mut o, isa) => {}
                 Cache::Bf16 { k, v } => WIDENED.with_borrow_mut(|widened| {
                     widened.fill(tile, shape, k, v);
                     let local = Tile {
@@ -252,7 +266,9 @@ pub(super) fn attention_with(
                         kv_head: 0,
                     };
                     let (keys, values) = (&widened.keys, &widened.values);
-                    attend_tile(q, &local, heads, shape, layout, keys, values, &mut o, kernels);
+                    attend_tile(
+                        q, &local, heads, shape, layout, keys, values, &mut o, kernels, isa,
+                    );
                 }),
             }
             o
@@ -301,6 +317,7 @@ fn attend_tile(
     v: &[f32],
     o: &mut [f32],
     kernels: Kernels,
+    isa: Isa,
 ) {
     // The vector kernels below are x86's (`scores`); asking another architecture's
     // target for x86's `fma` panics in `target-features`, so elsewhere the tile loop runs.
@@ -345,7 +362,7 @@ fn attend_tile(
         } else {
             scores::Lanes::Widest
         };
-        if scores::lanes(&qs, &positions, tile_heads, &head, scale, o, lanes) {
+        if scores::lanes(&qs, &positions, tile_heads, &head, scale, o, lanes, isa) {
             return;
         }
     }
@@ -356,7 +373,7 @@ fn attend_tile(
             let qs: Vec<&[f32]> = q_rows(t).collect();
             let (row_out, after) = rest.split_at_mut(tile_heads * hd);
             let mut outs: Vec<&mut [f32]> = row_out.chunks_exact_mut(hd).collect();
-            done = scores::rows(&qs, &head, position, scale, &mut outs);
+            done = scores::rows(&qs, &head, position, scale, &mut outs, isa);
             if !done {
                 break;
             }
@@ -387,7 +404,7 @@ fn attend_tile(
             }
         }
         all = vec![[0.0f32; 16]; pairs.len()];
-        scores::pairs16(&pairs, scale, &mut all, fma);
+        scores::pairs16(&pairs, scale, &mut all, fma, isa);
     }
     let mut next = 0;
     for (b, &block) in span.blocks[..used].iter().enumerate() {

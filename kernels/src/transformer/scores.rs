@@ -22,6 +22,8 @@
 // first, and calls of `#[target_feature]` functions once the CPU has been checked.
 #![allow(unsafe_code)]
 
+use crate::gemm::Isa;
+
 /// Lanes of a block sum; keys per block for the AVX-512 kernels.
 const LANES: usize = 16;
 
@@ -110,12 +112,12 @@ pub(super) fn block_rows(
 /// side by side with their accumulators in registers (two vectors per pair): eight
 /// chains keep the FMA units busy where one pair's would wait on themselves.
 #[inline(always)]
-pub(super) fn pairs16(pairs: &[(&[f32], &[f32])], scale: f32, out: &mut [[f32; LANES]], fma: bool) {
+pub(super) fn pairs16(pairs: &[(&[f32], &[f32])], scale: f32, out: &mut [[f32; LANES]], fma: bool, isa: Isa) {
     assert_eq!(pairs.len(), out.len());
     let hd = pairs.first().map_or(0, |(q, _)| q.len());
     assert!(pairs.iter().all(|(q, k)| q.len() == hd && k.len() == hd * LANES));
     #[cfg(target_arch = "x86_64")]
-    if fma && x86::avx2() {
+    if fma && x86::avx2(isa) {
         // SAFETY: AVX2 and FMA are present; every pair's row holds `hd` values and its
         // keys `hd · 16` (asserted above).
         unsafe { x86::pairs256(pairs, hd, scale, out) };
@@ -218,9 +220,10 @@ pub(super) fn rows<T: Held>(
     position: usize,
     scale: f32,
     outs: &mut [&mut [f32]],
+    isa: Isa,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if x86::avx512() {
+    if x86::avx512(isa) {
         let hd = qs.first().map_or(0, |q| q.len());
         if hd != 64 && hd != 128 {
             return false;
@@ -255,11 +258,11 @@ pub(super) fn rows<T: Held>(
         }
         return true;
     }
-    let _ = (qs, head, position, scale, outs);
+    let _ = (qs, head, position, scale, outs, isa);
     false
 }
 
-/// Which lane kernel [`lanes`] runs: the widest this CPU has (and `SOUS_KERNELS_ISA`
+/// Which lane kernel [`lanes`] runs: the widest this CPU has (and the `isa` it is given
 /// allows), or AVX2's where AVX-512's would run (for tests that compare the two).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lanes {
@@ -278,6 +281,7 @@ pub(super) enum Lanes {
 /// then the values key by key), so the bits are the same. Returns false, doing nothing,
 /// where there is no such kernel: it needs AVX-512, or AVX2 with FMA, and a head size
 /// of 64 or 128.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn lanes(
     qs: &[&[f32]],
     positions: &[usize],
@@ -286,6 +290,7 @@ pub(super) fn lanes(
     scale: f32,
     outs: &mut [f32],
     kernel: Lanes,
+    isa: Isa,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -293,8 +298,8 @@ pub(super) fn lanes(
         if hd != 64 && hd != 128 {
             return false;
         }
-        let wide = kernel == Lanes::Widest && x86::avx512();
-        if !wide && !x86::avx2() {
+        let wide = kernel == Lanes::Widest && x86::avx512(isa);
+        if !wide && !x86::avx2(isa) {
             return false;
         }
         let last = positions.iter().copied().max().unwrap_or(0);
@@ -317,7 +322,7 @@ pub(super) fn lanes(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (qs, positions, per_token, head, scale, outs, kernel);
+        let _ = (qs, positions, per_token, head, scale, outs, kernel, isa);
         false
     }
 }

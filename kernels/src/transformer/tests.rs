@@ -6,6 +6,7 @@ use super::attention::{Cache, Kernels, attention_with};
 use super::bf16::{Keys, dot_in_order, dots_in_order};
 use super::elementwise::silu_mul_rows;
 use super::*;
+use crate::gemm::Isa;
 
 /// The eager bf16 attention's scores, eight keys at a time, are each key's dot
 /// product in order, bit for bit (signed zeros included).
@@ -168,7 +169,7 @@ fn causal_attention_over_a_paged_span_matches_contiguous_attention_row_by_row() 
     let q: Vec<f32> = (0..tokens * heads * 8).map(|i| (i as f32 * 0.3).cos()).collect();
     let run = |spans: &[Span]| {
         let mut out = vec![f32::NAN; tokens * heads * 8];
-        attention(&q, spans, heads, shape, &k_cache, &v_cache, &mut out);
+        attention(&q, spans, heads, shape, &k_cache, &v_cache, &mut out, Isa::best());
         out
     };
     // The whole span at once (two tiles: 16 + 5 tokens)...
@@ -254,19 +255,24 @@ fn the_vector_kernels_give_the_tile_loop_s_bits() {
             },
         ];
         let q: Vec<f32> = (0..71 * heads * hd).map(|i| value(i, 0.29)).collect();
-        let run = |kernels| {
+        let run = |kernels, isa| {
             let mut out = vec![f32::NAN; q.len()];
             let cache = Cache::F32 {
                 k: &k_cache,
                 v: &v_cache,
             };
-            attention_with(&q, &spans, heads, shape, cache, &mut out, kernels);
+            attention_with(&q, &spans, heads, shape, cache, &mut out, kernels, isa);
             out
         };
-        let tiles = run(Kernels::TileLoop);
-        // The fastest kernels of this CPU (AVX-512's or AVX2's), and AVX2's.
-        for kernels in [Kernels::Fastest, Kernels::Avx2] {
-            let got = run(kernels);
+        let tiles = run(Kernels::TileLoop, Isa::best());
+        // The fastest kernels of this CPU (AVX-512's or AVX2's), and AVX2's; and the
+        // fastest each narrower instruction set allows (a user's choice).
+        let narrower = Isa::available().into_iter().map(|isa| (Kernels::Fastest, isa));
+        for (kernels, isa) in [(Kernels::Fastest, Isa::best()), (Kernels::Avx2, Isa::best())]
+            .into_iter()
+            .chain(narrower)
+        {
+            let got = run(kernels, isa);
             assert!(got.iter().all(|x| x.is_finite()));
             let same = got
                 .iter()
@@ -276,7 +282,7 @@ fn the_vector_kernels_give_the_tile_loop_s_bits() {
             assert_eq!(
                 same,
                 got.len(),
-                "head size {hd}, {heads}/{kv_heads} heads, {kernels:?}"
+                "head size {hd}, {heads}/{kv_heads} heads, {kernels:?} on {isa:?}"
             );
         }
     }
@@ -343,7 +349,7 @@ fn a_bf16_cache_gives_the_bits_of_an_f32_cache_holding_its_values() {
         for kernels in [Kernels::Fastest, Kernels::Avx2, Kernels::TileLoop] {
             let run = |cache| {
                 let mut out = vec![f32::NAN; q.len()];
-                attention_with(&q, &spans, heads, shape, cache, &mut out, kernels);
+                attention_with(&q, &spans, heads, shape, cache, &mut out, kernels, Isa::best());
                 out
             };
             let want = run(Cache::F32 { k: &k32, v: &v32 });
@@ -362,6 +368,7 @@ fn a_bf16_cache_gives_the_bits_of_an_f32_cache_holding_its_values() {
             &k16,
             &v16,
             &mut one,
+            Isa::best(),
         );
         let mut want = vec![f32::NAN; heads * hd];
         attention(
@@ -372,6 +379,7 @@ fn a_bf16_cache_gives_the_bits_of_an_f32_cache_holding_its_values() {
             &k32,
             &v32,
             &mut want,
+            Isa::best(),
         );
         assert_same_bits(&one, &want, &format!("head size {hd}, one decode"));
     }

@@ -62,7 +62,7 @@ fn paired_block_scores_are_the_defined_sum_bit_for_bit() {
                 .collect();
             for fma in [true, false] {
                 let mut got = vec![[f32::NAN; 16]; count];
-                pairs16(&pairs, 0.125, &mut got, fma);
+                pairs16(&pairs, 0.125, &mut got, fma, Isa::best());
                 for (i, (q, keys)) in pairs.iter().enumerate() {
                     for j in 0..16 {
                         let want = dot(q, &keys[j..], 16, fma) * 0.125;
@@ -116,7 +116,16 @@ fn rows_sharing_a_lane_kernel_call_keep_their_bits() {
     let positions: Vec<usize> = (0..rows).map(|r| (r * r * 3 + r) % 151).collect();
     for kernel in [Lanes::Widest, Lanes::Avx2] {
         let mut together = vec![f32::NAN; rows * hd];
-        if !lanes(&refs, &positions, 1, &head, 0.125, &mut together, kernel) {
+        if !lanes(
+            &refs,
+            &positions,
+            1,
+            &head,
+            0.125,
+            &mut together,
+            kernel,
+            Isa::best(),
+        ) {
             eprintln!("no lane kernel on this CPU ({kernel:?}): nothing to compare");
             continue;
         }
@@ -129,7 +138,8 @@ fn rows_sharing_a_lane_kernel_call_keep_their_bits() {
                 &head,
                 0.125,
                 &mut alone,
-                kernel
+                kernel,
+                Isa::best()
             ));
             let got = &together[r * hd..(r + 1) * hd];
             assert!(alone.iter().all(|x| x.is_finite()), "row {r} alone");

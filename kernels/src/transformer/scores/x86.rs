@@ -9,10 +9,10 @@ use super::{Head, LANES};
 
 use crate::gemm::Isa;
 
-/// Whether the AVX2 kernel may run (with FMA): the CPU has them and
-/// `SOUS_KERNELS_ISA` does not ask for the portable code.
-pub(super) fn avx2() -> bool {
-    Isa::current() != Isa::Portable && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+/// Whether the AVX2 kernel may run (with FMA): the CPU has them and `isa` (the user's
+/// choice, as for the products) is not the portable code.
+pub(super) fn avx2(isa: Isa) -> bool {
+    isa != Isa::Portable && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
 }
 
 /// [`super::pairs16`] with AVX2: each pair's sixteen scores in two registers, four
@@ -49,10 +49,10 @@ pub(super) unsafe fn pairs256(pairs: &[(&[f32], &[f32])], hd: usize, scale: f32,
     }
 }
 
-/// Whether the AVX-512 kernels may run: the CPU has them and `SOUS_KERNELS_ISA`
-/// does not ask for a narrower set (as for the products).
-pub(super) fn avx512() -> bool {
-    Isa::current() == Isa::Avx512 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
+/// Whether the AVX-512 kernels may run: the CPU has them and `isa` (the user's
+/// choice, as for the products) is not a narrower set.
+pub(super) fn avx512(isa: Isa) -> bool {
+    isa == Isa::Avx512 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
 }
 
 /// `super::super::exp` on sixteen lanes, the same operations in the same order (no
