@@ -8,9 +8,9 @@
 //! environment: [`named`]).
 //!
 //! `sous-kernels` sits below this crate: the native engine reads the kernels' choices
-//! here and passes them in (`native::tune`), but the crate still reads `SOUS_HUGE_PAGES`
-//! and its test switches itself; they are declared here all the same, so that the table
-//! is the whole list.
+//! here and passes them in (`native::tune`, `native::huge_pages`); the crate reads only
+//! its two test switches itself, declared here all the same, so that the table is the
+//! whole list.
 
 use std::ffi::OsString;
 
@@ -132,7 +132,7 @@ vars! {
     /// Tiles of 9 to 16 rows.
     BATCH_TILE = "SOUS_BATCH_TILE", "`16x1`, `8x2`", "measured at load", "the tile of products of 9 to 16 rows", "the native engine (passed to sous-kernels)";
     /// Huge pages for the weights.
-    HUGE_PAGES = "SOUS_HUGE_PAGES", "`off`, `0`, `false`", "on", "`off` leaves the native engine's weights where they were loaded", "sous-kernels";
+    HUGE_PAGES = "SOUS_HUGE_PAGES", "`off`, `0`, `false`", "on", "`off` leaves the native engine's weights where they were loaded", "the native engine, doctor";
     /// Test only: the f32 stride.
     TEST_F32_STRIDE = "SOUS_TEST_F32_STRIDE", "a number", "1", "tests: check every Nth f32 value against the reference (emulated CPUs)", "sous-kernels (tests)";
     /// Test only: NVRTC.
@@ -237,7 +237,7 @@ mod tests {
     }
 
     /// Outside this module, `cli/` and `engine/` ask it; `sous-kernels` (below this
-    /// crate) reads only `SOUS_HUGE_PAGES` and its test switches, all declared here.
+    /// crate) reads only its test switches, declared here.
     #[test]
     fn only_this_module_reads_the_environment() {
         let mut files = Vec::new();
@@ -263,9 +263,9 @@ mod tests {
                     continue;
                 }
                 if rel.starts_with("kernels/") {
-                    // The kernels' own reads: only the switches it still reads itself;
-                    // its other choices arrive as values (`gemm::Tuning`).
-                    let own = [HUGE_PAGES, TEST_F32_STRIDE, TEST_NVRTC];
+                    // The kernels' own reads: only their test switches; their choices
+                    // arrive as values (`gemm::Tuning`, arguments).
+                    let own = [TEST_F32_STRIDE, TEST_NVRTC];
                     let declared = own.iter().any(|v| line.contains(&format!("\"{}\"", v.name)));
                     if !declared {
                         offenders.push(format!(

@@ -18,8 +18,10 @@
 //! fragmented memory may leave part of it in small pages); [`Placement`] reports what
 //! it got. The values are the same bytes either way, so no result changes.
 //!
-//! `SOUS_HUGE_PAGES=off` leaves the weights where they are (for measuring the
-//! difference, or on a system where compaction at load costs more than it saves).
+//! Whether to place them is the caller's choice, never read here: the native engine
+//! leaves the weights where they are, and its KV cache on the heap ([`Zeroed::on_heap`]),
+//! where `SOUS_HUGE_PAGES=off` says so (for measuring the difference, or on a system
+//! where compaction at load costs more than it saves).
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -172,9 +174,10 @@ impl<T: Plain> Movable for Buf<T> {
     }
 }
 
-/// A zeroed buffer of its own, in a mapping advised for huge pages where
-/// `SOUS_HUGE_PAGES` allows and the mapping can be made, on the heap otherwise: the
-/// native engine's KV cache, whose every byte a long decode step may read.
+/// A zeroed buffer of its own, in a mapping advised for huge pages where the mapping can
+/// be made ([`Zeroed::new`]), on the heap otherwise or where the caller asks
+/// ([`Zeroed::on_heap`]): the native engine's KV cache, whose every byte a long decode
+/// step may read.
 pub struct Zeroed<T: Plain>(Held<T>);
 
 enum Held<T> {
@@ -188,13 +191,18 @@ impl<T: Plain> Zeroed<T> {
     /// `len` zeros (the pages are not touched: each is faulted in by its first write).
     pub fn new(len: usize) -> Zeroed<T> {
         let bytes = len * std::mem::size_of::<T>();
-        if disabled() || bytes < HUGE_PAGE {
-            return Zeroed(Held::Heap(vec![T::default(); len]));
+        if bytes < HUGE_PAGE {
+            return Zeroed::on_heap(len);
         }
         match Region::new(bytes) {
             Ok(region) => Zeroed(Held::Mapped { region, len }),
-            Err(_) => Zeroed(Held::Heap(vec![T::default(); len])),
+            Err(_) => Zeroed::on_heap(len),
         }
+    }
+
+    /// `len` zeros on the heap, in pages of the system's default size.
+    pub fn on_heap(len: usize) -> Zeroed<T> {
+        Zeroed(Held::Heap(vec![T::default(); len]))
     }
 }
 
@@ -272,10 +280,11 @@ pub fn mode_in(enabled: &str) -> Option<&str> {
         .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
 }
 
-/// Whether the native engine's weights and KV cache get huge pages here: the mode
-/// allows an advised mapping (`always` or `madvise`) and `SOUS_HUGE_PAGES` is not off.
+/// Whether the system's mode (`mode`, [`system_mode`]) gives an advised mapping huge
+/// pages (`always` or `madvise`): where the native engine asks for them, its weights
+/// and KV cache get them.
 pub fn in_use(mode: Option<&str>) -> bool {
-    !disabled() && matches!(mode, Some("always" | "madvise"))
+    matches!(mode, Some("always" | "madvise"))
 }
 
 /// What [`place`] moves: a value holding [`Movable`] buffers (the products' packed
@@ -285,24 +294,11 @@ pub(crate) trait Placeable {
     fn for_each_buf(&mut self, f: &mut dyn FnMut(&mut dyn Movable));
 }
 
-/// Whether `SOUS_HUGE_PAGES=off` asked to leave the weights where they are.
-pub fn disabled() -> bool {
-    std::env::var("SOUS_HUGE_PAGES").is_ok_and(|v| matches!(v.as_str(), "off" | "0" | "false"))
-}
-
 /// Moves every buffer of `weights` into one mapping advised for huge pages (see the
-/// module's documentation). Nothing moves, and `Ok(None)` comes back, where
-/// `SOUS_HUGE_PAGES=off` says so or there is nothing to move. An error (the mapping
-/// could not be made) leaves every buffer where it was.
+/// module's documentation). Nothing moves, and `Ok(None)` comes back, where there is
+/// nothing to move. An error (the mapping could not be made) leaves every buffer where
+/// it was.
 pub(crate) fn place<W: Placeable>(weights: &mut [&mut W]) -> std::io::Result<Option<Placement>> {
-    if disabled() {
-        return Ok(None);
-    }
-    place_all(weights)
-}
-
-/// [`place`], whatever `SOUS_HUGE_PAGES` says.
-pub(crate) fn place_all<W: Placeable>(weights: &mut [&mut W]) -> std::io::Result<Option<Placement>> {
     let mut total = 0usize;
     for w in weights.iter_mut() {
         w.for_each_buf(&mut |b| total += b.byte_len().next_multiple_of(ALIGN));

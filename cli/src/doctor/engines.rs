@@ -261,7 +261,7 @@ pub fn native() -> Native {
             huge_pages: {
                 let mode = sous_kernels::pages::system_mode();
                 HugePages {
-                    used: sous_kernels::pages::in_use(mode.as_deref()),
+                    used: sous_engine::native::huge_pages() && sous_kernels::pages::in_use(mode.as_deref()),
                     mode,
                 }
             },

@@ -195,6 +195,14 @@ macro_rules! here {
 }
 pub(crate) use here;
 
+/// Whether the weights and the KV cache go in mappings advised for huge pages: unless
+/// `SOUS_HUGE_PAGES` is `off` (`0`, `false`).
+pub fn huge_pages() -> bool {
+    !crate::env::HUGE_PAGES
+        .get()
+        .is_some_and(|v| matches!(v.as_str(), "off" | "0" | "false"))
+}
+
 /// The instruction set the kernels run on: the widest this CPU has, or the narrower
 /// one `SOUS_KERNELS_ISA` names.
 pub fn kernel_isa() -> sous_kernels::gemm::Isa {

@@ -238,6 +238,9 @@ impl Model {
     /// pays a TLB miss every 4 KiB. `Ok(None)` where `SOUS_HUGE_PAGES=off` or nothing
     /// moved; an error leaves them where they were.
     pub fn place_in_huge_pages(&mut self) -> std::io::Result<Option<Placement>> {
+        if !super::huge_pages() {
+            return Ok(None);
+        }
         let mut weights: Vec<&mut Packed> = Vec::with_capacity(4 * self.layers.len() + 2);
         // A model sharing its embedding (a calibration's) leaves it where it is.
         weights.extend(Arc::get_mut(&mut self.embed));

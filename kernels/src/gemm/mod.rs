@@ -60,7 +60,8 @@ pub const NR: usize = 16;
 
 /// Moves every buffer of `weights` into one mapping advised for transparent huge pages
 /// ([`crate::pages`] says why and how). Nothing moves, and `Ok(None)` comes back, where
-/// `SOUS_HUGE_PAGES=off` says so or there is nothing to move; an error (the mapping could
+/// there is nothing to move (whether to place them at all is the caller's choice:
+/// `SOUS_HUGE_PAGES`, read by the engine); an error (the mapping could
 /// not be made) leaves every buffer where it was. The values are the same bytes either
 /// way.
 pub fn place(weights: &mut [&mut Packed]) -> std::io::Result<Option<crate::pages::Placement>> {

@@ -4,7 +4,7 @@
 //! `pages`.
 
 use super::{Packed, matmul};
-use crate::pages::{HUGE_PAGE, Placement, place_all, smaps_field};
+use crate::pages::{HUGE_PAGE, Placement, place, smaps_field};
 
 fn values(len: usize, seed: usize) -> Vec<f32> {
     (0..len)
@@ -59,7 +59,7 @@ fn placed_weights_give_the_same_products_and_rows() {
     let bytes: u64 = weights.iter().map(Packed::bytes).sum();
     let placement = {
         let mut refs: Vec<&mut Packed> = weights.iter_mut().collect();
-        place_all(&mut refs)
+        place(&mut refs)
             .expect("an anonymous mapping")
             .expect("bytes to move")
     };
@@ -90,7 +90,7 @@ fn stacking_placed_weights_copies_them_back() {
     };
     let expected = fingerprint(&Packed::stack(parts()).expect("stackable"));
     let mut placed = parts();
-    place_all(&mut placed.iter_mut().collect::<Vec<_>>()).expect("an anonymous mapping");
+    place(&mut placed.iter_mut().collect::<Vec<_>>()).expect("an anonymous mapping");
     assert_eq!(fingerprint(&Packed::stack(placed).expect("stackable")), expected);
 }
 
@@ -98,7 +98,7 @@ fn stacking_placed_weights_copies_them_back() {
 #[test]
 fn the_mapping_is_advised_for_huge_pages_and_reported() {
     let mut weights = matrices();
-    let placement = place_all(&mut weights.iter_mut().collect::<Vec<_>>())
+    let placement = place(&mut weights.iter_mut().collect::<Vec<_>>())
         .expect("an anonymous mapping")
         .expect("bytes to move");
     let at = weights[0].first_byte();

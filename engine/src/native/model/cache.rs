@@ -56,7 +56,11 @@ pub struct KvCache {
 /// `len` values of `T`, every page written once, in parallel (see [`KvCache::new`]),
 /// in huge pages where the system gives them ([`Zeroed`]).
 fn committed<T: Plain>(len: usize) -> Zeroed<T> {
-    let mut v = Zeroed::new(len);
+    let mut v = if crate::native::huge_pages() {
+        Zeroed::new(len)
+    } else {
+        Zeroed::on_heap(len)
+    };
     // One write per 4 KiB page. The value is opaque to the compiler, so the store is
     // not dropped as redundant on memory it knows to be zero.
     let zero = std::hint::black_box(T::default());
