@@ -27,7 +27,6 @@ pub use attention::{attention, attention_bf16_cache};
 pub use bf16::{attention_eager_bf16, rms_norm_bf16, round_bf16_all, silu_mul_bf16};
 pub use elementwise::{add_assign, rms_norm, rms_norm_heads, rms_norm_row, silu_mul};
 pub use exponential::exp;
-pub(crate) use exponential::exp_consts;
 pub use kv::{KvShape, Span};
 pub use rotary::Rotary;
 

@@ -9,6 +9,8 @@ use rayon::prelude::*;
 use std::time::Instant;
 
 #[cfg(target_arch = "x86_64")]
+use super::Isa;
+#[cfg(target_arch = "x86_64")]
 use super::NR;
 #[cfg(target_arch = "x86_64")]
 use super::drive::{BY_COLUMNS_MAX, by_columns, row_tasks};
@@ -16,7 +18,7 @@ use super::drive::{BY_COLUMNS_MAX, by_columns, row_tasks};
 use super::packed::Data;
 #[cfg(target_arch = "x86_64")]
 use super::x86;
-use super::{Isa, Packed, Tuning};
+use super::{Packed, Tuning};
 
 /// [`Tuning::matmul_bf16`] with the default choices ([`Tuning::default`]).
 pub fn matmul_bf16(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {

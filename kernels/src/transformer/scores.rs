@@ -123,6 +123,8 @@ pub(super) fn pairs16(pairs: &[(&[f32], &[f32])], scale: f32, out: &mut [[f32; L
         unsafe { x86::pairs256(pairs, hd, scale, out) };
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     // Elsewhere, pair by pair: sixteen lanes of one chain each, which compilers
     // vectorize (four pairs side by side were compiled to scalar code).
     for ((q, keys), out) in pairs.iter().zip(out.iter_mut()) {

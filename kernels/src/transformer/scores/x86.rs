@@ -60,7 +60,7 @@ pub(super) fn avx512(isa: Isa) -> bool {
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn exp512(x: __m512) -> __m512 {
-    use super::super::exp_consts::*;
+    use super::super::exponential::exp_consts::*;
     let splat = _mm512_set1_ps;
     let clamped = _mm512_min_ps(_mm512_max_ps(x, splat(LOW)), splat(HIGH));
     let round = splat(ROUND);
@@ -371,7 +371,7 @@ pub(super) unsafe fn lanes512<const HD: usize, const V: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn exp256(x: __m256) -> __m256 {
-    use super::super::exp_consts::*;
+    use super::super::exponential::exp_consts::*;
     let splat = _mm256_set1_ps;
     let clamped = _mm256_min_ps(_mm256_max_ps(x, splat(LOW)), splat(HIGH));
     let round = splat(ROUND);
