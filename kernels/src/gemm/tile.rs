@@ -134,12 +134,9 @@ pub(super) fn run_tile(isa: Isa, tile: &mut Tile) {
 /// per pass instead of once per tile, as BLIS packs its B panels. The weights stay in
 /// their stored precision in memory: this is one pass's slice, never a matrix.
 ///
-/// Measured on a 512-row layer of SmolLM2 (`cargo run -p sous-kernels --example gemm
-/// 512`, two cores of a Sapphire-Rapids-class Xeon): NVFP4 300 → 347 GFLOP/s with
-/// AVX-512 and 114 → 222 with AVX2, bf16 205 → 220 with AVX2. bf16 with AVX-512 is not
-/// widened: its tiles read half the bytes of f32 ones and widen in two instructions
-/// per 48 multiply-adds, and it ran at 345-351 GFLOP/s in registers against 323-329
-/// from the buffer.
+/// bf16 with AVX-512 is not widened: its tiles read half the bytes of f32 ones and widen
+/// in two instructions per 48 multiply-adds, and measured no faster from the buffer
+/// (BENCHMARKS.md, "Figures that were in code comments").
 pub(super) fn widen(isa: Isa, panels: Panels, np: usize, kc: usize, wide: &mut Vec<f32>) -> bool {
     match panels {
         Panels::F32 { .. } => return false,
