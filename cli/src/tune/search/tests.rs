@@ -138,18 +138,32 @@ fn three_levers() -> (Vec<Lever>, Vec<Trial>) {
     (levers, trials)
 }
 
-#[test]
-fn levers_that_clear_the_baseline_are_combined_and_the_best_is_chosen() {
-    let (levers, trials) = three_levers();
-    let mut bench = Scripted::new(&[
-        ("baseline", &[100.0, 101.0, 99.0]),
+const BASELINE: &[f64] = &[100.0, 101.0, 99.0];
+
+/// A bench where the baseline measures about 100, `serving.max_num_seqs=16` 150 and
+/// prefix caching 120 (both clear of the baseline), the block size and the combination
+/// as given.
+fn clear_gains(block: &[f64], combined: &[f64]) -> Scripted {
+    Scripted::new(&[
+        ("baseline", BASELINE),
         (SEQS, &[150.0, 151.0, 149.0]),
         (CACHE, &[120.0, 121.0, 119.0]),
-        (BLOCK, &[90.0, 110.0, 100.0]),
-        (&format!("{SEQS}; {CACHE}"), &[170.0, 171.0, 169.0]),
-    ]);
+        (BLOCK, block),
+        (&format!("{SEQS}; {CACHE}"), combined),
+    ])
+}
+
+/// The three-lever search against `bench`, with a fresh journal.
+fn tune(bench: &mut Scripted) -> Result<Findings, TestError> {
+    let (levers, trials) = three_levers();
     let dir = tempfile::tempdir().expect("tempdir");
-    let found = run(&search(&trials, &levers), &mut bench, &mut journal(&dir)).expect("search");
+    run(&search(&trials, &levers), bench, &mut journal(&dir))
+}
+
+#[test]
+fn levers_that_clear_the_baseline_are_combined_and_the_best_is_chosen() {
+    let mut bench = clear_gains(&[90.0, 110.0, 100.0], &[170.0, 171.0, 169.0]);
+    let found = tune(&mut bench).expect("search");
 
     let helped = found.helped();
     assert_eq!(helped, vec![SEQS.to_owned(), CACHE.to_owned()]);
@@ -168,21 +182,13 @@ fn levers_that_clear_the_baseline_are_combined_and_the_best_is_chosen() {
     assert!((p.ratio - 1.7).abs() < 0.02, "{p:?}");
     assert!(p.low < p.ratio && p.ratio < p.high);
     assert!(!found.exhausted);
-    assert_eq!(found.all().len(), trials.len() + 1);
+    assert_eq!(found.all().len(), three_levers().1.len() + 1);
 }
 
 #[test]
 fn a_combination_worse_than_its_best_lever_is_measured_but_not_chosen() {
-    let (levers, trials) = three_levers();
-    let mut bench = Scripted::new(&[
-        ("baseline", &[100.0, 101.0, 99.0]),
-        (SEQS, &[150.0, 151.0, 149.0]),
-        (CACHE, &[120.0, 121.0, 119.0]),
-        (BLOCK, &[80.0, 81.0, 79.0]),
-        (&format!("{SEQS}; {CACHE}"), &[140.0, 141.0, 139.0]),
-    ]);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let found = run(&search(&trials, &levers), &mut bench, &mut journal(&dir)).expect("search");
+    let mut bench = clear_gains(&[80.0, 81.0, 79.0], &[140.0, 141.0, 139.0]);
+    let found = tune(&mut bench).expect("search");
     assert_eq!(found.chosen.map(|c| c.trial.id), Some(SEQS.to_owned()));
     assert!(found.combined.is_some());
     // A lever worse beyond doubt is decided in three runs.
@@ -194,7 +200,7 @@ fn a_combination_worse_than_its_best_lever_is_measured_but_not_chosen() {
 fn a_resumed_search_measures_nothing_twice_and_finds_the_same() {
     let (levers, trials) = three_levers();
     let values: &[(&str, &[f64])] = &[
-        ("baseline", &[100.0, 101.0, 99.0]),
+        ("baseline", BASELINE),
         (SEQS, &[150.0, 151.0, 149.0]),
         (CACHE, &[100.0, 101.0, 99.5]),
         (BLOCK, &[50.0]),
@@ -214,15 +220,13 @@ fn a_resumed_search_measures_nothing_twice_and_finds_the_same() {
 
 #[test]
 fn a_trial_that_could_not_start_is_not_started_again() {
-    let (levers, trials) = three_levers();
     let mut bench = Scripted::new(&[
-        ("baseline", &[100.0, 101.0, 99.0]),
+        ("baseline", BASELINE),
         (CACHE, &[100.0, 120.0, 80.0]),
         (BLOCK, &[100.0]),
     ]);
     bench.fails.insert(SEQS.into(), Outcome::Oom);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let found = run(&search(&trials, &levers), &mut bench, &mut journal(&dir)).expect("search");
+    let found = tune(&mut bench).expect("search");
     assert_eq!(
         bench.runs_of(SEQS),
         vec![0, 1, 2],
@@ -243,16 +247,9 @@ fn a_trial_that_could_not_start_is_not_started_again() {
 
 #[test]
 fn when_the_budget_runs_out_the_search_decides_on_what_was_measured() {
-    let (levers, trials) = three_levers();
-    let mut bench = Scripted::new(&[
-        ("baseline", &[100.0, 101.0, 99.0]),
-        (SEQS, &[150.0, 151.0, 149.0]),
-        (CACHE, &[120.0, 121.0, 119.0]),
-        (BLOCK, &[90.0, 110.0, 100.0]),
-    ]);
+    let mut bench = clear_gains(&[90.0, 110.0, 100.0], &[170.0]);
     bench.budget = Some(3);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let found = run(&search(&trials, &levers), &mut bench, &mut journal(&dir)).expect("search");
+    let found = tune(&mut bench).expect("search");
     assert!(found.exhausted);
     assert_eq!(bench.asked.len(), 3, "{:?}", bench.asked);
     // Two levers helped, but their combination was never started.
@@ -263,11 +260,9 @@ fn when_the_budget_runs_out_the_search_decides_on_what_was_measured() {
 
 #[test]
 fn a_baseline_that_does_not_measure_stops_the_search_before_any_lever() {
-    let (levers, trials) = three_levers();
     let mut bench = Scripted::new(&[]);
     bench.fails.insert("baseline".into(), Outcome::Failed);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let err = run(&search(&trials, &levers), &mut bench, &mut journal(&dir)).expect_err("no baseline");
+    let err = tune(&mut bench).expect_err("no baseline");
     assert!(matches!(
         err,
         TestError::Search(SearchError::Baseline {
