@@ -1,8 +1,8 @@
 //! `e^x` in f32 that vectorizes ([`exp`]) and the constants its vector forms in
 //! `scores` share with it.
 
-/// The constants of [`exp`], which its vector forms (`scores::x86::exp512`, `exp256`)
-/// use too: they must give its bits.
+/// The constants of [`exp`], which its vector form (`scores::x86::vector::exp`, one body for
+/// every x86 width) uses too: they must give its bits.
 pub(crate) mod exp_consts {
     /// Below this the result is 0 (where f32 goes subnormal).
     pub const LOW: f32 = -87.3;

@@ -2,12 +2,22 @@
 //! sixteen rows' scores of one key in one register (`lanes512`); and the AVX2 ones:
 //! eight rows' scores of one key in one register (`lanes256`), and the scores of a
 //! block for the tile loop (`pairs256`).
+//!
+//! The steps the lane kernels of both widths take alike (the vector `exp`, the sum of a
+//! block's probabilities in `super::sum`'s tree, the correction of a new maximum and
+//! the division by the sums) are written once over `vector::Vector`, a register of either
+//! width, and inlined into each width's `#[target_feature]` kernel. The kernels
+//! themselves keep one body per width: their loops are shaped by the registers each
+//! width has (see `lanes256`).
 
 use std::arch::x86_64::*;
 
+use self::vector::{correction, exp, normalize, tree};
 use super::{Head, LANES};
 
 use crate::gemm::Isa;
+
+mod vector;
 
 /// Whether the AVX2 kernel may run (with FMA): the CPU has them and `isa` (the user's
 /// choice, as for the products) is not the portable code.
@@ -53,43 +63,6 @@ pub(super) unsafe fn pairs256(pairs: &[(&[f32], &[f32])], hd: usize, scale: f32,
 /// choice, as for the products) is not a narrower set.
 pub(super) fn avx512(isa: Isa) -> bool {
     isa == Isa::Avx512 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
-}
-
-/// `super::super::exp` on sixteen lanes, the same operations in the same order (no
-/// fused multiply-adds), so the same bits.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
-fn exp512(x: __m512) -> __m512 {
-    use super::super::exponential::exp_consts::*;
-    let splat = _mm512_set1_ps;
-    let clamped = _mm512_min_ps(_mm512_max_ps(x, splat(LOW)), splat(HIGH));
-    let round = splat(ROUND);
-    let t = _mm512_add_ps(_mm512_mul_ps(clamped, splat(std::f32::consts::LOG2_E)), round);
-    let n = _mm512_sub_ps(t, round);
-    let r = _mm512_sub_ps(
-        _mm512_sub_ps(clamped, _mm512_mul_ps(n, splat(LN2_HI))),
-        _mm512_mul_ps(n, splat(LN2_LO)),
-    );
-    let mut p = splat(POLY[0]);
-    for &c in &POLY[1..] {
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), splat(c));
-    }
-    let e = _mm512_add_ps(
-        _mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r),
-        splat(1.0),
-    );
-    let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-        _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(ROUND.to_bits() as i32)),
-        _mm512_set1_epi32(127),
-    ));
-    let y = _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
-    let y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, splat(LOW)), y, splat(0.0));
-    let y = _mm512_mask_blend_ps(
-        _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, splat(HIGH)),
-        y,
-        splat(f32::INFINITY),
-    );
-    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), y, x)
 }
 
 /// The sum of the sixteen lanes of `x` in the module's tree (`super::fold`).
@@ -180,7 +153,7 @@ pub(super) unsafe fn rows512<const C: usize, const R: usize, const G: usize, T: 
                     let new_max =
                         max[i].max(f32::NEG_INFINITY.max(_mm512_mask_reduce_max_ps(valid, scores[i])));
                     // "1 if unchanged, else exp", as the tile loop (the scalar `exp`
-                    // gives `exp512`'s bits).
+                    // gives the vector one's bits).
                     if new_max != max[i] {
                         correction[i] = super::super::exp(max[i] - new_max);
                     }
@@ -192,7 +165,7 @@ pub(super) unsafe fn rows512<const C: usize, const R: usize, const G: usize, T: 
                         *acc = _mm512_mul_ps(*acc, factor);
                     }
                     let probs =
-                        _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(scores[i], _mm512_set1_ps(max[i]))));
+                        _mm512_maskz_mov_ps(valid, exp(_mm512_sub_ps(scores[i], _mm512_set1_ps(max[i]))));
                     sum[i] = sum[i] * correction[i] + fold512(probs);
                     _mm512_storeu_ps(p[i].as_mut_ptr(), probs);
                 }
@@ -311,25 +284,12 @@ pub(super) unsafe fn lanes512<const HD: usize, const V: usize>(
                     block_max = _mm512_mask_max_ps(block_max, seen[v][j], block_max, s[v][j]);
                 }
                 let new = _mm512_max_ps(max[v], block_max);
-                // "1 where the maximum stayed, else exp", lane by lane.
-                let stayed = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(max[v], new);
-                correction[v] =
-                    _mm512_mask_blend_ps(stayed, exp512(_mm512_sub_ps(max[v], new)), _mm512_set1_ps(1.0));
+                correction[v] = self::correction(max[v], new);
                 max[v] = new;
                 for j in 0..LANES {
-                    s[v][j] = _mm512_maskz_mov_ps(seen[v][j], exp512(_mm512_sub_ps(s[v][j], new)));
+                    s[v][j] = _mm512_maskz_mov_ps(seen[v][j], exp(_mm512_sub_ps(s[v][j], new)));
                 }
-                // `super::sum`'s tree: keys j and j + 8, then + 4, + 2, + 1.
-                let mut t = [_mm512_setzero_ps(); 8];
-                for l in 0..8 {
-                    t[l] = _mm512_add_ps(s[v][l], s[v][l + 8]);
-                }
-                for width in [4, 2, 1] {
-                    for l in 0..width {
-                        t[l] = _mm512_add_ps(t[l], t[l + width]);
-                    }
-                }
-                sum[v] = _mm512_add_ps(_mm512_mul_ps(sum[v], correction[v]), t[0]);
+                sum[v] = _mm512_add_ps(_mm512_mul_ps(sum[v], correction[v]), tree(&s[v]));
             }
             // The outputs, `kb` values of `d` (one register per `d` and vector) at a
             // time.
@@ -357,50 +317,9 @@ pub(super) unsafe fn lanes512<const HD: usize, const V: usize>(
             }
         }
         for v in 0..V {
-            let inv = _mm512_div_ps(_mm512_set1_ps(1.0), sum[v]);
-            for d in 0..HD {
-                let at = o.add((v * HD + d) * LANES);
-                _mm512_storeu_ps(at, _mm512_mul_ps(_mm512_loadu_ps(at), inv));
-            }
+            normalize(o.add(v * HD * LANES), HD, sum[v]);
         }
     }
-}
-
-/// `super::super::exp` on eight lanes, the same operations in the same order (no
-/// fused multiply-adds), so the same bits (as `exp512`).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn exp256(x: __m256) -> __m256 {
-    use super::super::exponential::exp_consts::*;
-    let splat = _mm256_set1_ps;
-    let clamped = _mm256_min_ps(_mm256_max_ps(x, splat(LOW)), splat(HIGH));
-    let round = splat(ROUND);
-    let t = _mm256_add_ps(_mm256_mul_ps(clamped, splat(std::f32::consts::LOG2_E)), round);
-    let n = _mm256_sub_ps(t, round);
-    let r = _mm256_sub_ps(
-        _mm256_sub_ps(clamped, _mm256_mul_ps(n, splat(LN2_HI))),
-        _mm256_mul_ps(n, splat(LN2_LO)),
-    );
-    let mut p = splat(POLY[0]);
-    for &c in &POLY[1..] {
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), splat(c));
-    }
-    let e = _mm256_add_ps(
-        _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
-        splat(1.0),
-    );
-    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-        _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(ROUND.to_bits() as i32)),
-        _mm256_set1_epi32(127),
-    ));
-    let y = _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
-    let y = _mm256_blendv_ps(y, splat(0.0), _mm256_cmp_ps::<_CMP_LT_OQ>(x, splat(LOW)));
-    let y = _mm256_blendv_ps(
-        y,
-        splat(f32::INFINITY),
-        _mm256_cmp_ps::<_CMP_GT_OQ>(x, splat(HIGH)),
-    );
-    _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
 }
 
 /// [`lanes512`] with AVX2: eight query rows as the lanes of each register (`qt`:
@@ -409,6 +328,13 @@ fn exp256(x: __m256) -> __m256 {
 /// the same order, so the same bits: the scores eight keys at a time (sixteen
 /// accumulators would take every register), the masks as vectors, and the weighted
 /// values of a block every lane sees without any.
+///
+/// A body of its own rather than [`lanes512`]'s over `vector::Vector`: with sixteen
+/// registers instead of 32 the block's scores go through memory (`p`) rather than
+/// staying in registers, one vector of rows rather than up to three shares each key,
+/// and the masks are registers (blends) rather than mask registers (masked
+/// operations), so the loops differ in shape, not only in width. The steps that are
+/// alike are the shared ones ([`exp`], [`tree`], [`correction`], [`normalize`]).
 ///
 /// # Safety
 /// AVX2 and FMA present; `qt` and `ot` hold `HD·8` values; for every block `b` with
@@ -475,27 +401,15 @@ pub(super) unsafe fn lanes256<const HD: usize>(
                 block_max = _mm256_blendv_ps(block_max, _mm256_max_ps(block_max, s), seen(j));
             }
             let new = _mm256_max_ps(max, block_max);
-            // "1 where the maximum stayed, else exp", lane by lane.
-            let stayed = _mm256_cmp_ps::<_CMP_EQ_OQ>(max, new);
-            let correction = _mm256_blendv_ps(exp256(_mm256_sub_ps(max, new)), _mm256_set1_ps(1.0), stayed);
+            let correction = self::correction(max, new);
             max = new;
             let mut probs = [_mm256_setzero_ps(); LANES];
             for j in 0..LANES {
                 let s = _mm256_loadu_ps(p.as_ptr().add(j * W));
-                probs[j] = _mm256_and_ps(exp256(_mm256_sub_ps(s, new)), seen(j));
+                probs[j] = _mm256_and_ps(exp(_mm256_sub_ps(s, new)), seen(j));
                 _mm256_storeu_ps(p.as_mut_ptr().add(j * W), probs[j]);
             }
-            // `super::sum`'s tree: keys j and j + 8, then + 4, + 2, + 1.
-            let mut t = [_mm256_setzero_ps(); 8];
-            for l in 0..8 {
-                t[l] = _mm256_add_ps(probs[l], probs[l + 8]);
-            }
-            for width in [4, 2, 1] {
-                for l in 0..width {
-                    t[l] = _mm256_add_ps(t[l], t[l + width]);
-                }
-            }
-            sum = _mm256_add_ps(_mm256_mul_ps(sum, correction), t[0]);
+            sum = _mm256_add_ps(_mm256_mul_ps(sum, correction), tree(&probs));
             // The outputs, eight values of `d` (one register per `d`) at a time.
             for c in 0..HD / W {
                 let mut acc = [_mm256_setzero_ps(); W];
@@ -524,9 +438,6 @@ pub(super) unsafe fn lanes256<const HD: usize>(
                 }
             }
         }
-        let inv = _mm256_div_ps(_mm256_set1_ps(1.0), sum);
-        for d in 0..HD {
-            _mm256_storeu_ps(o.add(d * W), _mm256_mul_ps(_mm256_loadu_ps(o.add(d * W)), inv));
-        }
+        normalize(o, HD, sum);
     }
 }
