@@ -3,16 +3,15 @@
 //! eight rows' scores of one key in one register (`lanes256`), and the scores of a
 //! block for the tile loop (`pairs256`).
 //!
-//! The steps the lane kernels of both widths take alike (the vector `exp`, the sum of a
-//! block's probabilities in `super::sum`'s tree, the correction of a new maximum and
-//! the division by the sums) are written once over `vector::Vector`, a register of either
-//! width, and inlined into each width's `#[target_feature]` kernel. The kernels
-//! themselves keep one body per width: their loops are shaped by the registers each
-//! width has (see `lanes256`).
+//! The lane kernels are one body (`lanes`) over `vector::Vector`, a register of either
+//! width, instantiated inside each width's `#[target_feature]` entry point; the steps
+//! it shares with nothing else (the vector `exp`, the sum of a block's probabilities
+//! in `super::sum`'s tree, the correction of a new maximum, the division by the sums)
+//! are in `vector` beside the trait. `rows512` and `pairs256` exist at one width each.
 
 use std::arch::x86_64::*;
 
-use self::vector::{correction, exp, normalize, tree};
+use self::vector::{Vector, correction, exp, normalize, tree};
 use super::{Head, LANES};
 
 use crate::gemm::Isa;
@@ -210,7 +209,6 @@ pub(super) unsafe fn rows512<const C: usize, const R: usize, const G: usize, T: 
 /// with `16·b ≤` the largest position, the block's keys and values are in the
 /// caches (checked by the caller: `Head::check`).
 #[target_feature(enable = "avx512f,avx2,fma")]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 pub(super) unsafe fn lanes512<const HD: usize, const V: usize>(
     qt: &[f32],
     positions: &[[i32; LANES]; V],
@@ -218,46 +216,63 @@ pub(super) unsafe fn lanes512<const HD: usize, const V: usize>(
     scale: f32,
     ot: &mut [f32],
 ) {
+    // SAFETY: the caller's promise, AVX-512F and FMA enabled here.
+    unsafe { lanes::<__m512, HD, V>(qt, positions, head, scale, ot) }
+}
+
+/// [`lanes512`] and [`lanes256`], one body over the register width `W` (`W::WIDTH`
+/// rows per register, `[v][d][lane]`; AVX2 with one vector of rows). The scores
+/// stay in an array of registers, which AVX2's sixteen registers spill to the stack
+/// where AVX-512 keeps them.
+///
+/// # Safety
+/// `W`'s features present; as [`lanes512`] otherwise.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn lanes<W: Vector, const HD: usize, const V: usize>(
+    qt: &[f32],
+    positions: &[[i32; LANES]; V],
+    head: &Head,
+    scale: f32,
+    ot: &mut [f32],
+) {
+    let w = W::WIDTH;
     // Keys per pass of the scores, and values of `d` per pass of the outputs: `V ·
-    // KB` accumulators in registers (16 of the 32 for one vector, 24 for three).
-    let kb = if V == 1 { LANES } else { LANES / 2 };
+    // KB` accumulators in registers (16 of AVX-512's 32 for one vector, 24 for three;
+    // 8 of AVX2's 16).
+    let kb = if V == 1 && W::FREE_MASKS { LANES } else { LANES / 2 };
     let (blocks, slot) = (head.blocks, head.slot);
     let mut last = 0usize;
     let mut first = [usize::MAX; V];
     for v in 0..V {
-        for &p in &positions[v] {
+        for &p in &positions[v][..w] {
             let p = p.max(0) as usize;
             last = last.max(p);
             first[v] = first[v].min(p);
         }
     }
-    assert!(qt.len() >= V * HD * LANES && ot.len() >= V * HD * LANES);
+    assert!(qt.len() >= V * HD * w && ot.len() >= V * HD * w);
     let (q, o) = (qt.as_ptr(), ot.as_mut_ptr());
-    ot[..V * HD * LANES].fill(0.0);
+    ot[..V * HD * w].fill(0.0);
     unsafe {
-        let mut pos = [_mm512_setzero_si512(); V];
-        for v in 0..V {
-            pos[v] = _mm512_loadu_si512(positions[v].as_ptr().cast());
-        }
-        let mut max = [_mm512_set1_ps(f32::NEG_INFINITY); V];
-        let mut sum = [_mm512_setzero_ps(); V];
-        let mut correction = [_mm512_set1_ps(1.0); V];
+        let pos: [W::Int; V] = std::array::from_fn(|v| W::ints(positions[v].as_ptr()));
+        let mut max = [W::splat(f32::NEG_INFINITY); V];
+        let mut sum = [W::zero(); V];
+        let mut correction = [W::splat(1.0); V];
         // A block's scores, then its probabilities, per vector and key.
-        let mut s = [[_mm512_setzero_ps(); LANES]; V];
-        let mut seen = [[0xFFFFu16; LANES]; V];
+        let mut s = [[W::zero(); LANES]; V];
+        let mut seen = [[W::all(); LANES]; V];
+        let mut all = [true; V];
         for (b, &block) in blocks.iter().enumerate().take_while(|(b, _)| b * LANES <= last) {
             let (k, val) = block_start(head, block);
             for k0 in (0..LANES).step_by(kb) {
-                let mut acc = [[_mm512_setzero_ps(); LANES]; V];
+                let mut acc = [[W::zero(); LANES]; V];
                 for d in 0..HD {
-                    let mut qd = [_mm512_setzero_ps(); V];
-                    for v in 0..V {
-                        qd[v] = _mm512_loadu_ps(q.add((v * HD + d) * LANES));
-                    }
+                    let qd: [W; V] = std::array::from_fn(|v| W::load(q.add((v * HD + d) * w)));
                     for j in 0..kb {
-                        let key = _mm512_set1_ps(*k.add(d * LANES + k0 + j));
+                        let key = W::broadcast(k.add(d * LANES + k0 + j));
                         for v in 0..V {
-                            acc[v][j] = _mm512_fmadd_ps(key, qd[v], acc[v][j]);
+                            acc[v][j] = key.fmadd(qd[v], acc[v][j]);
                         }
                     }
                 }
@@ -267,57 +282,79 @@ pub(super) unsafe fn lanes512<const HD: usize, const V: usize>(
                     }
                 }
             }
+            // Which lanes see key `j`: all of them below the first lane's block. Mask
+            // registers keep the masks of the block; without them, vector masks would
+            // take registers the loops need, so each is made again where it is used.
             for v in 0..V {
-                // Which lanes see key `j`: all of them below the first lane's block.
-                seen[v] = [0xFFFF; LANES];
-                if (b + 1) * LANES > first[v] + 1 {
+                all[v] = (b + 1) * LANES <= first[v] + 1;
+                if W::FREE_MASKS {
                     for j in 0..LANES {
-                        seen[v][j] = _mm512_cmp_epi32_mask::<_MM_CMPINT_NLT>(
-                            pos[v],
-                            _mm512_set1_epi32((b * LANES + j) as i32),
-                        );
+                        seen[v][j] = if all[v] {
+                            W::all()
+                        } else {
+                            W::at_least(pos[v], (b * LANES + j) as i32)
+                        };
                     }
                 }
-                let mut block_max = _mm512_set1_ps(f32::NEG_INFINITY);
-                for j in 0..LANES {
-                    s[v][j] = _mm512_mul_ps(s[v][j], _mm512_set1_ps(scale));
-                    block_max = _mm512_mask_max_ps(block_max, seen[v][j], block_max, s[v][j]);
+            }
+            let seen = |v: usize, j: usize| {
+                if W::FREE_MASKS {
+                    seen[v][j]
+                } else if all[v] {
+                    W::all()
+                } else {
+                    W::at_least(pos[v], (b * LANES + j) as i32)
                 }
-                let new = _mm512_max_ps(max[v], block_max);
+            };
+            for v in 0..V {
+                let mut block_max = W::splat(f32::NEG_INFINITY);
+                for j in 0..LANES {
+                    s[v][j] = s[v][j].mul(W::splat(scale));
+                    block_max = W::mask_max(seen(v, j), block_max, s[v][j]);
+                }
+                let new = max[v].max(block_max);
                 correction[v] = self::correction(max[v], new);
                 max[v] = new;
                 for j in 0..LANES {
-                    s[v][j] = _mm512_maskz_mov_ps(seen[v][j], exp(_mm512_sub_ps(s[v][j], new)));
+                    s[v][j] = W::maskz(seen(v, j), exp(s[v][j].sub(new)));
                 }
-                sum[v] = _mm512_add_ps(_mm512_mul_ps(sum[v], correction[v]), tree(&s[v]));
+                sum[v] = sum[v].mul(correction[v]).add(tree(&s[v]));
             }
+            // Without mask registers, a block every lane sees takes plain multiply-adds:
+            // keys a lane does not see must leave it as it was (their values may be
+            // anything, NaN included).
+            let masked = W::FREE_MASKS || !all.iter().all(|&a| a);
             // The outputs, `kb` values of `d` (one register per `d` and vector) at a
             // time.
             for c in 0..HD / kb {
-                let mut acc = [[_mm512_setzero_ps(); LANES]; V];
+                let mut acc = [[W::zero(); LANES]; V];
                 for v in 0..V {
                     for dd in 0..kb {
-                        let at = o.add((v * HD + c * kb + dd) * LANES);
-                        acc[v][dd] = _mm512_mul_ps(_mm512_loadu_ps(at), correction[v]);
+                        let at = o.add((v * HD + c * kb + dd) * w);
+                        acc[v][dd] = W::load(at).mul(correction[v]);
                     }
                 }
                 for j in 0..LANES {
                     for dd in 0..kb {
-                        let value = _mm512_set1_ps(*val.add(j * slot + c * kb + dd));
+                        let value = W::broadcast(val.add(j * slot + c * kb + dd));
                         for v in 0..V {
-                            acc[v][dd] = _mm512_mask3_fmadd_ps(s[v][j], value, acc[v][dd], seen[v][j]);
+                            acc[v][dd] = if masked {
+                                W::mask_fmadd(seen(v, j), s[v][j], value, acc[v][dd])
+                            } else {
+                                s[v][j].fmadd(value, acc[v][dd])
+                            };
                         }
                     }
                 }
                 for v in 0..V {
                     for dd in 0..kb {
-                        _mm512_storeu_ps(o.add((v * HD + c * kb + dd) * LANES), acc[v][dd]);
+                        acc[v][dd].store(o.add((v * HD + c * kb + dd) * w));
                     }
                 }
             }
         }
         for v in 0..V {
-            normalize(o.add(v * HD * LANES), HD, sum[v]);
+            normalize(o.add(v * HD * w), HD, sum[v]);
         }
     }
 }
@@ -329,19 +366,15 @@ pub(super) unsafe fn lanes512<const HD: usize, const V: usize>(
 /// accumulators would take every register), the masks as vectors, and the weighted
 /// values of a block every lane sees without any.
 ///
-/// A body of its own rather than [`lanes512`]'s over `vector::Vector`: with sixteen
-/// registers instead of 32 the block's scores go through memory (`p`) rather than
-/// staying in registers, one vector of rows rather than up to three shares each key,
-/// and the masks are registers (blends) rather than mask registers (masked
-/// operations), so the loops differ in shape, not only in width. The steps that are
-/// alike are the shared ones ([`exp`], [`tree`], [`correction`], [`normalize`]).
+/// The body is [`lanes512`]'s (`lanes`): where AVX-512 keeps a block's masks in mask
+/// registers, AVX2 makes each again where it is used, and a block every lane sees
+/// takes plain multiply-adds rather than blends.
 ///
 /// # Safety
 /// AVX2 and FMA present; `qt` and `ot` hold `HD·8` values; for every block `b` with
 /// `16·b ≤ max(positions[..8])`, the block's keys and values are in the caches
 /// (checked by the caller: `Head::check`).
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 pub(super) unsafe fn lanes256<const HD: usize>(
     qt: &[f32],
     positions: &[i32; LANES],
@@ -349,95 +382,6 @@ pub(super) unsafe fn lanes256<const HD: usize>(
     scale: f32,
     ot: &mut [f32],
 ) {
-    const W: usize = 8;
-    let (blocks, slot) = (head.blocks, head.slot);
-    let positions = &positions[..W];
-    let last = positions.iter().copied().max().unwrap_or(0).max(0) as usize;
-    let first = positions.iter().copied().min().unwrap_or(0).max(0) as usize;
-    assert!(qt.len() >= HD * W && ot.len() >= HD * W);
-    let (q, o) = (qt.as_ptr(), ot.as_mut_ptr());
-    ot[..HD * W].fill(0.0);
-    unsafe {
-        let pos = _mm256_loadu_si256(positions.as_ptr().cast());
-        let mut max = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut sum = _mm256_setzero_ps();
-        // A block's scores, then its probabilities: `[key][lane]`.
-        let mut p = [0.0f32; LANES * W];
-        for (b, &block) in blocks.iter().enumerate().take_while(|(b, _)| b * LANES <= last) {
-            let (k, v) = block_start(head, block);
-            for half in 0..2 {
-                let mut s = [_mm256_setzero_ps(); W];
-                for d in 0..HD {
-                    let qd = _mm256_loadu_ps(q.add(d * W));
-                    for j in 0..W {
-                        let key = _mm256_broadcast_ss(&*k.add(d * LANES + half * W + j));
-                        s[j] = _mm256_fmadd_ps(key, qd, s[j]);
-                    }
-                }
-                for j in 0..W {
-                    _mm256_storeu_ps(
-                        p.as_mut_ptr().add((half * W + j) * W),
-                        _mm256_mul_ps(s[j], _mm256_set1_ps(scale)),
-                    );
-                }
-            }
-            // Which lanes see key `j` (all bits set where they do): all of them below
-            // the first lane's block.
-            let all = (b + 1) * LANES <= first + 1;
-            let seen = |j: usize| -> __m256 {
-                if all {
-                    _mm256_castsi256_ps(_mm256_set1_epi32(-1))
-                } else {
-                    // `pos > b·16 + j - 1`, i.e. `pos ≥ b·16 + j`.
-                    _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                        pos,
-                        _mm256_set1_epi32((b * LANES + j) as i32 - 1),
-                    ))
-                }
-            };
-            let mut block_max = _mm256_set1_ps(f32::NEG_INFINITY);
-            for j in 0..LANES {
-                let s = _mm256_loadu_ps(p.as_ptr().add(j * W));
-                block_max = _mm256_blendv_ps(block_max, _mm256_max_ps(block_max, s), seen(j));
-            }
-            let new = _mm256_max_ps(max, block_max);
-            let correction = self::correction(max, new);
-            max = new;
-            let mut probs = [_mm256_setzero_ps(); LANES];
-            for j in 0..LANES {
-                let s = _mm256_loadu_ps(p.as_ptr().add(j * W));
-                probs[j] = _mm256_and_ps(exp(_mm256_sub_ps(s, new)), seen(j));
-                _mm256_storeu_ps(p.as_mut_ptr().add(j * W), probs[j]);
-            }
-            sum = _mm256_add_ps(_mm256_mul_ps(sum, correction), tree(&probs));
-            // The outputs, eight values of `d` (one register per `d`) at a time.
-            for c in 0..HD / W {
-                let mut acc = [_mm256_setzero_ps(); W];
-                for dd in 0..W {
-                    acc[dd] = _mm256_mul_ps(_mm256_loadu_ps(o.add((c * W + dd) * W)), correction);
-                }
-                for j in 0..LANES {
-                    let pj = _mm256_loadu_ps(p.as_ptr().add(j * W));
-                    let values = v.add(j * slot + c * W);
-                    if all {
-                        for dd in 0..W {
-                            acc[dd] = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(&*values.add(dd)), acc[dd]);
-                        }
-                    } else {
-                        // Keys a lane does not see leave it as it was (their values
-                        // may be anything, NaN included).
-                        let seen = seen(j);
-                        for dd in 0..W {
-                            let sum = _mm256_fmadd_ps(pj, _mm256_broadcast_ss(&*values.add(dd)), acc[dd]);
-                            acc[dd] = _mm256_blendv_ps(acc[dd], sum, seen);
-                        }
-                    }
-                }
-                for dd in 0..W {
-                    _mm256_storeu_ps(o.add((c * W + dd) * W), acc[dd]);
-                }
-            }
-        }
-        normalize(o, HD, sum);
-    }
+    // SAFETY: the caller's promise, AVX2 and FMA enabled here.
+    unsafe { lanes::<__m256, HD, 1>(qt, std::array::from_ref(positions), head, scale, ot) }
 }

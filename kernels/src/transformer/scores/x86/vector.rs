@@ -1,18 +1,18 @@
 //! A register of f32 lanes at either x86 vector width ([`Vector`]: `__m512` with
-//! AVX-512F, `__m256` with AVX2) and the steps the attention lane kernels of both
-//! widths take alike, written once over it: the vector `exp` ([`exp`]), the sum of a
-//! block's sixteen registers in `scores::sum`'s tree ([`tree`]), the correction for a
-//! new maximum ([`correction`]) and the division by the sums ([`normalize`]). The
-//! kernels themselves are in `super`.
+//! AVX-512F, `__m256` with AVX2) and steps of the attention kernels written once over
+//! it: the vector `exp` ([`exp`]), the sum of a block's sixteen registers in
+//! `scores::sum`'s tree ([`tree`]), the correction for a new maximum ([`correction`])
+//! and the division by the sums ([`normalize`]). The kernels themselves, the lane
+//! kernel's one body over [`Vector`] included, are in `super`.
 
 use std::arch::x86_64::*;
 
 use super::super::LANES;
 
 /// One register of f32 lanes at one x86 vector width (`__m512`: sixteen lanes, with
-/// AVX-512F; `__m256`: eight, with AVX2 and FMA), with the operations the kernels'
-/// shared steps ([`exp`], [`tree`], [`correction`], [`normalize`]) apply to it. Those
-/// steps are written once over this trait and instantiated inside each width's
+/// AVX-512F; `__m256`: eight, with AVX2 and FMA), with the operations the attention
+/// lane kernel and the shared steps ([`exp`], [`tree`], [`correction`], [`normalize`])
+/// apply to it, written once over this trait and instantiated inside each width's
 /// `#[target_feature]` kernel; every method is `#[inline(always)]`, so once inlined
 /// there its intrinsics sit in a function that has their features, and inline in
 /// turn (no calls remain).
@@ -59,6 +59,30 @@ pub(super) trait Vector: Copy {
     /// `2^n` for the integer `n` that `t = x · log2 e + ROUND` holds in its low
     /// mantissa bits (`exp`'s `scale`): `((bits(t) − bits(ROUND)) + 127) << 23`.
     unsafe fn pow2(t: Self) -> Self;
+
+    /// Whether a masked operation costs no more than the plain one (AVX-512's mask
+    /// registers), so that no loop needs a copy without masks.
+    const FREE_MASKS: bool;
+    /// `WIDTH` 32-bit integers.
+    type Int: Copy;
+    /// Zero in every lane.
+    unsafe fn zero() -> Self;
+    /// The f32 at `p` in every lane.
+    unsafe fn broadcast(p: *const f32) -> Self;
+    /// `self · b + c`, fused.
+    unsafe fn fmadd(self, b: Self, c: Self) -> Self;
+    /// Every lane.
+    unsafe fn all() -> Self::Mask;
+    /// `WIDTH` integers at `p`.
+    unsafe fn ints(p: *const i32) -> Self::Int;
+    /// Where `v ≥ k`.
+    unsafe fn at_least(v: Self::Int, k: i32) -> Self::Mask;
+    /// `max(acc, x)` where `mask` holds, else `acc`.
+    unsafe fn mask_max(mask: Self::Mask, acc: Self, x: Self) -> Self;
+    /// `x` where `mask` holds, else zero.
+    unsafe fn maskz(mask: Self::Mask, x: Self) -> Self;
+    /// `a · b + c` (fused) where `mask` holds, else `c`.
+    unsafe fn mask_fmadd(mask: Self::Mask, a: Self, b: Self, c: Self) -> Self;
 }
 
 // SAFETY (every method of both implementations): the trait's contract, that the
@@ -133,6 +157,45 @@ impl Vector for __m512 {
             )))
         }
     }
+
+    const FREE_MASKS: bool = true;
+    type Int = __m512i;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn broadcast(p: *const f32) -> Self {
+        unsafe { _mm512_set1_ps(*p) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(self, b: Self, c: Self) -> Self {
+        unsafe { _mm512_fmadd_ps(self, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn all() -> __mmask16 {
+        0xFFFF
+    }
+    #[inline(always)]
+    unsafe fn ints(p: *const i32) -> __m512i {
+        unsafe { _mm512_loadu_si512(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn at_least(v: __m512i, k: i32) -> __mmask16 {
+        unsafe { _mm512_cmp_epi32_mask::<_MM_CMPINT_NLT>(v, _mm512_set1_epi32(k)) }
+    }
+    #[inline(always)]
+    unsafe fn mask_max(mask: __mmask16, acc: Self, x: Self) -> Self {
+        unsafe { _mm512_mask_max_ps(acc, mask, acc, x) }
+    }
+    #[inline(always)]
+    unsafe fn maskz(mask: __mmask16, x: Self) -> Self {
+        unsafe { _mm512_maskz_mov_ps(mask, x) }
+    }
+    #[inline(always)]
+    unsafe fn mask_fmadd(mask: __mmask16, a: Self, b: Self, c: Self) -> Self {
+        unsafe { _mm512_mask3_fmadd_ps(a, b, c, mask) }
+    }
 }
 
 impl Vector for __m256 {
@@ -204,6 +267,46 @@ impl Vector for __m256 {
                 _mm256_set1_epi32(127),
             )))
         }
+    }
+
+    const FREE_MASKS: bool = false;
+    type Int = __m256i;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn broadcast(p: *const f32) -> Self {
+        unsafe { _mm256_broadcast_ss(&*p) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(self, b: Self, c: Self) -> Self {
+        unsafe { _mm256_fmadd_ps(self, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn all() -> __m256 {
+        unsafe { _mm256_castsi256_ps(_mm256_set1_epi32(-1)) }
+    }
+    #[inline(always)]
+    unsafe fn ints(p: *const i32) -> __m256i {
+        unsafe { _mm256_loadu_si256(p.cast()) }
+    }
+    /// `v > k − 1`.
+    #[inline(always)]
+    unsafe fn at_least(v: __m256i, k: i32) -> __m256 {
+        unsafe { _mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_set1_epi32(k - 1))) }
+    }
+    #[inline(always)]
+    unsafe fn mask_max(mask: __m256, acc: Self, x: Self) -> Self {
+        unsafe { _mm256_blendv_ps(acc, _mm256_max_ps(acc, x), mask) }
+    }
+    #[inline(always)]
+    unsafe fn maskz(mask: __m256, x: Self) -> Self {
+        unsafe { _mm256_and_ps(x, mask) }
+    }
+    #[inline(always)]
+    unsafe fn mask_fmadd(mask: __m256, a: Self, b: Self, c: Self) -> Self {
+        unsafe { _mm256_blendv_ps(c, _mm256_fmadd_ps(a, b, c), mask) }
     }
 }
 
