@@ -35,8 +35,8 @@ use sous_engine::dialect::log::vllm::{self, part};
 
 use super::report::Restart;
 use super::spec::{self, SpecSample};
-use super::{parse_percent, parse_rate};
 use super::time::{LogTime, Timeline};
+use super::{parse_percent, parse_rate};
 
 /// The compiled patterns; built once per [`super::analyze`].
 pub(super) struct Patterns {
