@@ -34,6 +34,9 @@ cargo fmt --all -- --check
 step "import circles (scripts/check/circles.py)"
 python3 scripts/check/circles.py
 
+step "product files within 650 lines (scripts/check/lengths.py)"
+python3 scripts/check/lengths.py
+
 step "host-only crates at opt-level 0 (scripts/check/host-crates.py)"
 python3 scripts/check/host-crates.py
 
