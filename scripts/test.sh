@@ -37,9 +37,6 @@ python3 scripts/check/circles.py
 step "product files within 650 lines (scripts/check/lengths.py)"
 python3 scripts/check/lengths.py
 
-step "host-only crates at opt-level 0 (scripts/check/host-crates.py)"
-python3 scripts/check/host-crates.py
-
 step "build (tests and binaries)"
 cargo test --workspace --locked --no-run
 
