@@ -58,7 +58,7 @@ fn main() {
                 let x = values(rows * k);
                 let mut out = vec![0.0; rows * n];
                 let flops = 2.0 * (rows * n * k) as f64;
-                // About 50 ms per repetition at 20 GFLOP/s.
+                // Calls enough for a repetition of a billion floating-point operations.
                 let calls = (1e9 / flops).clamp(4.0, 20_000.0) as usize;
                 matmul_with(isa, &x, rows, packed, &mut out);
                 let best = (0..reps)

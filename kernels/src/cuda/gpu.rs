@@ -37,7 +37,7 @@ pub struct GpuInfo {
 
 impl std::fmt::Display for GpuInfo {
     /// `NVIDIA H200 (cuda:0, compute capability 9.0, 140 GiB, kernels compiled for
-    /// compute_90 in 410 ms)`.
+    /// compute_90 in N ms)`, N the milliseconds NVRTC took.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,

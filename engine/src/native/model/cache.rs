@@ -77,10 +77,10 @@ impl KvCache {
     /// A cache of `blocks` blocks for `model`, held in f32, its memory committed now:
     /// every page is written once, in parallel, as vLLM's CPU backend (`torch.zeros`) and
     /// llama.cpp (`ggml_backend_buffer_clear`) do with theirs. Left to the OS to fault in
-    /// page by page, a fresh block's first write zeroed its pages inside the request: 6 %
-    /// of a 512-token prefill's time went to `clear_page_erms` until the whole budget had
-    /// been used once, which with prefix caching (fresh blocks first) is hundreds of
-    /// requests. A budget larger than the machine can hold also fails here, at start-up,
+    /// page by page, a fresh block's first write zeroed its pages inside the request, in
+    /// the kernel's `clear_page_erms`, until the whole budget had been used once, which
+    /// with prefix caching (fresh blocks first) is hundreds of requests (BENCHMARKS.md,
+    /// "Figures that were in code comments"). A budget larger than the machine can hold also fails here, at start-up,
     /// rather than in the middle of serving.
     pub fn new(model: &Model, blocks: usize, block_size: usize) -> KvCache {
         KvCache::with_dtype(model, blocks, block_size, KvDtype::F32)
