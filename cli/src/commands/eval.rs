@@ -70,7 +70,7 @@ pub struct EvalArgs {
     chunks: Option<usize>,
     /// Top log-probabilities asked per position, for the KL divergence (vLLM serves at
     /// most `--max-logprobs`, 20 by default).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = sous::eval::DEFAULT_TOP_K)]
     top_k: usize,
     /// lm-evaluation-harness tasks to run against each server, comma-separated
     /// (`sous_capitals` ships with sous; public tasks download their data).

@@ -16,6 +16,10 @@ pub mod resume;
 pub mod score;
 pub mod windows;
 
+/// Top log-probabilities asked per position by default: vLLM's `--max-logprobs`
+/// default, and the native engine's cap.
+pub const DEFAULT_TOP_K: usize = 20;
+
 use std::path::PathBuf;
 
 use sous_engine::diagnose::{Class, Diagnose, user_unless};

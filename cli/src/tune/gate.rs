@@ -17,14 +17,10 @@ use crate::eval::quality::{Position, compare};
 use crate::eval::resume::Saved;
 use crate::eval::score::Server;
 use crate::eval::windows::Shape;
-use crate::eval::{EvalError, Scoring, score_all, scoring};
+use crate::eval::{DEFAULT_TOP_K, EvalError, Scoring, score_all, scoring};
 
 /// Tokens per window of the gate's text.
 const WINDOW: usize = 512;
-
-/// Log-probabilities asked per position (vLLM's `--max-logprobs` default, and the native
-/// engine's cap).
-const TOP_K: usize = 20;
 
 /// Why a trial could not be scored.
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +110,12 @@ impl Gate {
                     score_from: None,
                     chunks: None,
                 };
-                let (job, _) = scoring(&tokenizer, crate::quantize::calibrate::BUILTIN, shape, TOP_K)?;
+                let (job, _) = scoring(
+                    &tokenizer,
+                    crate::quantize::calibrate::BUILTIN,
+                    shape,
+                    DEFAULT_TOP_K,
+                )?;
                 self.job.insert(job)
             }
         };
