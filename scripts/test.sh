@@ -2,6 +2,12 @@
 # The whole test suite, exactly as CI runs it (.ci/run calls this and nothing else):
 # formatting, lints with warnings denied, then every test of the workspace.
 #
+# A failing check does not stop the ones after it: every test binary runs
+# (`--no-fail-fast`) and the aarch64 job runs even when an x86-64 test failed, so one
+# failure hides none of the others. The script then exits 1, naming what failed. Only a
+# step the later ones cannot do without (the build, the test model, the Python and
+# Debian packages) stops it at once.
+#
 # One build profile serves the binary and the tests (dev, with optimized dependencies:
 # see [profile.dev.package."*"] in Cargo.toml). The test build comes first and its
 # `sous` binary imports the test model, so dependencies are compiled once for both.
@@ -9,6 +15,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s (%s)\n' "$*" "$(date -u +%T)" >&2; }
+
+# The checks that failed, reported together at the end.
+failed=()
+check() {
+  local name=$1
+  shift
+  "$@" || { failed+=("$name"); echo "error: $name failed; going on with the rest" >&2; }
+}
 
 for tool in cargo rustfmt cargo-clippy python3; do
   command -v "$tool" >/dev/null || { echo "error: $tool is not installed" >&2; exit 1; }
@@ -29,13 +43,13 @@ if [ "${CI:-}" = true ]; then
 fi
 
 step "cargo fmt --check"
-cargo fmt --all -- --check
+check "cargo fmt --check" cargo fmt --all -- --check
 
 step "import circles (scripts/check/circles.py)"
-python3 scripts/check/circles.py
+check "import circles" python3 scripts/check/circles.py
 
 step "product files within 650 lines (scripts/check/lengths.py)"
-python3 scripts/check/lengths.py
+check "product file lengths" python3 scripts/check/lengths.py
 
 step "build (tests and binaries)"
 cargo test --workspace --locked --no-run
@@ -54,7 +68,7 @@ if ! scripts/debian-deps.sh; then
 fi
 
 step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+check "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 # NVRTC from the test environment's nvidia-cuda-nvrtc wheel: the CUDA kernels are
@@ -68,7 +82,14 @@ elif [ "${CI:-}" = true ]; then
 else
   echo "warning: NVRTC not found in target/py: the CUDA kernels are not compiled by this run" >&2
 fi
-cargo test --workspace --locked
+check "cargo test" cargo test --workspace --locked --no-fail-fast
 
 step "aarch64 (scripts/aarch64.sh)"
-scripts/aarch64.sh
+check "aarch64 (scripts/aarch64.sh)" scripts/aarch64.sh
+
+if [ ${#failed[@]} -gt 0 ]; then
+  printf '\nerror: %d check(s) failed:\n' "${#failed[@]}" >&2
+  printf '  - %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+step "every check passed"
