@@ -42,7 +42,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(placement) = model.place_in_huge_pages()? {
         println!("{placement}");
     }
-    sous_engine::native::tune(&mut model, |line| println!("{line}"));
+    sous_engine::native::tune(&mut model, sous_engine::native::kernel_choices(), |line| {
+        println!("{line}")
+    });
     // `BATCH=N`: N sequences decoding side by side, one token each per step.
     let batch_size: usize = std::env::var("BATCH").map_or(Ok(1), |s| s.parse())?;
     let mut cache = KvCache::with_dtype(&model, 64 * batch_size, 16, kv_dtype);
@@ -133,6 +135,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         api_key: None,
         stop_grace: std::time::Duration::from_secs(1),
         log_interval: std::time::Duration::from_secs(3600),
+        kernels: sous_engine::native::kernel_choices(),
     };
     let engine =
         sous_engine::native::Engine::load(settings, std::sync::Arc::new(sous_engine::reporter::Silent))?;

@@ -200,6 +200,7 @@ fn settings(
         api_key: None,
         stop_grace: Duration::from_secs(1),
         log_interval: Duration::from_secs(3600),
+        kernels: Default::default(),
     }
 }
 

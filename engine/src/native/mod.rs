@@ -206,21 +206,25 @@ pub fn huge_pages() -> bool {
 /// The instruction set the kernels run on: the widest this CPU has, or the narrower
 /// one `SOUS_KERNELS_ISA` names.
 pub fn kernel_isa() -> sous_kernels::gemm::Isa {
-    sous_kernels::gemm::Isa::chosen(crate::env::KERNELS_ISA.get().as_deref())
+    kernel_choices().tuning().isa()
 }
 
-/// Makes the choices `model`'s kernels run with and hands them to it: the user's
-/// (`SOUS_KERNELS_ISA`, `SOUS_BF16_DOT`, `SOUS_DECODE_PANELS`, `SOUS_BATCH_TILE`), else
-/// measured on the model's matrices. Each choice made is reported (`Decode products:
-/// ...`).
-pub fn tune(model: &mut Model, mut report: impl FnMut(String)) {
-    use sous_kernels::gemm::{Choices, Tuning};
-    let choices = Choices::parse(
+/// The user's choices for the kernels (`SOUS_KERNELS_ISA`, `SOUS_BF16_DOT`,
+/// `SOUS_DECODE_PANELS`, `SOUS_BATCH_TILE`), each `None` where unset.
+pub fn kernel_choices() -> sous_kernels::gemm::Choices {
+    sous_kernels::gemm::Choices::parse(
+        crate::env::KERNELS_ISA.get().as_deref(),
         crate::env::BF16_DOT.get().as_deref(),
         crate::env::DECODE_PANELS.get().as_deref(),
         crate::env::BATCH_TILE.get().as_deref(),
-    );
-    let mut tuning = Tuning::new(kernel_isa());
+    )
+}
+
+/// Makes the choices `model`'s kernels run with and hands them to it: the user's
+/// `choices` (from the settings: [`kernel_choices`]), and what they leave open measured
+/// on the model's matrices. Each choice made is reported (`Decode products: ...`).
+pub fn tune(model: &mut Model, choices: sous_kernels::gemm::Choices, mut report: impl FnMut(String)) {
+    let mut tuning = choices.tuning();
     if let Some(calibration) = tuning.calibrate_decode_panels(model.tuning_matrix(), choices.decode_panels) {
         report(format!("Decode products: {calibration}"));
     }
@@ -309,9 +313,9 @@ impl Engine {
             quantization,
             settings.precision,
             model.embedding_format(),
-            kernel_isa().name(),
+            settings.kernels.tuning().isa().name(),
         ));
-        tune(&mut model, log);
+        tune(&mut model, settings.kernels, log);
         let per_token = model::kv_bytes_per_token(model.config(), settings.kv_dtype);
         let budget = settings.kv().budget(weights, host_memory())?;
         let Capacity {

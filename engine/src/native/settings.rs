@@ -75,6 +75,9 @@ pub struct Settings {
     pub stop_grace: Duration,
     /// How often the stats line is logged (`VLLM_LOG_STATS_INTERVAL`, as vLLM).
     pub log_interval: Duration,
+    /// The user's choices for the products' kernels (`SOUS_KERNELS_ISA`, `SOUS_BF16_DOT`,
+    /// ...: [`super::kernel_choices`]); the load measures what they leave open.
+    pub kernels: sous_kernels::gemm::Choices,
 }
 
 impl Settings {
@@ -142,6 +145,7 @@ impl Settings {
             api_key,
             stop_grace: recipe.server.stop_grace,
             log_interval: log_interval(crate::env::VLLM_LOG_STATS_INTERVAL.get().as_deref())?,
+            kernels: super::kernel_choices(),
         })
     }
 

@@ -53,7 +53,7 @@ pub use isa::Isa;
 use packed::{E4M3_UNBIAS, Form, bf16_at, fp4_byte, fp4_table};
 pub use packed::{Packed, StackError};
 use tile::{Panels, Tile};
-pub use tuning::{Choices, Tuning};
+pub use tuning::{Choices, KernelPath, Tuning, bf16_dot_available};
 
 /// Output columns per packed panel.
 pub const NR: usize = 16;

@@ -693,28 +693,59 @@ fn every_neon_tile_gives_the_portable_bits_in_every_format() -> Result {
 
 #[test]
 fn choices_are_read_as_their_switches_spell_them() {
-    assert_eq!(Choices::parse(None, None, None), Choices::default());
+    assert_eq!(Choices::parse(None, None, None, None), Choices::default());
     assert_eq!(
-        Choices::parse(Some(" on "), Some("4"), Some("8x2")),
+        Choices::parse(Some("portable"), Some(" on "), Some("4"), Some("8x2")),
         Choices {
+            isa: Some(Isa::Portable),
             bf16_dot: Some(true),
             decode_panels: Some(4),
             batch_tile: Some((8, 2)),
         }
     );
     assert_eq!(
-        Choices::parse(Some("off"), Some("1"), Some("16x1")),
+        Choices::parse(None, Some("off"), Some("1"), Some("16x1")),
         Choices {
+            isa: None,
             bf16_dot: Some(false),
             decode_panels: Some(1),
             batch_tile: Some((16, 1)),
         }
     );
-    // What names no valid choice is as if unset.
+    // What names no valid choice is as if unset; an instruction set this CPU lacks (or
+    // none) is the widest it has.
     assert_eq!(
-        Choices::parse(Some("maybe"), Some("5"), Some("4x4")),
+        Choices::parse(None, Some("maybe"), Some("5"), Some("4x4")),
         Choices::default()
     );
+    assert_eq!(
+        Choices::parse(Some("sse9"), None, None, None).isa,
+        Some(Isa::best())
+    );
+}
+
+#[test]
+fn every_path_of_this_cpu_is_listed_once_and_chosen_as_listed() {
+    let paths = KernelPath::available();
+    let isas: Vec<Isa> = paths.iter().map(|p| p.isa).collect();
+    let mut distinct = isas.clone();
+    distinct.dedup();
+    assert_eq!(distinct, Isa::available(), "{paths:?}");
+    assert_eq!(
+        paths.iter().filter(|p| p.bf16_dot).count(),
+        usize::from(bf16_dot_available())
+    );
+    for path in paths {
+        let choices = path.choices();
+        assert_eq!(choices.tuning().isa(), path.isa, "{path}");
+        assert_eq!(choices.bf16_dot, Some(path.bf16_dot), "{path}");
+        // What is measured at load stays open.
+        assert_eq!((choices.decode_panels, choices.batch_tile), (None, None));
+        assert_eq!(
+            Choices::parse(Some(path.isa.name()), None, None, None).isa,
+            Some(path.isa)
+        );
+    }
 }
 
 #[test]

@@ -82,9 +82,12 @@ impl Tuning {
     }
 }
 
-/// What the user chose for the products, each `None` where the load is to measure.
+/// What the user chose for the products, each `None` where the load is to measure (the
+/// instruction set: where it is to be the widest this CPU has).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Choices {
+    /// The instruction set (one of [`Isa::available`]).
+    pub isa: Option<Isa>,
     /// Use AVX512-BF16's dot product in bf16 arithmetic, or not.
     pub bf16_dot: Option<bool>,
     /// Panels a decode step's tile reads side by side (1 to 4).
@@ -95,11 +98,17 @@ pub struct Choices {
 
 impl Choices {
     /// The choices as their switches spell them, each `None` when unset:
-    /// `SOUS_BF16_DOT` (`on` or `off`), `SOUS_DECODE_PANELS` (1 to 4) and
-    /// `SOUS_BATCH_TILE` (`16x1` or `8x2`). Text that names no valid choice is ignored,
-    /// as if unset.
-    pub fn parse(bf16_dot: Option<&str>, decode_panels: Option<&str>, batch_tile: Option<&str>) -> Choices {
+    /// `SOUS_KERNELS_ISA` (as [`Isa::chosen`] reads it), `SOUS_BF16_DOT` (`on` or `off`),
+    /// `SOUS_DECODE_PANELS` (1 to 4) and `SOUS_BATCH_TILE` (`16x1` or `8x2`). Text that
+    /// names no valid choice is ignored, as if unset.
+    pub fn parse(
+        isa: Option<&str>,
+        bf16_dot: Option<&str>,
+        decode_panels: Option<&str>,
+        batch_tile: Option<&str>,
+    ) -> Choices {
         Choices {
+            isa: isa.map(|name| Isa::chosen(Some(name.trim()))),
             bf16_dot: bf16_dot.and_then(|v| match v.trim() {
                 "on" => Some(true),
                 "off" => Some(false),
@@ -114,5 +123,76 @@ impl Choices {
                     .find(|(mr, np)| v.trim() == format!("{mr}x{np}"))
             }),
         }
+    }
+
+    /// The tuning these choices start from, before the load measures what they leave
+    /// open: [`Tuning::new`] on the chosen instruction set, or on [`Isa::best`].
+    pub fn tuning(&self) -> Tuning {
+        Tuning::new(self.isa.unwrap_or_else(Isa::best))
+    }
+}
+
+/// One way this CPU can compute a product, as far as its bits go: an instruction set
+/// and, for bf16 arithmetic, whether AVX512-BF16's dot product is used. The tiles
+/// (`decode_panels`, `batch_tile`) are not part of it: they never change a bit.
+///
+/// f32 products are the same bits on every path (every output is one chain of fused
+/// multiply-adds in order). bf16 products are the same bits on every path but the dot
+/// product's, which adds its two products per lane in its own order: the one place where
+/// two CPUs, or two loads on one CPU ([`Tuning::calibrate_bf16_dot`] measures), can give
+/// different numbers for the same model and input. The test suite runs its numerics once
+/// per path this CPU has ([`KernelPath::available`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelPath {
+    /// The instruction set.
+    pub isa: Isa,
+    /// Whether bf16 products use AVX512-BF16's dot product.
+    pub bf16_dot: bool,
+}
+
+impl KernelPath {
+    /// Every path this CPU can take, the widest first: each of [`Isa::available`], and on
+    /// a CPU with AVX512-BF16 the AVX-512 kernels twice, with the dot product and without.
+    pub fn available() -> Vec<KernelPath> {
+        let mut paths = Vec::with_capacity(4);
+        for isa in Isa::available() {
+            if isa == Isa::Avx512 && bf16_dot_available() {
+                paths.push(KernelPath { isa, bf16_dot: true });
+            }
+            paths.push(KernelPath { isa, bf16_dot: false });
+        }
+        paths
+    }
+
+    /// The choices that take this path (what is not part of a path left to measure).
+    pub fn choices(self) -> Choices {
+        Choices {
+            isa: Some(self.isa),
+            bf16_dot: Some(self.bf16_dot),
+            ..Choices::default()
+        }
+    }
+}
+
+impl std::fmt::Display for KernelPath {
+    /// `avx512 + bf16 dot`, `avx512`, `avx2`, `neon`, `portable`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.isa.name())?;
+        if self.bf16_dot {
+            f.write_str(" + bf16 dot")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether this CPU has AVX512-BF16's dot product (with the AVX-512 kernels it needs).
+pub fn bf16_dot_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::x86::avx512_bf16()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
