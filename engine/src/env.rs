@@ -124,7 +124,7 @@ vars! {
     /// Write generated files.
     BLESS = "SOUS_BLESS", "any value", "unset", "freshness tests rewrite the generated files (schema, man pages, this table) instead of failing", "tests";
     /// The kernels' instruction set.
-    KERNELS_ISA = "SOUS_KERNELS_ISA", "`avx512`, `avx2`, `neon`, `portable`", "the best the CPU has", "which product kernels run (the bits are the same)", "the native engine, doctor (passed to sous-kernels)";
+    KERNELS_ISA = "SOUS_KERNELS_ISA", "`avx512`, `avx2`, `neon`, `portable`", "the best the CPU has", "which product kernels run (f32 bits are the same on each; bf16 dot products need `avx512`)", "the native engine, quantize's calibration, doctor (passed to sous-kernels)";
     /// AVX512-BF16 dot products.
     BF16_DOT = "SOUS_BF16_DOT", "`on`, `off`", "measured at load", "whether bf16 arithmetic uses AVX512-BF16's dot product", "the native engine (passed to sous-kernels)";
     /// Panels of a decode tile.

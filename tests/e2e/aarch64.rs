@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::util::{Running, clean, free_port, health, root, run, smollm2, sous};
+use crate::util::{Running, clean, files, free_port, health, root, run, smollm2, sous};
 
 /// The aarch64 binary and the emulator that runs it.
 fn aarch64() -> (String, PathBuf) {
@@ -36,25 +36,6 @@ fn sous_aarch64_program() -> Command {
 /// The aarch64 `sous` with the clean environment of [`sous`].
 fn sous_aarch64() -> assert_cmd::Command {
     clean(assert_cmd::Command::from_std(sous_aarch64_program()))
-}
-
-/// Every file under `dir` by relative path, with its bytes.
-fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).expect("a readable directory") {
-            let path = entry.expect("an entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let name = path.strip_prefix(dir).expect("under dir").display().to_string();
-                out.push((name, std::fs::read(&path).expect("a readable file")));
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 #[test]

@@ -518,3 +518,62 @@ fn w4a4_calibrates_folders_saved_by_transformers_5() {
         "{stderr}"
     );
 }
+
+/// W4A4 calibration of the test model once per instruction set this CPU has
+/// (`SOUS_KERNELS_ISA`): the native engine measures the activation scales with f32
+/// products, whose bits every set shares, so every checkpoint is the same bytes.
+#[test]
+fn w4a4_calibration_writes_the_same_bytes_on_every_instruction_set() {
+    use sous_kernels::gemm::KernelPath;
+    let Some(model) = crate::util::smollm2() else {
+        return;
+    };
+    let _cpu = crate::util::cpu_exclusive();
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut paths = KernelPath::available();
+    // Calibration multiplies in f32: the dot product is no path of its own here.
+    paths.dedup_by_key(|p| p.isa);
+    let calibrate = |path: KernelPath| {
+        let out = work.path().join(path.isa.name());
+        // One sample of 32 tokens: the portable kernels take seconds per layer pass.
+        let args = [
+            crate::quantize_util::path(&model),
+            "--out",
+            crate::quantize_util::path(&out),
+            "--scheme",
+            "nvfp4",
+            "--samples",
+            "1",
+            "--seq-len",
+            "32",
+            "--json",
+            "--quiet",
+        ];
+        let (code, stdout, stderr) = quantize(&args, &crate::util::kernel_path_env(path));
+        assert_eq!(code, 0, "{}: {stderr}", path.isa.name());
+        assert_eq!(json(&stdout)["calibration"]["tokens"], json!(32), "{stdout}");
+        crate::util::files(&out)
+    };
+    let names = |f: &[(String, Vec<u8>)]| f.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    let want = calibrate(paths[0]);
+    for &path in &paths[1..] {
+        let (isa, first) = (path.isa.name(), paths[0].isa.name());
+        let got = calibrate(path);
+        assert_eq!(names(&got), names(&want), "{isa} against {first}");
+        for ((file, got), (_, want)) in got.iter().zip(&want) {
+            if file == ".sous-quantize.json" {
+                // The record of the run: its times and paths are its own; what was made
+                // from what, and the scales, are the checkpoint's.
+                let (got, want) = (
+                    json(&String::from_utf8_lossy(got)),
+                    json(&String::from_utf8_lossy(want)),
+                );
+                assert_eq!(got["fingerprint"], want["fingerprint"], "{isa} against {first}");
+                let scales = |v: &Value| v["summary"]["calibration"]["input_global_scale"].clone();
+                assert_eq!(scales(&got), scales(&want), "{isa} against {first}");
+                continue;
+            }
+            assert!(got == want, "{file}: {isa} against {first}");
+        }
+    }
+}

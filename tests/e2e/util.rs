@@ -32,6 +32,34 @@ pub fn clean(mut cmd: Command) -> Command {
     cmd
 }
 
+/// The environment that makes `sous` (its native engine, its calibration) take `path`,
+/// as a user pins it: `SOUS_KERNELS_ISA` and `SOUS_BF16_DOT`.
+pub fn kernel_path_env(path: sous_kernels::gemm::KernelPath) -> [(&'static str, &'static str); 2] {
+    [
+        ("SOUS_KERNELS_ISA", path.isa.name()),
+        ("SOUS_BF16_DOT", if path.bf16_dot { "on" } else { "off" }),
+    ]
+}
+
+/// Every file under `dir` by relative path, with its bytes.
+pub fn files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("a readable directory") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let name = path.strip_prefix(dir).expect("under dir").display().to_string();
+                out.push((name, std::fs::read(&path).expect("a readable file")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// Runs and returns (exit code, stdout, stderr).
 pub fn run(cmd: &mut Command) -> (i32, String, String) {
     let output = cmd.output().expect("sous runs");

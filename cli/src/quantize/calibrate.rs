@@ -222,8 +222,11 @@ pub fn calibrate(
     // through one layer, then the next, so that one layer's weights are held (beside
     // the embedding and output projection) and every sample's hidden states, not the
     // whole model. The ranges are the whole pass's, bit for bit.
-    let stem =
+    let mut stem =
         Model::load_stem(config, &checkpoint, Precision::Stored, longest).map_err(engine_error(dir))?;
+    // On the instruction set the user chose (`SOUS_KERNELS_ISA`), as the engine runs:
+    // the ranges are the same bits on every one, which the test suite checks.
+    stem.set_tuning(sous_engine::native::kernel_choices().tuning());
     checkpoint.release_pages();
     // One step per layer of every sample: a large model's layer takes a while.
     let progress = reporter.progress(Task::count(
