@@ -84,6 +84,10 @@ pub struct Cpu {
     pub kernels: &'static str,
     /// Every kernel set this CPU can run, widest first.
     pub instruction_sets: Vec<&'static str>,
+    /// Every kernel path this CPU can take, as far as results go (`avx512 + bf16 dot`,
+    /// `avx512`, `avx2`, `neon`, `portable`): f32 results are the same bits on each, bf16
+    /// results differ between the dot product and the others (docs/numerics.md).
+    pub kernel_paths: Vec<String>,
     /// The kernel `sous quantize` uses on the CPU.
     pub quantize_kernel: &'static str,
     /// Transparent huge pages, where the native engine keeps its weights and KV cache.
@@ -256,6 +260,10 @@ pub fn native() -> Native {
             instruction_sets: sous_kernels::gemm::Isa::available()
                 .into_iter()
                 .map(|isa| isa.name())
+                .collect(),
+            kernel_paths: sous_kernels::gemm::KernelPath::available()
+                .iter()
+                .map(ToString::to_string)
                 .collect(),
             quantize_kernel: sous_kernels::fast::Kernel::detect().name(),
             huge_pages: {
@@ -430,5 +438,9 @@ mod tests {
         assert!(native.available);
         assert!(native.cpu.instruction_sets.contains(&"portable"));
         assert!(native.cpu.instruction_sets.contains(&native.cpu.kernels));
+        assert_eq!(
+            native.cpu.kernel_paths.last().map(String::as_str),
+            Some("portable")
+        );
     }
 }
