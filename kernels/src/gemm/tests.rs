@@ -769,3 +769,64 @@ fn the_users_bf16_dot_choice_is_kept_without_measuring() -> Result {
     }
     Ok(())
 }
+
+/// A fingerprint of `v`'s bits (64-bit FNV-1a over each value's bits): short enough to
+/// keep in a test, and any changed bit changes it. Hand-written: six lines, for a test.
+fn fingerprint(v: &[f32]) -> u64 {
+    v.iter()
+        .flat_map(|x| x.to_bits().to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// The bits of f32 products, and of bf16 products on each side of the dot product, over
+/// fixed inputs: the same on every path of every CPU (x86-64 and aarch64), which the
+/// constants below hold, recorded on a Zen 4 (`scripts/bench/kernel_paths.sh` records a
+/// machine; BENCHMARKS.md, "Numbers across kernel paths", lists those checked). Within
+/// one run the paths are compared with each other by the tests above; this one compares
+/// them with the paths of other machines, so that a CPU computing other bits (another
+/// vendor's AVX512-BF16, another libm) shows wherever the suite runs.
+///
+/// A deliberate change of the arithmetic (another summation order) changes them: the
+/// failure prints the new values to record.
+#[test]
+fn every_path_gives_the_bits_recorded_on_other_machines() -> Result {
+    const F32: u64 = 0xee4a_8ab1_2100_231b;
+    const BF16_PLAIN: u64 = 0xffdd_92c7_9220_cc8a;
+    const BF16_DOT: u64 = 0x94a0_e556_c354_d571;
+    // One row (a decode step), a few (a batch), and many (a prompt chunk, split among
+    // tasks); a depth past one pass.
+    let shapes = [
+        (1, 48, 576),
+        (5, 48, 577),
+        (16, 64, 576),
+        (150, 32, 576),
+        (20, 32, 4097),
+    ];
+    for path in KernelPath::available() {
+        let tuning = path.choices().tuning();
+        let tuning = Tuning {
+            bf16_dot: path.bf16_dot,
+            ..tuning
+        };
+        let (mut f32s, mut bf16s) = (Vec::new(), Vec::new());
+        for (rows, n, k) in shapes {
+            let x = values(rows * k, 41);
+            let w = Packed::from_bf16(&bf16_bits(&values(n * k, 42)), n, k)?;
+            let mut out = vec![f32::NAN; rows * n];
+            tuning.matmul(&x, rows, &w, &mut out);
+            f32s.extend_from_slice(&out);
+            tuning.matmul_bf16(&x, rows, &w, &mut out);
+            bf16s.extend_from_slice(&out);
+        }
+        let (f32s, bf16s) = (fingerprint(&f32s), fingerprint(&bf16s));
+        let want = if path.bf16_dot { BF16_DOT } else { BF16_PLAIN };
+        assert_eq!(
+            (f32s, bf16s),
+            (F32, want),
+            "{path}: products of other bits than recorded (f32 {f32s:#018x}, bf16 {bf16s:#018x})"
+        );
+    }
+    Ok(())
+}
