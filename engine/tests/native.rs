@@ -22,6 +22,9 @@ use sous_engine::native::weights::Precision;
 use sous_engine::native::{Engine, Settings};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
+#[path = "native/kernel_paths.rs"]
+mod kernel_paths;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
