@@ -2,6 +2,7 @@
 //! (no HTTP): greedy continuations equal transformers' token for token over 48 tokens
 //! (`tests/fixtures/smollm2/generation.json`, bf16 weights computed in f32), batching and prefix caching change no
 //! token, seeded sampling reproduces, and the KV cache is empty when requests are done.
+//! `kernel_paths` runs the numerics once per kernel path this CPU has.
 //!
 //! The model is made by `scripts/fetch-test-model.sh` (run by `scripts/test.sh`); outside
 //! CI a missing model skips these tests loudly.
