@@ -739,6 +739,7 @@ fn every_path_of_this_cpu_is_listed_once_and_chosen_as_listed() {
         let choices = path.choices();
         assert_eq!(choices.tuning().isa(), path.isa, "{path}");
         assert_eq!(choices.bf16_dot, Some(path.bf16_dot), "{path}");
+        assert_eq!(choices.tuning().bf16_dot(), path.bf16_dot, "{path}");
         // What is measured at load stays open.
         assert_eq!((choices.decode_panels, choices.batch_tile), (None, None));
         assert_eq!(
@@ -806,10 +807,6 @@ fn every_path_gives_the_bits_recorded_on_other_machines() -> Result {
     ];
     for path in KernelPath::available() {
         let tuning = path.choices().tuning();
-        let tuning = Tuning {
-            bf16_dot: path.bf16_dot,
-            ..tuning
-        };
         let (mut f32s, mut bf16s) = (Vec::new(), Vec::new());
         for (rows, n, k) in shapes {
             let x = values(rows * k, 41);

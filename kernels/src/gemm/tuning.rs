@@ -126,9 +126,16 @@ impl Choices {
     }
 
     /// The tuning these choices start from, before the load measures what they leave
-    /// open: [`Tuning::new`] on the chosen instruction set, or on [`Isa::best`].
+    /// open: [`Tuning::new`] on the chosen instruction set (or [`Isa::best`]) with every
+    /// other choice made applied.
     pub fn tuning(&self) -> Tuning {
-        Tuning::new(self.isa.unwrap_or_else(Isa::best))
+        let start = Tuning::new(self.isa.unwrap_or_else(Isa::best));
+        Tuning {
+            bf16_dot: self.bf16_dot.unwrap_or(start.bf16_dot),
+            decode_panels: self.decode_panels.unwrap_or(start.decode_panels),
+            batch_tile: self.batch_tile.unwrap_or(start.batch_tile),
+            ..start
+        }
     }
 }
 
