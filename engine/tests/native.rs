@@ -464,6 +464,11 @@ fn prompt_logprobs(engine: &Loop, prompt: &[u32]) -> Vec<f32> {
     panic!("no prompt logprobs")
 }
 
+/// The mean of log-probabilities.
+fn mean(v: &[f32]) -> f64 {
+    v.iter().map(|x| f64::from(*x)).sum::<f64>() / v.len() as f64
+}
+
 /// The mean absolute difference of two runs' log-probabilities.
 fn mean_gap(a: &[f32], b: &[f32]) -> f64 {
     a.iter()
@@ -490,7 +495,6 @@ fn bf16_arithmetic_stays_close_to_f32_over_a_long_prompt() {
     );
     assert_eq!(f32s.len(), text.len() - 1);
     assert_eq!(bf16.len(), f32s.len());
-    let mean = |v: &[f32]| v.iter().map(|x| f64::from(*x)).sum::<f64>() / v.len() as f64;
     let gap = mean_gap(&f32s, &bf16);
     // Different arithmetic (bf16 inputs), the same model: per-token log-probabilities
     // within a few hundredths of a nat on average, and the same mean to 1 %.

@@ -14,7 +14,7 @@ use sous_engine::native::KvDtype;
 use sous_kernels::gemm::{Isa, KernelPath};
 
 use super::{
-    Loop, Precision, Settings, greedy, greedy_prompts, mean_gap, model_dir, prompt_logprobs, settings,
+    Loop, Precision, Settings, greedy, greedy_prompts, mean, mean_gap, model_dir, prompt_logprobs, settings,
 };
 
 /// How much each path computes: prompt tokens scored, greedy tokens decoded. The
@@ -55,10 +55,6 @@ struct Run {
 fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
     assert!(a.len() <= b.len());
     a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits())
-}
-
-fn mean(v: &[f32]) -> f64 {
-    v.iter().map(|x| f64::from(*x)).sum::<f64>() / v.len() as f64
 }
 
 #[test]
