@@ -20,6 +20,7 @@ mod bf16;
 mod elementwise;
 mod exponential;
 mod kv;
+pub mod linear;
 mod rotary;
 mod scores;
 

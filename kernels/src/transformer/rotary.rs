@@ -34,6 +34,15 @@ impl Rotary {
         self.cos.len() / self.half.max(1)
     }
 
+    /// Rotates the first `2·half` values of every `head_dim`-sized head of `x` and
+    /// leaves the rest (a partial rotary embedding, as Qwen3-Next's
+    /// `apply_rotary_pos_emb` splits `q_rot` from `q_pass`).
+    pub fn apply_heads(&self, x: &mut [f32], head_dim: usize, position: usize) {
+        for head in x.chunks_exact_mut(head_dim) {
+            self.apply(&mut head[..2 * self.half], position);
+        }
+    }
+
     /// Rotates every head of `x` (`heads × 2·half` values) for `position`, in place:
     /// `x·cos + rotate_half(x)·sin`.
     pub fn apply(&self, x: &mut [f32], position: usize) {
