@@ -297,16 +297,23 @@ fn model_with(files: &ModelFiles, recipe: &Recipe, native_kv: Option<KvDtype>) -
     } else {
         (experts as f64 * weight_bytes as f64 / original as f64) as u64
     };
+    let native_config =
+        native::config::ModelConfig::parse(&config.to_string(), Path::new("config.json")).ok();
     let native_kv_per_token = native_kv.and_then(|dtype| {
-        native::config::ModelConfig::parse(&config.to_string(), Path::new("config.json"))
-            .ok()
-            .map(|c| native::model::kv_bytes_per_token(&c, dtype))
+        native_config
+            .as_ref()
+            .map(|c| native::model::kv_bytes_per_token(c, dtype))
     });
+    let native_state_per_sequence = native_config
+        .as_ref()
+        .and_then(|c| c.linear.as_ref())
+        .map_or(0, native::model::LinearStates::bytes_per_sequence);
     Ok(Model {
         shape,
         weight_bytes,
         expert_bytes,
         native_kv_per_token,
+        native_state_per_sequence,
         host_weight_bytes,
     })
 }

@@ -47,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     // `BATCH=N`: N sequences decoding side by side, one token each per step.
     let batch_size: usize = std::env::var("BATCH").map_or(Ok(1), |s| s.parse())?;
-    let mut cache = KvCache::with_dtype(&model, 64 * batch_size, 16, kv_dtype);
+    let mut cache = KvCache::with_dtype(&model, 64 * batch_size, 16, kv_dtype).with_state_slots(batch_size);
     let tables: Vec<Vec<u32>> = (0..batch_size as u32)
         .map(|b| (64 * b..64 * (b + 1)).collect())
         .collect();
@@ -66,10 +66,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let batch: Vec<BatchSeq> = tables
             .iter()
             .zip(&tokens)
-            .map(|(blocks, tokens)| BatchSeq {
+            .enumerate()
+            .map(|(state, (blocks, tokens))| BatchSeq {
                 blocks,
                 tokens,
                 start: start + step * per_step,
+                state,
                 logits: if per_step == 1 { Logits::Last } else { Logits::All },
             })
             .collect();
@@ -100,6 +102,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             blocks: &blocks,
             tokens: &prompt,
             start: 0,
+            state: 0,
             logits: Logits::Last,
         }];
         model.forward(&batch, &mut cache)?;

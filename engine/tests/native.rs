@@ -644,6 +644,7 @@ fn the_last_layer_on_the_asked_rows_alone_gives_the_same_logits() {
                 blocks: &blocks,
                 tokens: &prompt[start..start + len],
                 start,
+                state: 0,
                 logits: if start + len == n { logits } else { Logits::None },
             }];
             out = model.forward(&batch, &mut cache).expect("forward");
@@ -654,6 +655,7 @@ fn the_last_layer_on_the_asked_rows_alone_gives_the_same_logits() {
             blocks: &blocks,
             tokens: &[42],
             start: n,
+            state: 0,
             logits: Logits::Last,
         }];
         (out, model.forward(&next, &mut cache).expect("forward"))
@@ -705,6 +707,7 @@ fn embeddings_held_as_q8_0_take_about_half_the_bytes_and_keep_the_logits_close()
                 blocks: &blocks,
                 tokens: &prompt,
                 start: 0,
+                state: 0,
                 logits: Logits::Last,
             }];
             model.forward(&batch, &mut cache).expect("forward")

@@ -28,6 +28,7 @@ fn model(config: &str, weight_bytes: u64) -> Model {
         weight_bytes,
         expert_bytes: 0,
         native_kv_per_token: None,
+        native_state_per_sequence: 0,
         host_weight_bytes: 0,
     }
 }

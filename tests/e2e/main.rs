@@ -5,6 +5,7 @@
 #![allow(clippy::print_stderr)]
 
 mod aarch64;
+mod architectures;
 mod bench;
 mod broken;
 mod deploy;

@@ -179,6 +179,18 @@ fn render(report: &Report) -> String {
             cpu.model, cpu.arch, cpu.threads, cpu.kernels, cpu.huge_pages
         ),
     ]);
+    let families: Vec<&str> = e
+        .native
+        .architectures
+        .iter()
+        .map(|a| a.trim_end_matches("ForCausalLM"))
+        .collect();
+    rows.push(vec![
+        String::new(),
+        String::new(),
+        String::new(),
+        format!("runs {}", families.join(", ")),
+    ]);
     section(&mut out, "Engines", &columns(&rows));
 
     let c = &m.containers;

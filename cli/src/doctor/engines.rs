@@ -64,6 +64,8 @@ pub struct Native {
     pub available: bool,
     /// sous's version, which is the engine's.
     pub version: &'static str,
+    /// The architectures it runs (`config.json`'s `architectures`).
+    pub architectures: Vec<&'static str>,
     /// The CPU.
     pub cpu: Cpu,
 }
@@ -251,6 +253,7 @@ pub fn native() -> Native {
     Native {
         available: true,
         version: env!("CARGO_PKG_VERSION"),
+        architectures: sous_engine::native::config::ARCHITECTURES.to_vec(),
         cpu: Cpu {
             model: cpu_model(&cpuinfo).unwrap_or_else(|| format!("{arch} CPU")),
             arch,

@@ -1,7 +1,8 @@
-//! A model directory's `config.json`, read into what the Llama-family decoder needs.
+//! A model directory's `config.json`, read into what the decoder needs.
 //!
 //! Field names and defaults follow transformers' `LlamaConfig`, `MistralConfig`,
-//! `Qwen2Config` and `Qwen3Config` (`transformers/models/*/configuration_*.py`). Rotary
+//! `Qwen2Config` and `Qwen3Config` (`transformers/models/*/configuration_*.py`); the
+//! experts and linear-attention layers of the MoE and hybrid families are in `layers`. Rotary
 //! settings are read from `rope_scaling` + `rope_theta` (transformers 4) or from
 //! `rope_parameters` (transformers 5), whichever the file has.
 
@@ -11,6 +12,25 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::NativeError;
+
+mod layers;
+
+pub use layers::{LinearConfig, MoeConfig};
+use layers::{MoeKind, RawLayers};
+
+/// The architectures the native engine runs, as `config.json` names them.
+pub const ARCHITECTURES: [&str; 10] = [
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+];
 
 /// The decoder families the native engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +43,33 @@ pub enum Family {
     Qwen2,
     /// Qwen3: RMSNorm on each query and key head.
     Qwen3,
+    /// Mixtral: Mistral with a mixture of experts.
+    Mixtral,
+    /// Qwen2-MoE: Qwen2 with experts and a gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE: Qwen3 with experts.
+    Qwen3Moe,
+    /// Qwen3-Next: hybrid (Gated DeltaNet and gated attention), experts with a shared one.
+    Qwen3Next,
+    /// Qwen3.5, dense or MoE: Qwen3-Next's layers with separate linear-attention
+    /// projections.
+    Qwen3_5,
+}
+
+impl Family {
+    /// Whether query and key heads are RMS-normed (Qwen3 and its successors).
+    pub fn qk_norm(self) -> bool {
+        matches!(
+            self,
+            Family::Qwen3 | Family::Qwen3Moe | Family::Qwen3Next | Family::Qwen3_5
+        )
+    }
+
+    /// Whether every RMSNorm outside the linear attention scales by `1 + weight`
+    /// (zero-centred weights), as Qwen3-Next and Qwen3.5 do.
+    pub fn zero_centred_norms(self) -> bool {
+        matches!(self, Family::Qwen3Next | Family::Qwen3_5)
+    }
 }
 
 /// How rotary frequencies are scaled.
@@ -89,6 +136,14 @@ pub struct ModelConfig {
     pub dtype: Option<String>,
     /// The `quantization_config`, if any.
     pub quantization: Option<Value>,
+    /// The experts, for a mixture-of-experts model.
+    pub moe: Option<MoeConfig>,
+    /// The linear-attention layers, for a hybrid model; its full-attention layers are
+    /// gated (`q_proj` gives each head's query and an output gate).
+    pub linear: Option<LinearConfig>,
+    /// Leading values of each head that rotary embedding turns (`head_dim` unless the
+    /// config has a `partial_rotary_factor`).
+    pub rotary_dim: usize,
 }
 
 #[derive(Deserialize)]
@@ -115,6 +170,9 @@ struct Raw {
     torch_dtype: Option<String>,
     dtype: Option<String>,
     quantization_config: Option<Value>,
+    qkv_bias: Option<bool>,
+    #[serde(flatten)]
+    layers: RawLayers,
 }
 
 impl ModelConfig {
@@ -137,13 +195,19 @@ impl ModelConfig {
             "MistralForCausalLM" => Family::Mistral,
             "Qwen2ForCausalLM" => Family::Qwen2,
             "Qwen3ForCausalLM" => Family::Qwen3,
+            "MixtralForCausalLM" => Family::Mixtral,
+            "Qwen2MoeForCausalLM" => Family::Qwen2Moe,
+            "Qwen3MoeForCausalLM" => Family::Qwen3Moe,
+            "Qwen3NextForCausalLM" => Family::Qwen3Next,
+            "Qwen3_5ForCausalLM" | "Qwen3_5MoeForCausalLM" => Family::Qwen3_5,
             "" => return Err(config_error(path, "`architectures` is missing".into())),
             other => {
                 return Err(NativeError::Unsupported {
                     what: format!("architecture `{other}`"),
-                    hint: "the native engine runs LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM \
-                           and Qwen3ForCausalLM; serve this model with vLLM or SGLang"
-                        .into(),
+                    hint: format!(
+                        "the native engine runs {}; serve this model with vLLM or SGLang",
+                        ARCHITECTURES.join(", ")
+                    ),
                 });
             }
         };
@@ -167,22 +231,61 @@ impl ModelConfig {
             ));
         }
         let (rope_theta, rope_scaling) = rope(&raw, path)?;
+        let layers = need(raw.num_hidden_layers, "num_hidden_layers")?;
+        let moe_kind = match family {
+            Family::Mixtral => Some(MoeKind::Mixtral),
+            Family::Qwen3Moe => Some(MoeKind::Plain),
+            Family::Qwen2Moe => Some(MoeKind::Shared { norm_default: false }),
+            Family::Qwen3Next | Family::Qwen3_5 => Some(MoeKind::Shared { norm_default: true }),
+            _ => None,
+        };
+        let moe = match moe_kind {
+            Some(kind) => raw
+                .layers
+                .moe(kind, raw.intermediate_size)
+                .map_err(|m| config_error(path, m))?,
+            None => None,
+        };
+        let hybrid = matches!(family, Family::Qwen3Next | Family::Qwen3_5);
+        let linear = if hybrid {
+            Some(raw.layers.linear(layers).map_err(|m| config_error(path, m))?)
+        } else {
+            None
+        };
+        let rope_params = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
+        let factor = raw
+            .layers
+            .partial_rotary_factor(rope_params, if hybrid { 0.25 } else { 1.0 });
+        // transformers: `int(head_dim * partial_rotary_factor)`, rotated in pairs.
+        let rotary_dim = ((head_dim as f64 * factor) as usize).min(head_dim);
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
+            return Err(config_error(
+                path,
+                format!("partial_rotary_factor {factor} of head_dim {head_dim} leaves no pairs to rotate"),
+            ));
+        }
         let eos_token_ids = match &raw.eos_token_id {
             Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
             Some(Value::Array(ids)) => ids.iter().filter_map(|v| v.as_u64()).map(|n| n as u32).collect(),
             _ => Vec::new(),
         };
         let sliding_window = match (family, raw.use_sliding_window) {
-            // Qwen2 configs carry a window they do not use unless `use_sliding_window`.
-            (Family::Qwen2 | Family::Qwen3, Some(false) | None) => None,
+            // Qwen configs carry a window they do not use unless `use_sliding_window`.
+            (Family::Qwen2 | Family::Qwen3 | Family::Qwen2Moe | Family::Qwen3Moe, Some(false) | None) => None,
+            (Family::Qwen3Next | Family::Qwen3_5, _) => None,
             _ => raw.sliding_window,
         };
         Ok(ModelConfig {
             family,
             architecture,
             hidden_size,
-            intermediate_size: need(raw.intermediate_size, "intermediate_size")?,
-            layers: need(raw.num_hidden_layers, "num_hidden_layers")?,
+            // An MoE model whose every layer has experts may have no dense width.
+            intermediate_size: match (raw.intermediate_size, &moe) {
+                (Some(width), _) => width,
+                (None, Some(_)) => 0,
+                (None, None) => need(None, "intermediate_size")?,
+            },
+            layers,
             heads,
             kv_heads,
             head_dim,
@@ -192,18 +295,24 @@ impl ModelConfig {
             rope_scaling,
             max_position_embeddings: raw.max_position_embeddings.unwrap_or(2048),
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            attention_bias: raw.attention_bias.unwrap_or(family == Family::Qwen2),
+            attention_bias: raw
+                .attention_bias
+                .or(raw.qkv_bias)
+                .unwrap_or(matches!(family, Family::Qwen2 | Family::Qwen2Moe)),
             sliding_window,
             eos_token_ids,
             dtype: raw.dtype.or(raw.torch_dtype),
             quantization: raw.quantization_config,
+            moe,
+            linear,
+            rotary_dim,
         })
     }
 
     /// The rotary inverse frequencies, scaled as the config says
     /// (transformers' `modeling_rope_utils.py`).
     pub fn inv_freq(&self) -> Vec<f32> {
-        let dim = self.head_dim;
+        let dim = self.rotary_dim;
         let base: Vec<f32> = (0..dim / 2)
             .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f32 / dim as f32))
             .collect();

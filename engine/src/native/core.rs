@@ -125,6 +125,9 @@ struct Seq {
     last_token_at: Option<Instant>,
     /// Tokens drafted for this step, verified after the forward pass.
     draft: Vec<u32>,
+    /// Its linear-attention state slot while it runs (a hybrid model's cache keeps a
+    /// state per running sequence).
+    slot: Option<usize>,
 }
 
 impl Seq {
@@ -146,6 +149,8 @@ pub struct Core {
     metrics: Arc<Metrics>,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
+    /// State slots no running sequence holds.
+    free_slots: Vec<usize>,
     reporter: Arc<dyn Reporter>,
 }
 
@@ -160,6 +165,8 @@ impl Core {
         reporter: Arc<dyn Reporter>,
     ) -> Core {
         let pool = BlockPool::new(cache.blocks(), cache.block_size(), prefix_caching);
+        let max_num_seqs = limits.max_num_seqs;
+        let cache = cache.with_state_slots(max_num_seqs);
         Core {
             model,
             cache,
@@ -168,6 +175,7 @@ impl Core {
             metrics,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            free_slots: (0..max_num_seqs).rev().collect(),
             reporter,
         }
     }
@@ -238,6 +246,7 @@ impl Core {
                     first_token_at: None,
                     last_token_at: None,
                     draft: Vec::new(),
+                    slot: None,
                 });
             }
             Command::AbortAll => {
@@ -284,6 +293,7 @@ impl Core {
 
     /// Frees a sequence's blocks, records it and tells its client.
     fn finish(&mut self, mut seq: Seq, reason: FinishReason) {
+        self.free_slots.extend(seq.slot.take());
         self.pool.release(&seq.blocks);
         seq.blocks.clear();
         let now = Instant::now();
@@ -408,6 +418,7 @@ impl Core {
                         blocks: &s.blocks,
                         tokens: input,
                         start: s.computed,
+                        state: s.slot.unwrap_or(0),
                         logits: Logits::All,
                     };
                 }
@@ -423,6 +434,7 @@ impl Core {
                     blocks: &s.blocks,
                     tokens: &s.tokens[s.computed..s.computed + n],
                     start: s.computed,
+                    state: s.slot.unwrap_or(0),
                     logits,
                 }
             })

@@ -285,6 +285,27 @@ impl Engine {
             Some(len) => len,
             None => model_limit,
         };
+        if config.linear.is_some() {
+            // A linear-attention state sums the whole prefix: a cached block of keys and
+            // values alone cannot resume it, nor can a rejected draft be taken back.
+            let refused = if settings.prefix_caching {
+                Some("`serving.prefix_caching`")
+            } else if settings.speculative.is_some() {
+                Some("`serving.speculative` (method `ngram`)")
+            } else {
+                None
+            };
+            if let Some(setting) = refused {
+                return Err(NativeError::Settings {
+                    message: format!(
+                        "{setting} is not available for {}: its linear-attention layers keep one state per \
+                         request, which the native engine does not save at block boundaries or roll back",
+                        config.architecture
+                    ),
+                    hint: format!("remove {setting} from the recipe, or serve this model with vLLM"),
+                });
+            }
+        }
         let text = TextModel::load(dir, &config.eos_token_ids)?;
         let checkpoint = Checkpoint::open(dir, &config)?;
         let quantization = checkpoint.quantization();
@@ -317,7 +338,21 @@ impl Engine {
         ));
         tune(&mut model, settings.kernels, log);
         let per_token = model::kv_bytes_per_token(model.config(), settings.kv_dtype);
+        let states = model
+            .config()
+            .linear
+            .as_ref()
+            .map_or(0, model::LinearStates::bytes_per_sequence);
         let budget = settings.kv().budget(weights, host_memory())?;
+        if states > 0 {
+            log(format!(
+                "Linear-attention state: {:.2} MiB per sequence, {:.2} MiB for {} sequences",
+                states as f64 / (1u64 << 20) as f64,
+                (states * settings.max_num_seqs.max(1) as u64) as f64 / (1u64 << 20) as f64,
+                settings.max_num_seqs.max(1)
+            ));
+        }
+        let budget = settings.kv().after_states(budget, states)?;
         let Capacity {
             blocks,
             tokens: kv_tokens,

@@ -22,22 +22,30 @@
 //! gives back those its last one writes, so a calibration holds one layer's weights
 //! and every sample's hidden states, not the whole model.
 //!
-//! Loading the weights is in `load`, the paged KV cache in `cache`; this file holds the
-//! model, the pass and calibration.
+//! A layer mixes its tokens by attention or, in a hybrid model, by a Gated DeltaNet
+//! (`linear`), and its MLP is dense or a mixture of experts (`moe`).
+//!
+//! Loading the weights is in `load`, the paged KV cache in `cache`, the pass in `pass`;
+//! this file holds the model and calibration.
 
 use std::sync::{Arc, Mutex};
 
-use rayon::prelude::*;
-use sous_kernels::activation::quantize_dequantize_nvfp4;
 use sous_kernels::gemm::{Packed, Tuning};
 use sous_kernels::pages::Placement;
-use sous_kernels::transformer::{self as k, Rotary, Span};
+use sous_kernels::transformer::Rotary;
 
 mod cache;
+mod linear;
 mod load;
+mod moe;
+mod observe;
+mod pass;
 
-use cache::Held;
 pub use cache::{KvCache, KvDtype, kv_bytes_per_token};
+pub use linear::LinearStates;
+use moe::{Experts, Mlp};
+pub use observe::LayerInputs;
+use observe::Observer;
 
 use super::NativeError;
 use super::config::ModelConfig;
@@ -49,18 +57,35 @@ const PARALLEL_ROWS: usize = 32;
 
 struct Layer {
     input_norm: Vec<f32>,
-    /// q, k and v projections stacked: `[(heads + 2 kv_heads) head_dim, hidden]`.
+    mixer: Mixer,
+    post_norm: Vec<f32>,
+    mlp: Ffn,
+    /// W4A4: the activation global scales of the qkv, o, gate_up and down inputs.
+    input_scales: Option<[f32; 4]>,
+}
+
+/// What mixes a layer's tokens: softmax attention over the KV cache, or a Gated
+/// DeltaNet over each sequence's recurrent state.
+enum Mixer {
+    Attention(Attention),
+    Linear(linear::LinearAttention),
+}
+
+/// A layer's attention projections.
+struct Attention {
+    /// q, k and v projections stacked: `[(heads + 2 kv_heads) head_dim, hidden]`; in a
+    /// hybrid model (gated attention), q's rows are each head's query and then its gate.
     qkv: Packed,
     qkv_bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     o: Packed,
-    post_norm: Vec<f32>,
-    /// gate and up projections stacked: `[2 intermediate, hidden]`.
-    gate_up: Packed,
-    down: Packed,
-    /// W4A4: the activation global scales of the qkv, o, gate_up and down inputs.
-    input_scales: Option<[f32; 4]>,
+}
+
+/// A layer's MLP: dense, or experts.
+enum Ffn {
+    Dense(Mlp),
+    Experts(Experts),
 }
 
 /// How the token embedding and a float output projection are held in memory.
@@ -107,6 +132,42 @@ struct Scratch {
     down: Vec<f32>,
 }
 
+impl Layer {
+    /// A matrix of the layer's that load-time kernel choices can be measured on: its
+    /// dense MLP's gate and up projections, else its first projection.
+    fn matrix(&self) -> &Packed {
+        match (&self.mlp, &self.mixer) {
+            (Ffn::Dense(mlp), _) => &mlp.gate_up,
+            (_, Mixer::Attention(a)) => &a.qkv,
+            (_, Mixer::Linear(l)) => &l.in_proj,
+        }
+    }
+
+    fn matrices(&mut self) -> Vec<&mut Packed> {
+        let mut all: Vec<&mut Packed> = match &mut self.mixer {
+            Mixer::Attention(a) => vec![&mut a.qkv, &mut a.o],
+            Mixer::Linear(l) => vec![&mut l.in_proj, &mut l.out],
+        };
+        match &mut self.mlp {
+            Ffn::Dense(mlp) => all.extend([&mut mlp.gate_up, &mut mlp.down]),
+            Ffn::Experts(experts) => all.extend(experts.matrices()),
+        }
+        all
+    }
+
+    fn bytes(&self) -> u64 {
+        let mixer = match &self.mixer {
+            Mixer::Attention(a) => a.qkv.bytes() + a.o.bytes(),
+            Mixer::Linear(l) => l.in_proj.bytes() + l.out.bytes(),
+        };
+        mixer
+            + match &self.mlp {
+                Ffn::Dense(mlp) => mlp.bytes(),
+                Ffn::Experts(experts) => experts.bytes(),
+            }
+    }
+}
+
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model")
@@ -125,57 +186,11 @@ pub struct BatchSeq<'a> {
     pub tokens: &'a [u32],
     /// Position of the first of them.
     pub start: usize,
+    /// Its slot in the cache's linear-attention states (a hybrid model's; any value
+    /// for others): the scheduler gives every running sequence its own.
+    pub state: usize,
     /// Logits wanted for: the last token only, or every token (prompt logprobs).
     pub logits: Logits,
-}
-
-/// The largest magnitude that reached the input of each of a layer's linear
-/// projections during calibration: what an NVFP4 W4A4 checkpoint's per-tensor
-/// activation scale (`input_global_scale`) is computed from. q, k and v read one
-/// input, as do gate and up, so a layer has four.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LayerInputs {
-    /// Input of q_proj, k_proj and v_proj (the normed residual).
-    pub qkv: f32,
-    /// Input of o_proj (attention's output).
-    pub o: f32,
-    /// Input of gate_proj and up_proj (the normed residual).
-    pub gate_up: f32,
-    /// Input of down_proj (`silu(gate) * up`).
-    pub down: f32,
-}
-
-impl LayerInputs {
-    /// The layer's quantizable projections (their names under `model.layers.N.`) and
-    /// the input range each saw.
-    pub fn modules(&self) -> [(&'static str, f32); 7] {
-        [
-            ("self_attn.q_proj", self.qkv),
-            ("self_attn.k_proj", self.qkv),
-            ("self_attn.v_proj", self.qkv),
-            ("self_attn.o_proj", self.o),
-            ("mlp.gate_proj", self.gate_up),
-            ("mlp.up_proj", self.gate_up),
-            ("mlp.down_proj", self.down),
-        ]
-    }
-
-    fn raise(slot: &mut f32, values: &[f32]) {
-        // NaN never wins a `max`: a NaN activation leaves the range as it was.
-        *slot = values.iter().fold(*slot, |m, v| m.max(v.abs()));
-    }
-}
-
-/// What a calibration pass records, and how it rounds.
-struct Observer<'a> {
-    ranges: &'a mut [LayerInputs],
-    /// The hidden states entering the first layer held (unused, and left empty, when
-    /// that is the decoder's first: the tokens are embedded), replaced by those leaving
-    /// the last layer held.
-    hidden: &'a mut Vec<f32>,
-    bf16: bool,
-    /// Called with each layer's index once the pass is through it.
-    layer_done: &'a (dyn Fn(usize) + Sync),
 }
 
 /// Which rows of logits a sequence wants.
@@ -209,7 +224,7 @@ impl Model {
     /// A matrix of the layers (the first layer's gate and up projections): what the
     /// load-time choice of kernel for prompt-sized products is measured on.
     pub fn layer_matrix(&self) -> Option<&Packed> {
-        self.layers.first().map(|layer| &layer.gate_up)
+        self.layers.first().map(Layer::matrix)
     }
 
     /// The matrix the load-time tile choices are measured on: the output projection,
@@ -217,7 +232,7 @@ impl Model {
     /// first layer's gate and up projections.
     pub fn tuning_matrix(&self) -> &Packed {
         match (self.head().format(), self.layers.first()) {
-            ("q8_0", Some(layer)) => &layer.gate_up,
+            ("q8_0", Some(layer)) => layer.matrix(),
             _ => self.head(),
         }
     }
@@ -246,7 +261,7 @@ impl Model {
         weights.extend(Arc::get_mut(&mut self.embed));
         weights.extend(self.lm_head.as_mut().and_then(Arc::get_mut));
         for l in &mut self.layers {
-            weights.extend([&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down]);
+            weights.extend(l.matrices());
         }
         sous_kernels::gemm::place(&mut weights)
     }
@@ -255,7 +270,7 @@ impl Model {
     pub fn weight_bytes(&self) -> u64 {
         let mut total = self.embed.bytes() + self.lm_head.as_deref().map_or(0, Packed::bytes);
         for l in &self.layers {
-            total += l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes();
+            total += l.bytes();
         }
         total
     }
@@ -299,6 +314,18 @@ impl Model {
         bf16: bool,
         layer_done: &(dyn Fn(usize) + Sync),
     ) -> Result<(), NativeError> {
+        if self
+            .layers
+            .iter()
+            .any(|l| matches!(l.mlp, Ffn::Experts(_)) || matches!(l.mixer, Mixer::Linear(_)))
+        {
+            return Err(NativeError::Unsupported {
+                what: format!("calibrating activations of {}", self.config.architecture),
+                hint: "W4A4 calibration runs models whose every layer is dense attention and a dense MLP; \
+                       quantize this model's weights only (`--scheme nvfp4a16`)"
+                    .into(),
+            });
+        }
         if ranges.len() != self.layers.len() {
             return Err(NativeError::Internal(format!(
                 "{} input ranges for {} layers",
@@ -314,6 +341,7 @@ impl Model {
             blocks: &table,
             tokens,
             start: 0,
+            state: 0,
             logits: Logits::None,
         }];
         let observer = Observer {
@@ -323,309 +351,5 @@ impl Model {
             layer_done,
         };
         rayon::scope(|_| self.pass(&batch, &mut cache, Some(observer))).map(|_| ())
-    }
-
-    fn pass(
-        &self,
-        batch: &[BatchSeq],
-        cache: &mut KvCache,
-        mut observe: Option<Observer<'_>>,
-    ) -> Result<Vec<f32>, NativeError> {
-        let bf16 = observe.as_ref().is_some_and(|o| o.bf16);
-        let norm = if bf16 { k::rms_norm_bf16 } else { k::rms_norm };
-        let c = &self.config;
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let tokens: Vec<u32> = batch.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        let mut n = tokens.len();
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        // Each token's block table and position, and each sequence's span of rows.
-        let mut tables = Vec::with_capacity(n);
-        let mut positions = Vec::with_capacity(n);
-        let mut spans = Vec::with_capacity(batch.len());
-        for s in batch {
-            spans.push(Span {
-                blocks: s.blocks,
-                start: s.start,
-                len: s.tokens.len(),
-                row: positions.len(),
-            });
-            for i in 0..s.tokens.len() {
-                let position = s.start + i;
-                if position >= self.rotary.positions() || position >= s.blocks.len() * cache.block_size() {
-                    return Err(NativeError::Internal(format!(
-                        "position {position} is beyond the sequence's {} cached blocks or the rotary table",
-                        s.blocks.len()
-                    )));
-                }
-                positions.push(position);
-                tables.push(s.blocks);
-            }
-        }
-        let mut x = match observe.as_mut() {
-            // A calibration pass from a later layer: the hidden states an earlier one left.
-            Some(seen) if self.first_layer > 0 => {
-                if seen.hidden.len() != n * h {
-                    return Err(NativeError::Internal(format!(
-                        "{} hidden values enter layer {} for {n} tokens of {h}",
-                        seen.hidden.len(),
-                        self.first_layer
-                    )));
-                }
-                std::mem::take(seen.hidden)
-            }
-            _ => {
-                let mut x = vec![0.0f32; n * h];
-                for (row, &id) in x.chunks_exact_mut(h).zip(&tokens) {
-                    if id as usize >= c.vocab_size {
-                        return Err(NativeError::Internal(format!(
-                            "token id {id} is outside the vocabulary"
-                        )));
-                    }
-                    self.embed.row(id as usize, row);
-                }
-                x
-            }
-        };
-        // The pass's buffers, those of the last pass if no other pass holds them: fresh
-        // ones are fresh pages, faulted in and cleared by the kernel 4 KiB at a time
-        // (about 1 % of a 512-token prefill, and a tenth of a calibration that runs one
-        // layer per pass). Each is zeroed to its length here, as a fresh one would be.
-        let mut scratch = self
-            .scratch
-            .try_lock()
-            .map(|mut kept| std::mem::take(&mut *kept))
-            .unwrap_or_default();
-        let zeroed = |v: &mut Vec<f32>, len: usize| {
-            let mut v = std::mem::take(v);
-            v.clear();
-            v.resize(len, 0.0);
-            v
-        };
-        let mut normed = zeroed(&mut scratch.normed, n * h);
-        let (q_len, kv_len) = (c.heads * hd, c.kv_heads * hd);
-        let mut q = zeroed(&mut scratch.q, n * q_len);
-        let mut attn = zeroed(&mut scratch.attn, n * q_len);
-        let mut act = zeroed(&mut scratch.act, n * c.intermediate_size);
-        // `bfloat16`: bf16 arithmetic in the products (inputs rounded to bf16).
-        let (precision, tuning) = (self.precision, self.tuning);
-        let product = |x: &[f32], rows: usize, w: &Packed, out: &mut [f32]| match precision {
-            Precision::Bf16 => tuning.matmul_bf16(x, rows, w, out),
-            Precision::Stored => tuning.matmul(x, rows, w, out),
-        };
-        // The products' outputs, once per pass (fresh pages for every layer's products
-        // cost more than the norms between them).
-        let row_len = q_len + 2 * kv_len;
-        let mut qkv = zeroed(&mut scratch.qkv, n * row_len);
-        let mut o = zeroed(&mut scratch.o, n * h);
-        let mut gate_up = zeroed(&mut scratch.gate_up, n * 2 * c.intermediate_size);
-        let mut down = zeroed(&mut scratch.down, n * h);
-        // The rows whose logits are asked for.
-        let mut rows = Vec::new();
-        let mut offset = 0;
-        for s in batch {
-            let len = s.tokens.len();
-            match s.logits {
-                Logits::None => {}
-                Logits::Last => rows.push(offset + len - 1),
-                Logits::All => rows.extend(offset..offset + len),
-            }
-            offset += len;
-        }
-        let mut pruned = false;
-        for (li, layer) in self.layers.iter().enumerate() {
-            norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
-            if let Some(seen) = observe.as_mut() {
-                LayerInputs::raise(&mut seen.ranges[li].qkv, &normed);
-            }
-            if let Some(scales) = layer.input_scales {
-                quantize_dequantize_nvfp4(&mut normed, scales[0]);
-            }
-            product(&normed, n, &layer.qkv, &mut qkv);
-            if bf16 {
-                k::round_bf16_all(&mut qkv);
-            }
-            if let Some(bias) = &layer.qkv_bias {
-                for row in qkv.chunks_exact_mut(row_len) {
-                    k::add_assign(row, bias);
-                    if bf16 {
-                        k::round_bf16_all(row);
-                    }
-                }
-            }
-            // Each token's q/k norms and rotary embedding, and its query copied out for
-            // attention while the row is in cache, on the pool for a prompt chunk (every
-            // row alone, so the same bits wherever it runs): a quarter of the time of
-            // one thread copying them after the rotation (BENCHMARKS.md, "Figures that were in code comments").
-            let rotate = |((row, &position), q): ((&mut [f32], &usize), &mut [f32])| {
-                let (qr, rest) = row.split_at_mut(q_len);
-                let kr = &mut rest[..kv_len];
-                if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                    k::rms_norm_heads(qr, qn, c.rms_norm_eps);
-                    k::rms_norm_heads(kr, kn, c.rms_norm_eps);
-                }
-                if bf16 {
-                    self.rotary.apply_bf16(qr, position);
-                    self.rotary.apply_bf16(kr, position);
-                } else {
-                    self.rotary.apply(qr, position);
-                    self.rotary.apply(kr, position);
-                }
-                q.copy_from_slice(qr);
-            };
-            if n >= PARALLEL_ROWS {
-                qkv.par_chunks_exact_mut(row_len)
-                    .zip(positions.par_iter())
-                    .zip(q.par_chunks_exact_mut(q_len))
-                    .with_min_len(PARALLEL_ROWS / 2)
-                    .for_each(rotate);
-            } else {
-                qkv.chunks_exact_mut(row_len)
-                    .zip(positions.iter())
-                    .zip(q.chunks_exact_mut(q_len))
-                    .for_each(rotate);
-            }
-            let shape = cache.shape;
-            let held = &mut cache.layers[li];
-            for (t, row) in qkv.chunks_exact(row_len).enumerate() {
-                let (kr, vr) = row[q_len..].split_at(kv_len);
-                match held {
-                    Held::F32 { k, v } => shape.store(k, v, tables[t], positions[t], kr, vr),
-                    Held::Bf16 { k, v } => shape.store_bf16(k, v, tables[t], positions[t], kr, vr),
-                }
-            }
-            // Past the last layer's keys and values, only the rows whose logits are
-            // asked for matter (a prompt chunk's last token, or none): the rest of the
-            // layer runs on those rows alone. Every row's arithmetic is its own, so
-            // their bits do not change. (Calibration observes every row.)
-            if self.first_layer + li + 1 == c.layers && observe.is_none() && rows.len() < n {
-                if rows.is_empty() {
-                    break;
-                }
-                let m = rows.len();
-                q = rows
-                    .iter()
-                    .flat_map(|&r| q[r * q_len..(r + 1) * q_len].iter().copied())
-                    .collect();
-                x = rows
-                    .iter()
-                    .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
-                    .collect();
-                spans = rows
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &r)| Span {
-                        blocks: tables[r],
-                        start: positions[r],
-                        len: 1,
-                        row: i,
-                    })
-                    .collect();
-                for (buffer, width) in [
-                    (&mut attn, q_len),
-                    (&mut o, h),
-                    (&mut normed, h),
-                    (&mut gate_up, 2 * c.intermediate_size),
-                    (&mut act, c.intermediate_size),
-                    (&mut down, h),
-                ] {
-                    buffer.truncate(m * width);
-                }
-                (n, pruned) = (m, true);
-            }
-            match held {
-                Held::F32 { k, v } if bf16 => {
-                    k::attention_eager_bf16(&q, &spans, c.heads, shape, k, v, &mut attn)
-                }
-                Held::F32 { k, v } => k::attention(&q, &spans, c.heads, shape, k, v, &mut attn, tuning.isa()),
-                Held::Bf16 { .. } if bf16 => {
-                    return Err(NativeError::Internal(
-                        "calibration's bf16 attention reads an f32 cache".into(),
-                    ));
-                }
-                Held::Bf16 { k, v } => {
-                    k::attention_bf16_cache(&q, &spans, c.heads, shape, k, v, &mut attn, tuning.isa())
-                }
-            }
-            if let Some(seen) = observe.as_mut() {
-                LayerInputs::raise(&mut seen.ranges[li].o, &attn);
-            }
-            if let Some(scales) = layer.input_scales {
-                quantize_dequantize_nvfp4(&mut attn, scales[1]);
-            }
-            product(&attn, n, &layer.o, &mut o);
-            if bf16 {
-                k::round_bf16_all(&mut o);
-            }
-            k::add_assign(&mut x, &o);
-            if bf16 {
-                k::round_bf16_all(&mut x);
-            }
-            norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
-            if let Some(seen) = observe.as_mut() {
-                LayerInputs::raise(&mut seen.ranges[li].gate_up, &normed);
-            }
-            if let Some(scales) = layer.input_scales {
-                quantize_dequantize_nvfp4(&mut normed, scales[2]);
-            }
-            product(&normed, n, &layer.gate_up, &mut gate_up);
-            if bf16 {
-                k::round_bf16_all(&mut gate_up);
-                k::silu_mul_bf16(&gate_up, c.intermediate_size, &mut act);
-            } else {
-                k::silu_mul(&gate_up, c.intermediate_size, &mut act);
-            }
-            if let Some(seen) = observe.as_mut() {
-                LayerInputs::raise(&mut seen.ranges[li].down, &act);
-            }
-            if let Some(scales) = layer.input_scales {
-                quantize_dequantize_nvfp4(&mut act, scales[3]);
-            }
-            product(&act, n, &layer.down, &mut down);
-            if bf16 {
-                k::round_bf16_all(&mut down);
-            }
-            k::add_assign(&mut x, &down);
-            if bf16 {
-                k::round_bf16_all(&mut x);
-            }
-            if let Some(seen) = observe.as_ref() {
-                (seen.layer_done)(li);
-            }
-        }
-        if let Ok(mut kept) = self.scratch.try_lock() {
-            *kept = Scratch {
-                normed,
-                q,
-                attn,
-                act,
-                qkv,
-                o,
-                gate_up,
-                down,
-            };
-        }
-        // A calibration pass hands its hidden states on, for the layers after these.
-        if let Some(seen) = observe {
-            *seen.hidden = x;
-            return Ok(Vec::new());
-        }
-        // Final norm and lm_head, only for the rows asked for (after a pruned last
-        // layer, the first rows of `x`).
-        if pruned {
-            rows = (0..rows.len()).collect();
-        }
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut hidden = vec![0.0f32; rows.len() * h];
-        for (dst, &r) in hidden.chunks_exact_mut(h).zip(&rows) {
-            k::rms_norm_row(&x[r * h..(r + 1) * h], &self.norm, c.rms_norm_eps, dst);
-        }
-        let head = self.head();
-        let mut logits = vec![0.0f32; rows.len() * head.n()];
-        product(&hidden, rows.len(), head, &mut logits);
-        Ok(logits)
     }
 }

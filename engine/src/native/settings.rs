@@ -155,6 +155,7 @@ impl Settings {
             dtype: self.kv_dtype,
             bytes: self.kv_cache_bytes,
             memory_fraction: self.memory_fraction,
+            max_num_seqs: self.max_num_seqs.max(1),
         }
     }
 }
@@ -170,6 +171,9 @@ pub struct KvSettings {
     pub bytes: Option<u64>,
     /// Fraction of host RAM for weights and KV cache together (`memory.gpu_utilization`).
     pub memory_fraction: Option<f64>,
+    /// Sequences running at once (`serving.max_num_seqs`): a hybrid model's cache holds
+    /// a linear-attention state for each.
+    pub max_num_seqs: usize,
 }
 
 impl KvSettings {
@@ -180,7 +184,28 @@ impl KvSettings {
             dtype: kv_dtype(recipe),
             bytes: recipe.memory.kv_cache_bytes,
             memory_fraction: recipe.memory.gpu_utilization,
+            max_num_seqs: recipe
+                .serving
+                .max_num_seqs
+                .map_or(DEFAULT_MAX_NUM_SEQS, |v| v as usize)
+                .max(1),
         }
+    }
+
+    /// The part of the KV budget `budget` left for keys and values once every running
+    /// sequence's linear-attention state (`state_per_sequence` bytes; 0 for a model
+    /// without linear attention) is set aside, or an error naming both.
+    pub fn after_states(&self, budget: u64, state_per_sequence: u64) -> Result<u64, NativeError> {
+        let states = state_per_sequence * self.max_num_seqs as u64;
+        budget.checked_sub(states).ok_or_else(|| NativeError::Settings {
+            message: format!(
+                "the linear-attention states of {} sequences take {:.3} GiB, more than the {:.3} GiB KV budget",
+                self.max_num_seqs,
+                states as f64 / (1u64 << 30) as f64,
+                budget as f64 / (1u64 << 30) as f64
+            ),
+            hint: "lower `serving.max_num_seqs` or raise `memory.kv_cache_bytes`".into(),
+        })
     }
 
     /// The KV budget in bytes: `memory.kv_cache_bytes`; else `memory.gpu_utilization` of

@@ -223,6 +223,91 @@ impl Checkpoint {
         self.quantization
     }
 
+    /// The model directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The `experts` float matrices stacked in one 3-D tensor (`name`, shape `[experts,
+    /// n, k]` as `shape` says: fused expert weights), each packed for the product.
+    pub fn expert_matrices(
+        &self,
+        name: &str,
+        shape: [usize; 3],
+        precision: Precision,
+    ) -> Result<Vec<Packed>, NativeError> {
+        let (values, dims) = self.floats(name, precision)?;
+        let [experts, n, k] = shape;
+        if dims != shape {
+            let hint = if dims == [experts, k, n] {
+                " (the transposed layout, which the native engine does not read)"
+            } else {
+                ""
+            };
+            return Err(NativeError::Config {
+                path: self.dir.clone(),
+                message: format!("fused expert tensor `{name}` has shape {dims:?}, expected {shape:?}{hint}"),
+            });
+        }
+        let packed = |e: usize| match &values {
+            Floats::F32(v) => Packed::from_f32(&v[e * n * k..(e + 1) * n * k], n, k),
+            Floats::Bf16(v) => Packed::from_bf16(&v[e * n * k..(e + 1) * n * k], n, k),
+        };
+        (0..experts)
+            .map(|e| {
+                packed(e).map_err(|err| NativeError::Config {
+                    path: self.dir.clone(),
+                    message: format!("`{name}` expert {e}: {err}"),
+                })
+            })
+            .collect()
+    }
+
+    /// Plain float matrices (`name`, shape `[n, k]`, all of one `k`) stacked row after
+    /// row into one, packed for the product: small ones whose row counts
+    /// [`Packed::stack`] cannot join.
+    pub fn stacked_matrix(
+        &self,
+        parts: &[(&str, [usize; 2])],
+        precision: Precision,
+    ) -> Result<Packed, NativeError> {
+        let mut f32s = Vec::new();
+        let mut bf16s = Vec::new();
+        let mut rows = 0;
+        let k = parts.first().map_or(0, |(_, [_, k])| *k);
+        for &(name, shape) in parts {
+            let (values, dims) = self.floats(name, precision)?;
+            if dims != shape || shape[1] != k {
+                return Err(NativeError::Config {
+                    path: self.dir.clone(),
+                    message: format!("`{name}` has shape {dims:?}, expected {shape:?}"),
+                });
+            }
+            rows += shape[0];
+            match values {
+                Floats::F32(v) => f32s.extend(v),
+                Floats::Bf16(v) => bf16s.extend(v),
+            }
+        }
+        let packed = match (f32s.is_empty(), bf16s.is_empty()) {
+            (_, true) => Packed::from_f32(&f32s, rows, k),
+            (true, false) => Packed::from_bf16(&bf16s, rows, k),
+            (false, false) => {
+                return Err(NativeError::Config {
+                    path: self.dir.clone(),
+                    message: format!(
+                        "`{}` mix f32 and bf16 tensors",
+                        parts.iter().map(|p| p.0).collect::<Vec<_>>().join("`, `")
+                    ),
+                });
+            }
+        };
+        packed.map_err(|e| NativeError::Config {
+            path: self.dir.clone(),
+            message: format!("`{}`: {e}", parts[0].0),
+        })
+    }
+
     /// Whether the checkpoint has a tensor of this name.
     pub fn has(&self, name: &str) -> bool {
         self.index.contains_key(name)

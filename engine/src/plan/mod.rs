@@ -57,6 +57,9 @@ pub struct Model {
     pub expert_bytes: u64,
     /// The native engine's KV bytes per token (its own rule), when it can serve the model.
     pub native_kv_per_token: Option<u64>,
+    /// The native engine's linear-attention state per running sequence (hybrid models;
+    /// 0 otherwise).
+    pub native_state_per_sequence: u64,
     /// Bytes of weights the engine keeps in host memory (`memory.host_weights`), not
     /// among `weight_bytes`.
     pub host_weight_bytes: u64,

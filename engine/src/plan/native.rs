@@ -16,10 +16,14 @@ pub(super) fn native(
         .native_kv_per_token
         .ok_or(PlanError::Engine("the native engine (this architecture)"))?;
     let host = hardware.cpu.then_some(hardware.memory).or(Some(hardware.memory));
-    let kv_bytes = kv
+    let whole = kv
         .budget(model.weight_bytes, host)
         .map_err(|e| PlanError::Native(e.to_string()))?;
-    let steps = match (kv.bytes, kv.memory_fraction) {
+    let states = model.native_state_per_sequence;
+    let kv_bytes = kv
+        .after_states(whole, states)
+        .map_err(|e| PlanError::Native(e.to_string()))?;
+    let mut steps = match (kv.bytes, kv.memory_fraction) {
         (Some(b), _) => vec![format!("`memory.kv_cache_bytes`: {}", gib(b))],
         (None, Some(f)) => vec![
             format!(
@@ -27,19 +31,31 @@ pub(super) fn native(
                 gib(hardware.memory),
                 gib((hardware.memory as f64 * f) as u64)
             ),
-            format!(
-                "less the weights ({}) = {}",
-                gib(model.weight_bytes),
-                gib(kv_bytes)
-            ),
+            format!("less the weights ({}) = {}", gib(model.weight_bytes), gib(whole)),
         ],
         (None, None) => vec![format!(
             "the default: 4 GiB, at most a quarter of RAM = {}",
-            gib(kv_bytes)
+            gib(whole)
         )],
     };
+    if states > 0 {
+        steps.push(format!(
+            "less {} sequences' linear-attention state ({} each) = {}",
+            kv.max_num_seqs,
+            gib(states),
+            gib(kv_bytes)
+        ));
+    }
     let cap = crate::native::capacity(per_token, kv_bytes, max_model_len as usize);
     let layers = model.shape.layers.len();
+    // Linear-attention layers hold a state per sequence, not keys and values per token.
+    let linear = model
+        .shape
+        .layers
+        .iter()
+        .filter(|l| matches!(l, super::shape::Layer::GatedDeltaNet { .. }))
+        .count();
+    let growing = layers - linear;
     let fits = cap.tokens as u64 >= max_model_len;
     let mut advice = Vec::new();
     if !fits {
@@ -69,7 +85,7 @@ pub(super) fn native(
             let n = |v: u64| crate::dialect::log::vllm::thousands(v as usize);
             vec![
                 format!(
-                    "{layers} layers: {} B per token in {} (`memory.kv_cache_dtype`)",
+                    "{growing} attention layers: {} B per token in {} (`memory.kv_cache_dtype`)",
                     n(per_token),
                     kv.dtype.name()
                 ),
@@ -85,8 +101,8 @@ pub(super) fn native(
         },
         max_model_len,
         block_size: crate::native::BLOCK_SIZE,
-        bytes_per_token_per_layer: per_token / layers.max(1) as u64,
-        growing_layers: layers,
+        bytes_per_token_per_layer: per_token / growing.max(1) as u64,
+        growing_layers: growing,
         layers,
         fits,
         shortfall: None,

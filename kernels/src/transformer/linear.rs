@@ -34,11 +34,11 @@ pub fn softplus(x: f32) -> f32 {
 }
 
 /// The causal depthwise convolution of `rows` consecutive tokens of one sequence, then
-/// SiLU, in place: `x` is `rows × channels`, `weight` is `channels × kernel` (the
-/// checkpoint's `conv1d.weight`, `[channels, 1, kernel]`), and `state` holds the
-/// sequence's last `kernel - 1` inputs before these rows, oldest first
-/// (`(kernel - 1) × channels`, zero for a new sequence). Leaves in `state` the last
-/// `kernel - 1` inputs, for the next call.
+/// SiLU, in place: `x` is `rows × channels`, `weight` is `kernel × channels` (the
+/// checkpoint's `conv1d.weight`, `[channels, 1, kernel]`, transposed so that a tap's
+/// weights are contiguous), and `state` holds the sequence's last `kernel - 1` inputs
+/// before these rows, oldest first (`(kernel - 1) × channels`, zero for a new
+/// sequence). Leaves in `state` the last `kernel - 1` inputs, for the next call.
 pub fn causal_conv1d_silu(x: &mut [f32], channels: usize, weight: &[f32], kernel: usize, state: &mut [f32]) {
     let past = kernel - 1;
     debug_assert_eq!(weight.len(), channels * kernel);
@@ -49,15 +49,26 @@ pub fn causal_conv1d_silu(x: &mut [f32], channels: usize, weight: &[f32], kernel
     window.extend_from_slice(state);
     window.extend_from_slice(x);
     for (t, out) in x.chunks_exact_mut(channels).enumerate() {
-        for (c, o) in out.iter_mut().enumerate() {
-            let mut sum = 0.0f32;
-            for j in 0..kernel {
-                sum += weight[c * kernel + j] * window[(t + j) * channels + c];
+        // Tap by tap over every channel at once (contiguous, so vectorized); each
+        // channel's sum still runs over its taps in order.
+        out.iter_mut().for_each(|o| *o = 0.0);
+        for (j, taps) in weight.chunks_exact(channels).enumerate() {
+            let inputs = &window[(t + j) * channels..][..channels];
+            for ((o, &w), &v) in out.iter_mut().zip(taps).zip(inputs) {
+                *o += w * v;
             }
-            *o = silu(sum);
         }
+        out.iter_mut().for_each(|o| *o = silu(*o));
     }
     state.copy_from_slice(&window[rows * channels..]);
+}
+
+/// `conv1d.weight` as the checkpoint holds it (`channels × kernel`) transposed to the
+/// `kernel × channels` layout [`causal_conv1d_silu`] reads.
+pub fn conv_taps(weight: &[f32], channels: usize, kernel: usize) -> Vec<f32> {
+    (0..kernel)
+        .flat_map(|j| (0..channels).map(move |c| weight[c * kernel + j]))
+        .collect()
 }
 
 /// Divides every `dim`-sized head of `x` by `sqrt(Σ v² + eps)` (transformers' `l2norm`).
@@ -191,7 +202,8 @@ mod tests {
     #[test]
     fn convolution_state_carries_a_sequence_over_calls() {
         let (channels, kernel, rows) = (3, 4, 7);
-        let weight: Vec<f32> = (0..channels * kernel).map(|i| (i as f32 * 0.37).sin()).collect();
+        let stored: Vec<f32> = (0..channels * kernel).map(|i| (i as f32 * 0.37).sin()).collect();
+        let weight = conv_taps(&stored, channels, kernel);
         let x: Vec<f32> = (0..rows * channels).map(|i| (i as f32 * 0.61).cos()).collect();
         let mut whole = x.clone();
         let mut state = vec![0.0; (kernel - 1) * channels];
@@ -208,7 +220,7 @@ mod tests {
         assert_eq!(state, carried);
         // The first row sees only itself: silu(w[c, kernel-1] · x[0, c]).
         for c in 0..channels {
-            assert_eq!(whole[c], silu(weight[c * kernel + kernel - 1] * x[c]));
+            assert_eq!(whole[c], silu(stored[c * kernel + kernel - 1] * x[c]));
         }
     }
 

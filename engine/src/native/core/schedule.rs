@@ -24,6 +24,7 @@ impl Core {
 
     fn preempt(&mut self, mut seq: Seq) {
         seq.draft.clear();
+        self.free_slots.extend(seq.slot.take());
         self.pool.release(&seq.blocks);
         seq.blocks.clear();
         seq.hashes.clear();
@@ -135,6 +136,7 @@ impl Core {
             }
             plan.push((self.running.len(), n));
             budget -= n;
+            seq.slot = self.free_slots.pop();
             self.running.push(seq);
         }
         plan

@@ -2,12 +2,16 @@
 //! in `blocks × block_size` token slots, held in f32 or bf16 ([`KvDtype`]), its memory
 //! committed at start-up; and the bytes a token takes in it, which the engine and
 //! `sous plan` size the cache by. Which slots a sequence owns is the scheduler's.
+//!
+//! A hybrid model's cache holds keys and values for its attention layers only, and
+//! beside them every running sequence's linear-attention state ([`LinearStates`]),
+//! one slot per sequence that can run at once.
 
 use rayon::prelude::*;
 use sous_kernels::pages::{Plain, Zeroed};
 use sous_kernels::transformer::KvShape;
 
-use super::Model;
+use super::{LinearStates, Mixer, Model};
 use crate::native::config::ModelConfig;
 
 /// How the KV cache holds keys and values (`memory.kv_cache_dtype`).
@@ -50,7 +54,10 @@ pub(super) enum Held {
 pub struct KvCache {
     pub(super) shape: KvShape,
     blocks: usize,
+    /// One per attention layer.
     pub(super) layers: Vec<Held>,
+    /// A hybrid model's linear-attention states.
+    pub(super) linear: Option<LinearStates>,
 }
 
 /// `len` values of `T`, every page written once, in parallel (see [`KvCache::new`]),
@@ -94,7 +101,12 @@ impl KvCache {
             head_dim: model.config.head_dim,
         };
         let len = blocks * block_size * shape.slot_len();
-        let layers = (0..model.layers.len())
+        let attention = model
+            .layers
+            .iter()
+            .filter(|l| matches!(l.mixer, Mixer::Attention(_)))
+            .count();
+        let layers = (0..attention)
             .map(|_| match dtype {
                 KvDtype::F32 => Held::F32 {
                     k: committed(len),
@@ -106,11 +118,22 @@ impl KvCache {
                 },
             })
             .collect();
+        let linear = model.config.linear.as_ref().map(|c| LinearStates::new(c, 1));
         KvCache {
             shape,
             blocks,
             layers,
+            linear,
         }
+    }
+
+    /// This cache with linear-attention states for `sequences` running sequences (a
+    /// hybrid model's; one otherwise): each [`super::BatchSeq::state`] must be below it.
+    pub fn with_state_slots(mut self, sequences: usize) -> KvCache {
+        if let Some(states) = &self.linear {
+            self.linear = Some(LinearStates::new(states.config(), sequences.max(1)));
+        }
+        self
     }
 
     /// Blocks in the cache.
@@ -124,7 +147,8 @@ impl KvCache {
     }
 }
 
-/// Bytes of KV cache one token takes in every layer, held as `dtype`.
+/// Bytes of KV cache one token takes in every attention layer, held as `dtype`.
 pub fn kv_bytes_per_token(config: &ModelConfig, dtype: KvDtype) -> u64 {
-    (config.layers * 2 * config.kv_heads * config.head_dim * dtype.bytes()) as u64
+    let attention = config.layers - config.linear.as_ref().map_or(0, |l| l.count());
+    (attention * 2 * config.kv_heads * config.head_dim * dtype.bytes()) as u64
 }

@@ -9,9 +9,11 @@ use std::sync::{Arc, Mutex};
 use sous_kernels::gemm::{Packed, Tuning};
 use sous_kernels::transformer::Rotary;
 
-use super::{Embeddings, Layer, Model};
+use super::linear::LinearAttention;
+use super::moe::{Experts, load_mlp};
+use super::{Attention, Embeddings, Ffn, Layer, Mixer, Model};
 use crate::native::NativeError;
-use crate::native::config::{Family, ModelConfig};
+use crate::native::config::ModelConfig;
 use crate::native::weights::{Checkpoint, Precision};
 
 impl Model {
@@ -109,7 +111,7 @@ impl Model {
         };
         let rotary = Rotary::new(&config.inv_freq(), max_len, 1.0);
         Ok(Model {
-            norm: checkpoint.vector("model.norm.weight")?,
+            norm: norm_weight(&config, checkpoint, "model.norm.weight")?,
             config,
             precision,
             embed: Arc::new(embed),
@@ -130,17 +132,90 @@ fn load_layer(
     precision: Precision,
     i: usize,
 ) -> Result<Layer, NativeError> {
-    let dtype = precision;
-    let stack = |name: String, parts: Vec<Packed>| {
-        Packed::stack(parts).map_err(|e| NativeError::Config {
-            path: name.into(),
-            message: format!("cannot fuse the projections: {e}"),
-        })
-    };
     let c = config;
-    let (h, hd) = (c.hidden_size, c.head_dim);
+    let h = c.hidden_size;
     let p = format!("model.layers.{i}");
-    let q = checkpoint.linear(&format!("{p}.self_attn.q_proj"), [c.heads * hd, h], dtype)?;
+    let w4a4 = checkpoint.quantization().activations();
+    if w4a4 && (c.moe.is_some() || c.linear.is_some()) {
+        return Err(NativeError::Unsupported {
+            what: format!("W4A4 (NVFP4 activations) in a {} checkpoint", c.architecture),
+            hint: "the native engine runs W4A4 checkpoints of dense attention models; run this one's \
+                   weight-only NVFP4 form (`--scheme nvfp4a16`) or serve it with vLLM"
+                .into(),
+        });
+    }
+    let linear = c.linear.as_ref().filter(|l| l.layers[i]);
+    let mixer = match linear {
+        Some(l) => Mixer::Linear(LinearAttention::load(
+            c.family,
+            l,
+            h,
+            c.rms_norm_eps,
+            checkpoint,
+            precision,
+            &p,
+        )?),
+        None => Mixer::Attention(load_attention(c, checkpoint, precision, &p)?),
+    };
+    let input_scales = if w4a4 {
+        Some(input_scales(checkpoint, &p)?)
+    } else {
+        None
+    };
+    let mlp = match &c.moe {
+        Some(moe) if moe.is_sparse(i) => {
+            Ffn::Experts(Experts::load(c.family, moe, h, checkpoint, precision, &p)?)
+        }
+        _ => {
+            let names = ["gate_proj", "up_proj", "down_proj"];
+            Ffn::Dense(load_mlp(
+                checkpoint,
+                precision,
+                &format!("{p}.mlp"),
+                names,
+                h,
+                c.intermediate_size,
+            )?)
+        }
+    };
+    // Qwen3-Next and Qwen3.5 scale by `1 + weight` (transformers' `Qwen3NextRMSNorm`).
+    let norm =
+        |name: &str| -> Result<Vec<f32>, NativeError> { norm_weight(c, checkpoint, &format!("{p}.{name}")) };
+    Ok(Layer {
+        input_norm: norm("input_layernorm.weight")?,
+        mixer,
+        post_norm: norm("post_attention_layernorm.weight")?,
+        mlp,
+        input_scales,
+    })
+}
+
+/// An RMSNorm's weight as the product uses it: `1 + weight` where the family's norms
+/// are zero-centred.
+pub(super) fn norm_weight(
+    c: &ModelConfig,
+    checkpoint: &Checkpoint,
+    name: &str,
+) -> Result<Vec<f32>, NativeError> {
+    let mut w = checkpoint.vector(name)?;
+    if c.family.zero_centred_norms() {
+        w.iter_mut().for_each(|w| *w += 1.0);
+    }
+    Ok(w)
+}
+
+/// Layer prefix `p`'s attention projections (a gated attention's q rows are each
+/// head's query, then its gate).
+fn load_attention(
+    c: &ModelConfig,
+    checkpoint: &Checkpoint,
+    dtype: Precision,
+    p: &str,
+) -> Result<Attention, NativeError> {
+    let (h, hd) = (c.hidden_size, c.head_dim);
+    let gated = c.linear.is_some();
+    let q_rows = if gated { 2 * c.heads * hd } else { c.heads * hd };
+    let q = checkpoint.linear(&format!("{p}.self_attn.q_proj"), [q_rows, h], dtype)?;
     let kp = checkpoint.linear(&format!("{p}.self_attn.k_proj"), [c.kv_heads * hd, h], dtype)?;
     let v = checkpoint.linear(&format!("{p}.self_attn.v_proj"), [c.kv_heads * hd, h], dtype)?;
     let qkv_bias = if c.attention_bias {
@@ -151,56 +226,60 @@ fn load_layer(
     } else {
         None
     };
-    let (q_norm, k_norm) = if c.family == Family::Qwen3 {
+    let (q_norm, k_norm) = if c.family.qk_norm() {
         (
-            Some(checkpoint.vector(&format!("{p}.self_attn.q_norm.weight"))?),
-            Some(checkpoint.vector(&format!("{p}.self_attn.k_norm.weight"))?),
+            Some(norm_weight(
+                c,
+                checkpoint,
+                &format!("{p}.self_attn.q_norm.weight"),
+            )?),
+            Some(norm_weight(
+                c,
+                checkpoint,
+                &format!("{p}.self_attn.k_norm.weight"),
+            )?),
         )
     } else {
         (None, None)
     };
-    let input_scales = if checkpoint.quantization().activations() {
-        // Fused inputs take the largest of their members' scales, as vLLM does
-        // (`process_weights_after_loading` of its compressed-tensors W4A4
-        // scheme; its ModelOpt one takes the largest `input_scale` and inverts
-        // it); q/k/v and gate/up read one input, so they agree anyway.
-        let modelopt = checkpoint.quantization() == crate::native::weights::Quantization::Nvfp4W4a4ModelOpt;
-        let scale = |modules: &[&str]| -> Result<f32, NativeError> {
-            let mut best = f32::NEG_INFINITY;
-            for m in modules {
-                let name = if modelopt {
-                    "input_scale"
-                } else {
-                    "input_global_scale"
-                };
-                let values = checkpoint.vector(&format!("{p}.{m}.{name}"))?;
-                best = values.iter().copied().fold(best, f32::max);
-            }
-            Ok(if modelopt { 1.0 / best } else { best })
-        };
-        Some([
-            scale(&["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])?,
-            scale(&["self_attn.o_proj"])?,
-            scale(&["mlp.gate_proj", "mlp.up_proj"])?,
-            scale(&["mlp.down_proj"])?,
-        ])
-    } else {
-        None
-    };
-    let gate = checkpoint.linear(&format!("{p}.mlp.gate_proj"), [c.intermediate_size, h], dtype)?;
-    let up = checkpoint.linear(&format!("{p}.mlp.up_proj"), [c.intermediate_size, h], dtype)?;
-    Ok(Layer {
-        input_norm: checkpoint.vector(&format!("{p}.input_layernorm.weight"))?,
-        qkv: stack(format!("{p}.self_attn"), vec![q, kp, v])?,
+    let qkv = Packed::stack(vec![q, kp, v]).map_err(|e| NativeError::Config {
+        path: format!("{p}.self_attn").into(),
+        message: format!("cannot fuse the projections: {e}"),
+    })?;
+    Ok(Attention {
+        qkv,
         qkv_bias,
         q_norm,
         k_norm,
         o: checkpoint.linear(&format!("{p}.self_attn.o_proj"), [h, c.heads * hd], dtype)?,
-        post_norm: checkpoint.vector(&format!("{p}.post_attention_layernorm.weight"))?,
-        gate_up: stack(format!("{p}.mlp"), vec![gate, up])?,
-        down: checkpoint.linear(&format!("{p}.mlp.down_proj"), [h, c.intermediate_size], dtype)?,
-        input_scales,
     })
+}
+
+/// A W4A4 layer's activation global scales. Fused inputs take the largest of their
+/// members' scales, as vLLM does (`process_weights_after_loading` of its
+/// compressed-tensors W4A4 scheme; its ModelOpt one takes the largest `input_scale`
+/// and inverts it); q/k/v and gate/up read one input, so they agree anyway.
+fn input_scales(checkpoint: &Checkpoint, p: &str) -> Result<[f32; 4], NativeError> {
+    let modelopt = checkpoint.quantization() == crate::native::weights::Quantization::Nvfp4W4a4ModelOpt;
+    let scale = |modules: &[&str]| -> Result<f32, NativeError> {
+        let mut best = f32::NEG_INFINITY;
+        for m in modules {
+            let name = if modelopt {
+                "input_scale"
+            } else {
+                "input_global_scale"
+            };
+            let values = checkpoint.vector(&format!("{p}.{m}.{name}"))?;
+            best = values.iter().copied().fold(best, f32::max);
+        }
+        Ok(if modelopt { 1.0 / best } else { best })
+    };
+    Ok([
+        scale(&["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])?,
+        scale(&["self_attn.o_proj"])?,
+        scale(&["mlp.gate_proj", "mlp.up_proj"])?,
+        scale(&["mlp.down_proj"])?,
+    ])
 }
 
 /// Loads `layers` of the decoder, or says which are not in it.

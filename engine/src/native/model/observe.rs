@@ -1,0 +1,51 @@
+//! What a calibration pass records ([`LayerInputs`]: the largest magnitude at each
+//! projection's input) and how it rounds ([`Observer`]).
+
+/// The largest magnitude that reached the input of each of a layer's linear
+/// projections during calibration: what an NVFP4 W4A4 checkpoint's per-tensor
+/// activation scale (`input_global_scale`) is computed from. q, k and v read one
+/// input, as do gate and up, so a layer has four.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LayerInputs {
+    /// Input of q_proj, k_proj and v_proj (the normed residual).
+    pub qkv: f32,
+    /// Input of o_proj (attention's output).
+    pub o: f32,
+    /// Input of gate_proj and up_proj (the normed residual).
+    pub gate_up: f32,
+    /// Input of down_proj (`silu(gate) * up`).
+    pub down: f32,
+}
+
+impl LayerInputs {
+    /// The layer's quantizable projections (their names under `model.layers.N.`) and
+    /// the input range each saw.
+    pub fn modules(&self) -> [(&'static str, f32); 7] {
+        [
+            ("self_attn.q_proj", self.qkv),
+            ("self_attn.k_proj", self.qkv),
+            ("self_attn.v_proj", self.qkv),
+            ("self_attn.o_proj", self.o),
+            ("mlp.gate_proj", self.gate_up),
+            ("mlp.up_proj", self.gate_up),
+            ("mlp.down_proj", self.down),
+        ]
+    }
+
+    pub(super) fn raise(slot: &mut f32, values: &[f32]) {
+        // NaN never wins a `max`: a NaN activation leaves the range as it was.
+        *slot = values.iter().fold(*slot, |m, v| m.max(v.abs()));
+    }
+}
+
+/// What a calibration pass records, and how it rounds.
+pub(super) struct Observer<'a> {
+    pub(super) ranges: &'a mut [LayerInputs],
+    /// The hidden states entering the first layer held (unused, and left empty, when
+    /// that is the decoder's first: the tokens are embedded), replaced by those leaving
+    /// the last layer held.
+    pub(super) hidden: &'a mut Vec<f32>,
+    pub(super) bf16: bool,
+    /// Called with each layer's index once the pass is through it.
+    pub(super) layer_done: &'a (dyn Fn(usize) + Sync),
+}

@@ -1,0 +1,422 @@
+//! The forward pass ([`Model::pass`]): every layer over a varlen batch, attention
+//! layers reading and writing the paged KV cache, linear-attention layers each
+//! sequence's state, then the final norm and the output projection for the rows whose
+//! logits are asked for. Calibration runs the same pass with an [`Observer`].
+
+use rayon::prelude::*;
+use sous_kernels::activation::quantize_dequantize_nvfp4;
+use sous_kernels::gemm::Packed;
+use sous_kernels::transformer::linear::sigmoid;
+use sous_kernels::transformer::{self as k, Span};
+
+use super::cache::Held;
+use super::{
+    BatchSeq, Ffn, KvCache, LayerInputs, Logits, Mixer, Model, Observer, PARALLEL_ROWS, Scratch, linear,
+};
+use crate::native::NativeError;
+use crate::native::weights::Precision;
+
+impl Model {
+    pub(super) fn pass(
+        &self,
+        batch: &[BatchSeq],
+        cache: &mut KvCache,
+        mut observe: Option<Observer<'_>>,
+    ) -> Result<Vec<f32>, NativeError> {
+        let bf16 = observe.as_ref().is_some_and(|o| o.bf16);
+        let norm = if bf16 { k::rms_norm_bf16 } else { k::rms_norm };
+        let c = &self.config;
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let tokens: Vec<u32> = batch.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let mut n = tokens.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // Each token's block table and position, and each sequence's span of rows.
+        let mut tables = Vec::with_capacity(n);
+        let mut positions = Vec::with_capacity(n);
+        let mut spans = Vec::with_capacity(batch.len());
+        for s in batch {
+            spans.push(Span {
+                blocks: s.blocks,
+                start: s.start,
+                len: s.tokens.len(),
+                row: positions.len(),
+            });
+            for i in 0..s.tokens.len() {
+                let position = s.start + i;
+                if position >= self.rotary.positions() || position >= s.blocks.len() * cache.block_size() {
+                    return Err(NativeError::Internal(format!(
+                        "position {position} is beyond the sequence's {} cached blocks or the rotary table",
+                        s.blocks.len()
+                    )));
+                }
+                positions.push(position);
+                tables.push(s.blocks);
+            }
+        }
+        let mut x = match observe.as_mut() {
+            // A calibration pass from a later layer: the hidden states an earlier one left.
+            Some(seen) if self.first_layer > 0 => {
+                if seen.hidden.len() != n * h {
+                    return Err(NativeError::Internal(format!(
+                        "{} hidden values enter layer {} for {n} tokens of {h}",
+                        seen.hidden.len(),
+                        self.first_layer
+                    )));
+                }
+                std::mem::take(seen.hidden)
+            }
+            _ => {
+                let mut x = vec![0.0f32; n * h];
+                for (row, &id) in x.chunks_exact_mut(h).zip(&tokens) {
+                    if id as usize >= c.vocab_size {
+                        return Err(NativeError::Internal(format!(
+                            "token id {id} is outside the vocabulary"
+                        )));
+                    }
+                    self.embed.row(id as usize, row);
+                }
+                x
+            }
+        };
+        // The pass's buffers, those of the last pass if no other pass holds them: fresh
+        // ones are fresh pages, faulted in and cleared by the kernel 4 KiB at a time
+        // (about 1 % of a 512-token prefill, and a tenth of a calibration that runs one
+        // layer per pass). Each is zeroed to its length here, as a fresh one would be.
+        let mut scratch = self
+            .scratch
+            .try_lock()
+            .map(|mut kept| std::mem::take(&mut *kept))
+            .unwrap_or_default();
+        let zeroed = |v: &mut Vec<f32>, len: usize| {
+            let mut v = std::mem::take(v);
+            v.clear();
+            v.resize(len, 0.0);
+            v
+        };
+        let mut normed = zeroed(&mut scratch.normed, n * h);
+        let (q_len, kv_len) = (c.heads * hd, c.kv_heads * hd);
+        let mut q = zeroed(&mut scratch.q, n * q_len);
+        let mut attn = zeroed(&mut scratch.attn, n * q_len);
+        let mut act = zeroed(&mut scratch.act, n * c.intermediate_size);
+        // `bfloat16`: bf16 arithmetic in the products (inputs rounded to bf16).
+        let (precision, tuning) = (self.precision, self.tuning);
+        let product = |x: &[f32], rows: usize, w: &Packed, out: &mut [f32]| match precision {
+            Precision::Bf16 => tuning.matmul_bf16(x, rows, w, out),
+            Precision::Stored => tuning.matmul(x, rows, w, out),
+        };
+        // The products' outputs, once per pass (fresh pages for every layer's products
+        // cost more than the norms between them). A gated attention's q rows hold each
+        // head's query and output gate.
+        let gated = c.linear.is_some();
+        let q_width = if gated { 2 * q_len } else { q_len };
+        let row_len = q_width + 2 * kv_len;
+        let mut qkv = zeroed(&mut scratch.qkv, n * row_len);
+        let mut gate = if gated {
+            vec![0.0f32; n * q_len]
+        } else {
+            Vec::new()
+        };
+        let mut o = zeroed(&mut scratch.o, n * h);
+        let mut gate_up = zeroed(&mut scratch.gate_up, n * 2 * c.intermediate_size);
+        let mut down = zeroed(&mut scratch.down, n * h);
+        // The rows whose logits are asked for.
+        let mut rows = Vec::new();
+        let mut offset = 0;
+        for s in batch {
+            let len = s.tokens.len();
+            match s.logits {
+                Logits::None => {}
+                Logits::Last => rows.push(offset + len - 1),
+                Logits::All => rows.extend(offset..offset + len),
+            }
+            offset += len;
+        }
+        let mut pruned = false;
+        // Each layer's index among the attention layers (its KV cache) and among the
+        // linear-attention ones (its states).
+        let (mut kv_index, mut linear_index) = (0, 0);
+        for (li, layer) in self.layers.iter().enumerate() {
+            // Past the last layer's mixer, only the rows whose logits are asked for
+            // matter (a prompt chunk's last token, or none). (Calibration observes
+            // every row.)
+            let last = self.first_layer + li + 1 == c.layers && observe.is_none() && rows.len() < n;
+            norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
+            if let Some(seen) = observe.as_mut() {
+                LayerInputs::raise(&mut seen.ranges[li].qkv, &normed);
+            }
+            if let Some(scales) = layer.input_scales {
+                quantize_dequantize_nvfp4(&mut normed, scales[0]);
+            }
+            match &layer.mixer {
+                Mixer::Linear(mixer) => {
+                    let states = cache.linear.as_mut().ok_or_else(|| {
+                        NativeError::Internal("a linear-attention layer without states in the cache".into())
+                    })?;
+                    let seqs: Vec<linear::Rows> = batch
+                        .iter()
+                        .zip(&spans)
+                        .map(|(s, span)| linear::Rows {
+                            slot: s.state,
+                            fresh: s.start == 0,
+                            first: span.row,
+                            len: span.len,
+                        })
+                        .collect();
+                    if let Some(s) = seqs.iter().find(|s| s.slot >= states.slots()) {
+                        return Err(NativeError::Internal(format!(
+                            "state slot {} of {}",
+                            s.slot,
+                            states.slots()
+                        )));
+                    }
+                    mixer.forward(&normed, &seqs, states, linear_index, &product, &mut o);
+                    linear_index += 1;
+                    if last {
+                        if rows.is_empty() {
+                            break;
+                        }
+                        let m = rows.len();
+                        let pick = |v: &[f32], w: usize| -> Vec<f32> {
+                            rows.iter()
+                                .flat_map(|&r| v[r * w..(r + 1) * w].iter().copied())
+                                .collect()
+                        };
+                        (x, o) = (pick(&x, h), pick(&o, h));
+                        for (buffer, width) in [
+                            (&mut normed, h),
+                            (&mut gate_up, 2 * c.intermediate_size),
+                            (&mut act, c.intermediate_size),
+                            (&mut down, h),
+                        ] {
+                            buffer.truncate(m * width);
+                        }
+                        (n, pruned) = (m, true);
+                    }
+                }
+                Mixer::Attention(a) => {
+                    product(&normed, n, &a.qkv, &mut qkv);
+                    if bf16 {
+                        k::round_bf16_all(&mut qkv);
+                    }
+                    if let Some(bias) = &a.qkv_bias {
+                        for row in qkv.chunks_exact_mut(row_len) {
+                            k::add_assign(row, bias);
+                            if bf16 {
+                                k::round_bf16_all(row);
+                            }
+                        }
+                    }
+                    if gated {
+                        for (row, g) in qkv.chunks_exact(row_len).zip(gate.chunks_exact_mut(q_len)) {
+                            for (head, g) in row[..q_width].chunks_exact(2 * hd).zip(g.chunks_exact_mut(hd)) {
+                                g.copy_from_slice(&head[hd..]);
+                            }
+                        }
+                    }
+                    // Each token's q/k norms and rotary embedding, and its query copied
+                    // out for attention while the row is in cache, on the pool for a
+                    // prompt chunk (every row alone, so the same bits wherever it runs):
+                    // a quarter of the time of one thread copying them after the
+                    // rotation (BENCHMARKS.md, "Figures that were in code comments").
+                    let partial = c.rotary_dim < hd;
+                    let rotate = |((row, &position), q): ((&mut [f32], &usize), &mut [f32])| {
+                        let (qr, rest) = row.split_at_mut(q_width);
+                        let kr = &mut rest[..kv_len];
+                        let turn = |qr: &mut [f32], kr: &mut [f32]| {
+                            if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+                                k::rms_norm_heads(qr, qn, c.rms_norm_eps);
+                                k::rms_norm_heads(kr, kn, c.rms_norm_eps);
+                            }
+                            if bf16 {
+                                self.rotary.apply_bf16(qr, position);
+                                self.rotary.apply_bf16(kr, position);
+                            } else if partial {
+                                self.rotary.apply_heads(qr, hd, position);
+                                self.rotary.apply_heads(kr, hd, position);
+                            } else {
+                                self.rotary.apply(qr, position);
+                                self.rotary.apply(kr, position);
+                            }
+                        };
+                        if gated {
+                            for (dst, head) in q.chunks_exact_mut(hd).zip(qr.chunks_exact(2 * hd)) {
+                                dst.copy_from_slice(&head[..hd]);
+                            }
+                            turn(q, kr);
+                        } else {
+                            turn(qr, kr);
+                            q.copy_from_slice(qr);
+                        }
+                    };
+                    if n >= PARALLEL_ROWS {
+                        qkv.par_chunks_exact_mut(row_len)
+                            .zip(positions.par_iter())
+                            .zip(q.par_chunks_exact_mut(q_len))
+                            .with_min_len(PARALLEL_ROWS / 2)
+                            .for_each(rotate);
+                    } else {
+                        qkv.chunks_exact_mut(row_len)
+                            .zip(positions.iter())
+                            .zip(q.chunks_exact_mut(q_len))
+                            .for_each(rotate);
+                    }
+                    let shape = cache.shape;
+                    let held = &mut cache.layers[kv_index];
+                    kv_index += 1;
+                    for (t, row) in qkv.chunks_exact(row_len).enumerate() {
+                        let (kr, vr) = row[q_width..].split_at(kv_len);
+                        match held {
+                            Held::F32 { k, v } => shape.store(k, v, tables[t], positions[t], kr, vr),
+                            Held::Bf16 { k, v } => shape.store_bf16(k, v, tables[t], positions[t], kr, vr),
+                        }
+                    }
+                    // Past the last layer's keys and values, the rest of the layer runs
+                    // on the rows asked for alone. Every row's arithmetic is its own, so
+                    // their bits do not change.
+                    if last {
+                        if rows.is_empty() {
+                            break;
+                        }
+                        let m = rows.len();
+                        let pick = |v: &[f32], w: usize| -> Vec<f32> {
+                            rows.iter()
+                                .flat_map(|&r| v[r * w..(r + 1) * w].iter().copied())
+                                .collect()
+                        };
+                        (q, x) = (pick(&q, q_len), pick(&x, h));
+                        if gated {
+                            gate = pick(&gate, q_len);
+                        }
+                        spans = rows
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &r)| Span {
+                                blocks: tables[r],
+                                start: positions[r],
+                                len: 1,
+                                row: i,
+                            })
+                            .collect();
+                        for (buffer, width) in [
+                            (&mut attn, q_len),
+                            (&mut o, h),
+                            (&mut normed, h),
+                            (&mut gate_up, 2 * c.intermediate_size),
+                            (&mut act, c.intermediate_size),
+                            (&mut down, h),
+                        ] {
+                            buffer.truncate(m * width);
+                        }
+                        (n, pruned) = (m, true);
+                    }
+                    match held {
+                        Held::F32 { k, v } if bf16 => {
+                            k::attention_eager_bf16(&q, &spans, c.heads, shape, k, v, &mut attn)
+                        }
+                        Held::F32 { k, v } => {
+                            k::attention(&q, &spans, c.heads, shape, k, v, &mut attn, tuning.isa())
+                        }
+                        Held::Bf16 { .. } if bf16 => {
+                            return Err(NativeError::Internal(
+                                "calibration's bf16 attention reads an f32 cache".into(),
+                            ));
+                        }
+                        Held::Bf16 { k, v } => {
+                            k::attention_bf16_cache(&q, &spans, c.heads, shape, k, v, &mut attn, tuning.isa())
+                        }
+                    }
+                    if gated {
+                        for (v, &g) in attn.iter_mut().zip(&gate) {
+                            *v *= sigmoid(g);
+                        }
+                    }
+                    if let Some(seen) = observe.as_mut() {
+                        LayerInputs::raise(&mut seen.ranges[li].o, &attn);
+                    }
+                    if let Some(scales) = layer.input_scales {
+                        quantize_dequantize_nvfp4(&mut attn, scales[1]);
+                    }
+                    product(&attn, n, &a.o, &mut o);
+                    if bf16 {
+                        k::round_bf16_all(&mut o);
+                    }
+                }
+            }
+            k::add_assign(&mut x, &o);
+            if bf16 {
+                k::round_bf16_all(&mut x);
+            }
+            norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
+            match &layer.mlp {
+                Ffn::Experts(experts) => experts.forward(&normed, n, &product, &mut down),
+                Ffn::Dense(mlp) => {
+                    if let Some(seen) = observe.as_mut() {
+                        LayerInputs::raise(&mut seen.ranges[li].gate_up, &normed);
+                    }
+                    if let Some(scales) = layer.input_scales {
+                        quantize_dequantize_nvfp4(&mut normed, scales[2]);
+                    }
+                    product(&normed, n, &mlp.gate_up, &mut gate_up);
+                    if bf16 {
+                        k::round_bf16_all(&mut gate_up);
+                        k::silu_mul_bf16(&gate_up, c.intermediate_size, &mut act);
+                    } else {
+                        k::silu_mul(&gate_up, c.intermediate_size, &mut act);
+                    }
+                    if let Some(seen) = observe.as_mut() {
+                        LayerInputs::raise(&mut seen.ranges[li].down, &act);
+                    }
+                    if let Some(scales) = layer.input_scales {
+                        quantize_dequantize_nvfp4(&mut act, scales[3]);
+                    }
+                    product(&act, n, &mlp.down, &mut down);
+                    if bf16 {
+                        k::round_bf16_all(&mut down);
+                    }
+                }
+            }
+            k::add_assign(&mut x, &down);
+            if bf16 {
+                k::round_bf16_all(&mut x);
+            }
+            if let Some(seen) = observe.as_ref() {
+                (seen.layer_done)(li);
+            }
+        }
+        if let Ok(mut kept) = self.scratch.try_lock() {
+            *kept = Scratch {
+                normed,
+                q,
+                attn,
+                act,
+                qkv,
+                o,
+                gate_up,
+                down,
+            };
+        }
+        // A calibration pass hands its hidden states on, for the layers after these.
+        if let Some(seen) = observe {
+            *seen.hidden = x;
+            return Ok(Vec::new());
+        }
+        // Final norm and lm_head, only for the rows asked for (after a pruned last
+        // layer, the first rows of `x`).
+        if pruned {
+            rows = (0..rows.len()).collect();
+        }
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut hidden = vec![0.0f32; rows.len() * h];
+        for (dst, &r) in hidden.chunks_exact_mut(h).zip(&rows) {
+            k::rms_norm_row(&x[r * h..(r + 1) * h], &self.norm, c.rms_norm_eps, dst);
+        }
+        let head = self.head();
+        let mut logits = vec![0.0f32; rows.len() * head.n()];
+        product(&hidden, rows.len(), head, &mut logits);
+        Ok(logits)
+    }
+}
