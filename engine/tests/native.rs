@@ -880,3 +880,63 @@ fn calibrated_activation_scales_match_llm_compressor() {
         assert!(worst.0 <= 0.03, "bf16 {bf16}: {}", worst.1);
     }
 }
+
+/// A hybrid model (Qwen3.5, Gated DeltaNet) through the loop: ngram drafts that are
+/// rejected take the linear-attention state back, so the greedy tokens with speculation,
+/// alone and batched, are those without it, which are transformers'.
+#[test]
+fn a_hybrid_model_speculates_and_gives_the_tokens_it_gives_without() {
+    let dir = root().join("tests/fixtures/architectures/qwen3_5");
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).expect("reference"))
+            .expect("reference JSON");
+    let start = |speculative| {
+        Loop::launch(Settings {
+            max_model_len: Some(512),
+            ..settings(&dir, false, 4, 64, speculative, Precision::Stored)
+        })
+    };
+    let ngram = Ngram {
+        tokens: 3,
+        min: 1,
+        max: 2,
+    };
+    let (plain, speculating) = (start(None), start(Some(ngram)));
+    let cases = reference["cases"].as_array().expect("cases");
+    for case in cases {
+        let prompt = ids(&case["prompt"]);
+        let want = ids(&case["greedy"]);
+        assert_eq!(plain.generate(prompt.clone(), greedy(want.len())).0, want);
+        assert_eq!(
+            speculating.generate(prompt, greedy(want.len())).0,
+            want,
+            "with ngram drafts"
+        );
+    }
+    // Longer, repetitive prompts, two at a time: more drafts, some of them standing.
+    let prompts: Vec<Vec<u32>> = cases
+        .iter()
+        .map(|c| {
+            let p = ids(&c["prompt"]);
+            p.iter().chain(&p).chain(&p).copied().collect()
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| plain.generate(p.clone(), greedy(40)).0)
+        .collect();
+    let receivers: Vec<_> = prompts
+        .iter()
+        .map(|p| speculating.submit(p.clone(), greedy(40)))
+        .collect();
+    for (rx, want) in receivers.into_iter().zip(&want) {
+        assert_eq!(&Loop::collect(rx).0, want, "batched, with ngram drafts");
+    }
+    let text = speculating.metrics.render();
+    let drafted = counter(&text, "vllm:spec_decode_num_draft_tokens_total");
+    let accepted = counter(&text, "vllm:spec_decode_num_accepted_tokens_total");
+    assert!(
+        drafted > accepted,
+        "drafted {drafted}, accepted {accepted}: no draft was rejected"
+    );
+}

@@ -140,6 +140,10 @@ impl Seq {
     }
 }
 
+/// A drafting sequence's index in `running`, its computed tokens and draft length
+/// before the step, and its linear-attention state then.
+type Saved = (usize, usize, usize, Vec<f32>);
+
 /// The loop's state.
 pub struct Core {
     model: Model,
@@ -440,6 +444,17 @@ impl Core {
             })
             .collect();
         let kinds: Vec<Logits> = batch.iter().map(|b| b.logits).collect();
+        // A hybrid model's drafting sequences: their linear-attention states before the
+        // step, to go back to when a draft token is rejected.
+        let saved: Vec<Saved> = plan
+            .iter()
+            .filter_map(|&(i, _)| {
+                let s = &self.running[i];
+                let slot = s.slot.filter(|_| !s.draft.is_empty())?;
+                let state = self.cache.save_state(slot)?;
+                Some((i, s.computed, s.draft.len(), state))
+            })
+            .collect();
         let result = self.model.forward(&batch, &mut self.cache);
         drop(batch);
         let logits = match result {
@@ -521,10 +536,48 @@ impl Core {
                 done.push((i, reason));
             }
         }
+        self.rewind(saved, &done);
         done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
         for (i, reason) in done {
             let seq = self.running.remove(i);
             self.finish(seq, reason);
+        }
+    }
+
+    /// Takes the drafting sequences of a hybrid model whose drafts were not all accepted
+    /// back to the state they had before the step (`saved`), and runs the tokens that
+    /// stood again: their keys and values were right, but the linear-attention state
+    /// went on through the rejected tokens. Sequences that finished are left alone.
+    fn rewind(&mut self, saved: Vec<Saved>, done: &[(usize, FinishReason)]) {
+        let mut again = Vec::new();
+        for (i, start, drafted, state) in saved {
+            let seq = &self.running[i];
+            let Some(slot) = seq.slot else { continue };
+            if done.iter().any(|d| d.0 == i) || seq.computed == start + drafted + 1 {
+                continue;
+            }
+            self.cache.restore_state(slot, &state);
+            again.push((i, start, slot));
+        }
+        if again.is_empty() {
+            return;
+        }
+        let batch: Vec<BatchSeq> = again
+            .iter()
+            .map(|&(i, start, slot)| {
+                let s = &self.running[i];
+                BatchSeq {
+                    blocks: &s.blocks,
+                    tokens: &s.tokens[start..s.computed],
+                    start,
+                    state: slot,
+                    logits: Logits::None,
+                }
+            })
+            .collect();
+        if let Err(e) = self.model.forward(&batch, &mut self.cache) {
+            let message = format!("running the accepted draft tokens again failed: {e}");
+            super::log(self.reporter.as_ref(), "ERROR", super::here!(), &message);
         }
     }
 }

@@ -287,22 +287,16 @@ impl Engine {
         };
         if config.linear.is_some() {
             // A linear-attention state sums the whole prefix: a cached block of keys and
-            // values alone cannot resume it, nor can a rejected draft be taken back.
-            let refused = if settings.prefix_caching {
-                Some("`serving.prefix_caching`")
-            } else if settings.speculative.is_some() {
-                Some("`serving.speculative` (method `ngram`)")
-            } else {
-                None
-            };
-            if let Some(setting) = refused {
+            // values alone cannot resume it.
+            if settings.prefix_caching {
                 return Err(NativeError::Settings {
                     message: format!(
-                        "{setting} is not available for {}: its linear-attention layers keep one state per \
-                         request, which the native engine does not save at block boundaries or roll back",
+                        "`serving.prefix_caching` is not available for {}: its linear-attention layers keep \
+                         one state per request, which the native engine does not save at block boundaries",
                         config.architecture
                     ),
-                    hint: format!("remove {setting} from the recipe, or serve this model with vLLM"),
+                    hint: "remove `serving.prefix_caching` from the recipe, or serve this model with vLLM"
+                        .into(),
                 });
             }
         }

@@ -136,6 +136,20 @@ impl KvCache {
         self
     }
 
+    /// A copy of a sequence's linear-attention state (`None` for a model without
+    /// linear attention), for [`KvCache::restore_state`]: a step whose drafted tokens
+    /// are not all accepted has advanced the state past them and must go back.
+    pub fn save_state(&mut self, slot: usize) -> Option<Vec<f32>> {
+        self.linear.as_mut().map(|states| states.save(slot))
+    }
+
+    /// Puts back a state [`KvCache::save_state`] copied.
+    pub fn restore_state(&mut self, slot: usize, saved: &[f32]) {
+        if let Some(states) = self.linear.as_mut() {
+            states.restore(slot, saved);
+        }
+    }
+
     /// Blocks in the cache.
     pub fn blocks(&self) -> usize {
         self.blocks

@@ -78,6 +78,29 @@ impl LinearStates {
         (config.count() * config.state_values() * 4) as u64
     }
 
+    /// A copy of sequence slot `slot`'s state in every layer (to take a step back to).
+    pub fn save(&mut self, slot: usize) -> Vec<f32> {
+        let mut saved = Vec::new();
+        for layer in 0..self.conv.len() {
+            let (conv, recurrent) = self.slot(layer, slot);
+            saved.extend_from_slice(conv);
+            saved.extend_from_slice(recurrent);
+        }
+        saved
+    }
+
+    /// Puts back what [`LinearStates::save`] copied from slot `slot`.
+    pub fn restore(&mut self, slot: usize, saved: &[f32]) {
+        let mut at = 0;
+        for layer in 0..self.conv.len() {
+            let (conv, recurrent) = self.slot(layer, slot);
+            for part in [conv, recurrent] {
+                part.copy_from_slice(&saved[at..at + part.len()]);
+                at += part.len();
+            }
+        }
+    }
+
     fn slot(&mut self, layer: usize, slot: usize) -> (&mut [f32], &mut [f32]) {
         let conv_len = (self.config.conv_kernel - 1) * self.config.conv_dim();
         let rec_len = self.config.v_heads * self.config.k_dim * self.config.v_dim;
