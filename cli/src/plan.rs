@@ -299,10 +299,23 @@ fn model_with(files: &ModelFiles, recipe: &Recipe, native_kv: Option<KvDtype>) -
     };
     let native_config =
         native::config::ModelConfig::parse(&config.to_string(), Path::new("config.json")).ok();
+    // Drafting with the checkpoint's MTP head adds its layer's keys and values.
+    let mtp = recipe
+        .serving
+        .speculative
+        .as_ref()
+        .and_then(|s| s.method.as_deref())
+        .is_some_and(sous_engine::recipe::is_mtp)
+        && files.tensors.iter().any(|t| t.name == "mtp.fc.weight");
     let native_kv_per_token = native_kv.and_then(|dtype| {
-        native_config
-            .as_ref()
-            .map(|c| native::model::kv_bytes_per_token(c, dtype))
+        native_config.as_ref().map(|c| {
+            native::model::kv_bytes_per_token(c, dtype)
+                + if mtp {
+                    native::model::kv_bytes_per_layer(c, dtype)
+                } else {
+                    0
+                }
+        })
     });
     let native_state_per_sequence = native_config
         .as_ref()

@@ -131,6 +131,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prefix_caching: false,
         chunked_prefill: true,
         speculative: None,
+        mtp: None,
         kv_cache_bytes: Some(1 << 30),
         memory_fraction: None,
         host: "127.0.0.1".into(),

@@ -280,3 +280,94 @@ fn fused_expert_tensors_give_the_same_logits_as_one_tensor_per_expert() {
         same_logits_in_both_layouts(name, &format!("{name}-fused"));
     }
 }
+
+/// The checkpoint's MTP head drafts what an independent PyTorch reference of vLLM's
+/// MTP forward drafts (`scripts/reference/mtp_reference.py`): two tokens after every
+/// greedy token, the head reading the decoder's final hidden states and keeping keys
+/// and values of its own.
+fn mtp_drafts_match_the_reference(name: &str) {
+    let dir = fixtures().join(name);
+    let want = reference(&dir);
+    let model = load(&dir);
+    assert!(model.has_mtp(), "{name}: the MTP head is not loaded");
+    let vocab = model.config().vocab_size;
+    let h = model.config().hidden_size;
+    let mut worst = 0.0f32;
+    for (case, drafts) in want["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .zip(want["mtp"]["cases"].as_array().expect("mtp cases"))
+    {
+        let prompt = ids(&case["prompt"]);
+        let greedy = ids(&case["greedy"]);
+        let blocks: Vec<u32> = (0..(512 / BLOCK) as u32).collect();
+        let mut cache = KvCache::new(&model, blocks.len(), BLOCK);
+        let n = prompt.len();
+        for (j, want_drafts) in drafts["drafts"].as_array().expect("drafts").iter().enumerate() {
+            // The decoder over what is new (the prompt, then the last greedy token).
+            let (input, start) = if j == 0 {
+                (prompt.clone(), 0)
+            } else {
+                (vec![greedy[j - 1]], n + j - 1)
+            };
+            let seq = BatchSeq {
+                blocks: &blocks,
+                tokens: &input,
+                start,
+                state: 0,
+                logits: Logits::Last,
+            };
+            let passed = model.forward_hidden(&[seq], &mut cache).expect("decoder");
+            assert_eq!(passed.hidden.len(), input.len() * h);
+            // The head over the same positions, each with the token after it.
+            let next: Vec<u32> = if j == 0 {
+                prompt[1..].iter().chain(&greedy[..1]).copied().collect()
+            } else {
+                vec![greedy[j]]
+            };
+            let mut drafted = Vec::new();
+            let mut lps = Vec::new();
+            let (mut tokens, mut hidden, mut at) = (next, passed.hidden, start);
+            for _ in 0..2 {
+                let seq = BatchSeq {
+                    blocks: &blocks,
+                    tokens: &tokens,
+                    start: at,
+                    state: 0,
+                    logits: Logits::Last,
+                };
+                let out = model.forward_mtp(&[seq], &hidden, &mut cache).expect("MTP");
+                assert_eq!(out.logits.len(), vocab);
+                let id = argmax(&out.logits);
+                lps.push(log_softmax(&out.logits)[id as usize]);
+                drafted.push(id);
+                at += tokens.len();
+                (tokens, hidden) = (vec![id], out.hidden);
+            }
+            assert_eq!(drafted, ids(want_drafts), "{name}: drafts after greedy token {j}");
+            for (lp, want) in lps.iter().zip(floats(&drafts["draft_logprobs"][j])) {
+                let want = want.expect("a logprob");
+                worst = worst.max((lp - want).abs());
+                assert!(
+                    (lp - want).abs() <= LOGPROB_TOLERANCE,
+                    "{name}: draft logprob {lp} vs {want}"
+                );
+            }
+        }
+    }
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("{name}: largest MTP draft log-probability gap to the reference {worst:e}");
+    }
+}
+
+#[test]
+fn qwen3_next_mtp_drafts_match_the_reference() {
+    mtp_drafts_match_the_reference("qwen3_next");
+}
+
+#[test]
+fn qwen3_5_mtp_drafts_match_the_reference() {
+    mtp_drafts_match_the_reference("qwen3_5");
+}

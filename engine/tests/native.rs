@@ -197,6 +197,7 @@ fn settings(
         prefix_caching,
         chunked_prefill: true,
         speculative,
+        mtp: None,
         kv_cache_bytes: Some(256 << 20),
         memory_fraction: None,
         host: "127.0.0.1".into(),
@@ -939,4 +940,46 @@ fn a_hybrid_model_speculates_and_gives_the_tokens_it_gives_without() {
         drafted > accepted,
         "drafted {drafted}, accepted {accepted}: no draft was rejected"
     );
+}
+
+/// The MTP head of the tiny Qwen3-Next and Qwen3.5 drafts two tokens a step (the
+/// `qwen3_next_mtp` lever of the DGX Spark recipe); the model verifies them, so greedy
+/// tokens, alone and batched, are transformers'; vLLM's spec-decode counters count the
+/// drafts.
+#[test]
+fn mtp_drafts_change_no_greedy_token_and_are_counted() {
+    for name in ["qwen3_next", "qwen3_5"] {
+        let dir = root().join("tests/fixtures/architectures").join(name);
+        let reference: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).expect("reference"))
+                .expect("reference JSON");
+        let engine = Loop::launch(Settings {
+            max_model_len: Some(512),
+            mtp: Some(2),
+            ..settings(&dir, false, 4, 64, None, Precision::Stored)
+        });
+        let cases = reference["cases"].as_array().expect("cases");
+        for case in cases {
+            let want = ids(&case["greedy"]);
+            let got = engine.generate(ids(&case["prompt"]), greedy(want.len())).0;
+            assert_eq!(got, want, "{name} with MTP drafts");
+        }
+        let receivers: Vec<_> = cases
+            .iter()
+            .map(|c| engine.submit(ids(&c["prompt"]), greedy(12)))
+            .collect();
+        for (rx, case) in receivers.into_iter().zip(cases) {
+            assert_eq!(
+                Loop::collect(rx).0,
+                ids(&case["greedy"]),
+                "{name} batched, with MTP drafts"
+            );
+        }
+        let text = engine.metrics.render();
+        let drafted = counter(&text, "vllm:spec_decode_num_draft_tokens_total");
+        // No draft of these random heads stands (reference.json's drafts never equal
+        // the next greedy token), so each of the 4 requests takes a step per token and
+        // drafts two tokens at each, as far as `max_tokens` leaves room: 2 × 9 + 1.
+        assert_eq!(drafted, 4.0 * 19.0, "{name}: tokens drafted");
+    }
 }

@@ -1,8 +1,9 @@
 //! `sous serve` with the native engine on the MoE and hybrid models of
 //! `tests/fixtures/architectures/` (tiny random models saved by transformers 5.17, with
 //! a byte-level tokenizer saved by transformers too): the served log-probabilities of
-//! the prompt and of a greedy continuation are transformers', and what the engine does
-//! not run on a hybrid model is refused at start-up naming the setting.
+//! the prompt and of a greedy continuation are transformers' (with the MTP head drafting
+//! too), `sous plan`'s KV prediction is the engine's, and what the engine does not run on
+//! a hybrid model is refused at start-up naming the setting.
 
 use std::path::PathBuf;
 
@@ -23,6 +24,11 @@ fn reference(name: &str) -> Value {
 /// One completion of `case` of model `name`'s reference, greedy, with the prompt's and
 /// the output's log-probabilities, checked against transformers'.
 fn served_logprobs_are_transformers(name: &str) {
+    served_with(name, "");
+}
+
+/// [`served_logprobs_are_transformers`] with `serving` TOML lines added.
+fn served_with(name: &str, serving: &str) {
     let want = reference(name);
     let case = &want["cases"][1];
     let prompt: Vec<u64> = case["prompt"]
@@ -32,7 +38,12 @@ fn served_logprobs_are_transformers(name: &str) {
         .map(|v| v.as_u64().expect("id"))
         .collect();
     let greedy = case["greedy_logprobs"].as_array().expect("greedy_logprobs");
-    let server = serve(&fixture(name), "[serving]\nmax_num_seqs = 4", "", &[]);
+    let server = serve(
+        &fixture(name),
+        &format!("[serving]\nmax_num_seqs = 4\n{serving}"),
+        "",
+        &[],
+    );
     // `sous plan`'s prediction (linear-attention states set aside) is what the engine sized.
     let log = server.running.stderr();
     let ready = log
@@ -117,6 +128,14 @@ fn a_qwen3_moe_model_is_served_as_transformers_runs_it() {
 #[test]
 fn a_qwen3_next_model_is_served_as_transformers_runs_it() {
     served_logprobs_are_transformers("qwen3_next");
+}
+
+#[test]
+fn a_hybrid_drafting_with_its_mtp_head_is_served_as_transformers_runs_it() {
+    served_with(
+        "qwen3_next",
+        "speculative = { method = \"qwen3_next_mtp\", tokens = 2 }",
+    );
 }
 
 #[test]

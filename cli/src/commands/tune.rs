@@ -161,7 +161,12 @@ pub fn exec(args: TuneArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         .into());
     }
     let levers: Vec<Lever> = if args.levers.is_empty() {
-        tune::default_levers(&base)
+        let traits = base
+            .model
+            .path
+            .as_deref()
+            .map_or_else(tune::ModelTraits::default, |p| tune::ModelTraits::of(p.as_ref()));
+        tune::default_levers(&base, traits)
     } else {
         args.levers
             .iter()

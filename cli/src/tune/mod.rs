@@ -176,9 +176,35 @@ fn split_top(text: &str) -> Vec<&str> {
     parts
 }
 
+/// What the model brings to the choice of levers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelTraits {
+    /// Linear-attention layers: the native engine refuses prefix caching.
+    pub hybrid: bool,
+    /// An MTP head (`mtp.fc.weight`): drafting with it is a lever (the DGX Spark report's).
+    pub mtp: bool,
+}
+
+impl ModelTraits {
+    /// The traits of the model directory `dir` as the native engine reads it; none where
+    /// it cannot (a model on the Hub only, or one it does not run).
+    pub fn of(dir: &std::path::Path) -> ModelTraits {
+        use sous_engine::native::config::ModelConfig;
+        use sous_engine::native::weights::Checkpoint;
+        let Ok(config) = ModelConfig::read(dir) else {
+            return ModelTraits::default();
+        };
+        ModelTraits {
+            hybrid: config.linear.is_some(),
+            mtp: Checkpoint::open(dir, &config).is_ok_and(|c| c.has("mtp.fc.weight")),
+        }
+    }
+}
+
 /// The levers tried when none is given: what the recipe's engine honours and the field
-/// reports moved, less the values the baseline already has.
-pub fn default_levers(recipe: &Recipe) -> Vec<Lever> {
+/// reports moved, less the values the baseline already has and what the model cannot
+/// take (`model`).
+pub fn default_levers(recipe: &Recipe, model: ModelTraits) -> Vec<Lever> {
     let one = |key: &str, values: &[&str]| Lever {
         key: key.to_owned(),
         values: values
@@ -191,10 +217,16 @@ pub fn default_levers(recipe: &Recipe) -> Vec<Lever> {
             })
             .collect(),
     };
-    let mut levers = vec![one("serving.prefix_caching", &["true", "false"])];
+    let mut levers = Vec::new();
+    if !(model.hybrid && recipe.engine.kind == EngineKind::Native) {
+        levers.push(one("serving.prefix_caching", &["true", "false"]));
+    }
     let spec = |tokens: &str| Lever {
         key: "serving.speculative".into(),
-        values: vec![speculative(&format!("ngram:{tokens}")).unwrap_or_default()],
+        values: std::iter::once(format!("ngram:{tokens}"))
+            .chain(model.mtp.then(|| "mtp:2".to_owned()))
+            .map(|v| speculative(&v).unwrap_or_default())
+            .collect(),
     };
     match recipe.engine.kind {
         EngineKind::Native => {

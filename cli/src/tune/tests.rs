@@ -76,7 +76,7 @@ fn the_native_engine_s_default_levers_move_the_arithmetic_and_cache_to_the_other
         .expect("the shipped recipe loads")
         .recipe;
     let offered = |recipe: &Recipe, key: &str| -> Vec<Vec<Setting>> {
-        default_levers(recipe)
+        default_levers(recipe, Default::default())
             .into_iter()
             .find(|l| l.key == key)
             .unwrap_or_else(|| panic!("no {key} lever"))
@@ -95,7 +95,7 @@ fn the_native_engine_s_default_levers_move_the_arithmetic_and_cache_to_the_other
         setting("serving.dtype", "\"float32\"")
     );
     assert!(
-        !default_levers(&recipe)
+        !default_levers(&recipe, Default::default())
             .iter()
             .any(|l| l.key == "memory.kv_cache_dtype")
     );
@@ -113,7 +113,11 @@ fn the_native_engine_s_default_levers_move_the_arithmetic_and_cache_to_the_other
     // Neither is offered for a GPU engine's recipe (vLLM computes in the model's dtype).
     let mut vllm = recipe.clone();
     vllm.engine.kind = EngineKind::Vllm;
-    assert!(!default_levers(&vllm).iter().any(|l| l.key == "serving.dtype"));
+    assert!(
+        !default_levers(&vllm, Default::default())
+            .iter()
+            .any(|l| l.key == "serving.dtype")
+    );
 }
 
 #[test]
@@ -234,4 +238,39 @@ fn extends_is_relative_where_it_can_be() {
         relative_extends(&base, &dir.path().join("out")),
         "../recipes/base.toml"
     );
+}
+
+#[test]
+fn a_hybrid_with_an_mtp_head_is_tuned_with_its_head_and_without_prefix_caching() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/local/smollm2-135m.toml");
+    let recipe = sous_engine::recipe::load(&path, &sous_engine::recipe::Overrides::new())
+        .expect("the shipped recipe loads")
+        .recipe;
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/architectures/qwen3_next");
+    let traits = ModelTraits::of(&fixture);
+    assert_eq!(
+        traits,
+        ModelTraits {
+            hybrid: true,
+            mtp: true
+        }
+    );
+    let levers = default_levers(&recipe, traits);
+    assert!(!levers.iter().any(|l| l.key == "serving.prefix_caching"));
+    let spec = levers
+        .iter()
+        .find(|l| l.key == "serving.speculative")
+        .expect("a speculation lever");
+    let methods: Vec<String> = spec.values.iter().map(|v| v[0].arg()).collect();
+    assert_eq!(
+        methods,
+        [
+            "serving.speculative.method=\"ngram\"",
+            "serving.speculative.method=\"mtp\""
+        ]
+    );
+    // A dense model without a head keeps both levers as they were.
+    let plain = ModelTraits::of(&fixture.with_file_name("qwen3_moe"));
+    assert_eq!(plain, ModelTraits::default());
 }

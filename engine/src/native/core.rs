@@ -38,11 +38,12 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, error::TryRecvError}
 
 use super::blocks::{BlockHash, BlockPool};
 use super::metrics::{FinishReason, FinishedRequest, Metrics};
-use super::model::{BatchSeq, KvCache, Logits, Model};
+use super::model::{BatchSeq, KvCache, Logits, Model, Passed};
 use super::sampling::{Sampler, SamplingParams, TokenLogprobs, logprobs};
 use super::speculative::Ngram;
 use crate::reporter::Reporter;
 
+mod mtp;
 mod schedule;
 
 /// What a request's client receives.
@@ -104,6 +105,8 @@ pub struct Limits {
     pub chunked_prefill: bool,
     /// Draft tokens by prompt lookup and verify them in the decode step.
     pub speculative: Option<Ngram>,
+    /// Draft this many tokens with the model's MTP head and verify them likewise.
+    pub mtp: Option<usize>,
     /// End-of-sequence ids (generation config and tokenizer).
     pub eos: Vec<u32>,
     /// How often the stats line is logged.
@@ -125,6 +128,8 @@ struct Seq {
     last_token_at: Option<Instant>,
     /// Tokens drafted for this step, verified after the forward pass.
     draft: Vec<u32>,
+    /// The MTP head's draft for its next step (`serving.speculative` `*_mtp`).
+    mtp_draft: Vec<u32>,
     /// Its linear-attention state slot while it runs (a hybrid model's cache keeps a
     /// state per running sequence).
     slot: Option<usize>,
@@ -250,6 +255,7 @@ impl Core {
                     first_token_at: None,
                     last_token_at: None,
                     draft: Vec::new(),
+                    mtp_draft: Vec::new(),
                     slot: None,
                 });
             }
@@ -455,9 +461,22 @@ impl Core {
                 Some((i, s.computed, s.draft.len(), state))
             })
             .collect();
-        let result = self.model.forward(&batch, &mut self.cache);
+        // What each sequence fed (its first position and tokens), for the MTP head.
+        let fed: Vec<(usize, usize, usize)> = batch
+            .iter()
+            .zip(&plan)
+            .map(|(b, &(i, _))| (i, b.start, b.tokens.len()))
+            .collect();
+        let result = if self.limits.mtp.is_some() {
+            self.model.forward_hidden(&batch, &mut self.cache)
+        } else {
+            self.model.forward(&batch, &mut self.cache).map(|logits| Passed {
+                logits,
+                hidden: Vec::new(),
+            })
+        };
         drop(batch);
-        let logits = match result {
+        let Passed { logits, hidden } = match result {
             Ok(l) => l,
             Err(e) => {
                 let message = format!("the forward pass failed: {e}");
@@ -537,6 +556,7 @@ impl Core {
             }
         }
         self.rewind(saved, &done);
+        self.draft_with_mtp(&fed, &hidden, &done);
         done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
         for (i, reason) in done {
             let seq = self.running.remove(i);

@@ -303,7 +303,7 @@ impl Engine {
         let text = TextModel::load(dir, &config.eos_token_ids)?;
         let checkpoint = Checkpoint::open(dir, &config)?;
         let quantization = checkpoint.quantization();
-        let mut model = Model::load_with(
+        let model = Model::load_with(
             config,
             &checkpoint,
             settings.precision,
@@ -311,6 +311,21 @@ impl Engine {
             max_model_len,
         )?;
         drop(checkpoint);
+        let model = match (settings.mtp, model.has_mtp()) {
+            (Some(_), false) => {
+                return Err(NativeError::Settings {
+                    message: format!(
+                        "`serving.speculative` drafts with the checkpoint's MTP head, and {} has none (no `mtp.fc.weight`)",
+                        dir.display()
+                    ),
+                    hint: "use `speculative = { method = \"ngram\", tokens = 3 }`, or a checkpoint that ships its MTP head"
+                        .into(),
+                });
+            }
+            (None, _) => model.without_mtp(),
+            (Some(_), true) => model,
+        };
+        let mut model = model;
         match model.place_in_huge_pages() {
             Ok(Some(placement)) => log(format!("Weights: {placement}")),
             Ok(None) => {}
@@ -331,7 +346,7 @@ impl Engine {
             settings.kernels.tuning().isa().name(),
         ));
         tune(&mut model, settings.kernels, log);
-        let per_token = model::kv_bytes_per_token(model.config(), settings.kv_dtype);
+        let per_token = model.kv_bytes_per_token(settings.kv_dtype);
         let states = model
             .config()
             .linear
@@ -400,7 +415,7 @@ impl Engine {
         let metrics = Arc::new(Metrics::new(
             &settings.served_name,
             cache_info,
-            settings.speculative.map(|s| s.tokens),
+            settings.speculative.map(|s| s.tokens).or(settings.mtp),
         ));
         let limits = core::Limits {
             max_num_seqs: settings.max_num_seqs.max(1),
@@ -408,6 +423,7 @@ impl Engine {
             max_model_len,
             chunked_prefill: settings.chunked_prefill,
             speculative: settings.speculative,
+            mtp: settings.mtp,
             eos: text.eos.clone(),
             log_interval: settings.log_interval,
         };

@@ -38,12 +38,14 @@ mod cache;
 mod linear;
 mod load;
 mod moe;
+mod mtp;
 mod observe;
 mod pass;
 
-pub use cache::{KvCache, KvDtype, kv_bytes_per_token};
+pub use cache::{KvCache, KvDtype, kv_bytes_per_layer, kv_bytes_per_token};
 pub use linear::LinearStates;
 use moe::{Experts, Mlp};
+use mtp::Mtp;
 pub use observe::LayerInputs;
 use observe::Observer;
 
@@ -113,6 +115,8 @@ pub struct Model {
     /// `None`: tied to `embed`.
     lm_head: Option<Arc<Packed>>,
     rotary: Rotary,
+    /// The checkpoint's MTP head, when it has one and it is wanted.
+    mtp: Option<Mtp>,
     /// The choices the products run with ([`Model::set_tuning`]).
     tuning: Tuning,
     /// The last pass's buffers, for the next.
@@ -191,6 +195,26 @@ pub struct BatchSeq<'a> {
     pub state: usize,
     /// Logits wanted for: the last token only, or every token (prompt logprobs).
     pub logits: Logits,
+}
+
+/// Which layers a pass runs.
+#[derive(Clone, Copy)]
+pub(super) enum Route<'a> {
+    /// The decoder; with `hidden`, every row's final hidden state is kept (for an MTP
+    /// head) and no row is left out of the last layer.
+    Decoder { hidden: bool },
+    /// The MTP head, on these hidden states (one row per token of the batch).
+    Mtp { hidden: &'a [f32] },
+}
+
+/// What a pass gives: the logits asked for and the final (normed) hidden states: of
+/// every row for [`Route::Decoder`] with `hidden`, else of the rows asked for.
+#[derive(Debug, Default)]
+pub struct Passed {
+    /// `vocab_size` values per row asked for.
+    pub logits: Vec<f32>,
+    /// `hidden_size` values per row.
+    pub hidden: Vec<f32>,
 }
 
 /// Which rows of logits a sequence wants.
@@ -272,7 +296,7 @@ impl Model {
         for l in &self.layers {
             total += l.bytes();
         }
-        total
+        total + self.mtp.as_ref().map_or(0, Mtp::bytes)
     }
 
     /// Runs the batch: writes its keys and values into `cache` and returns the logits the
@@ -284,7 +308,57 @@ impl Model {
     /// from outside the pool, every product would put the caller to sleep and wake the
     /// workers (a futex round trip each), which cost a decode step 15–30 % here.
     pub fn forward(&self, batch: &[BatchSeq], cache: &mut KvCache) -> Result<Vec<f32>, NativeError> {
-        rayon::scope(|_| self.pass(batch, cache, None))
+        let route = Route::Decoder { hidden: false };
+        rayon::scope(|_| self.pass(batch, cache, None, route)).map(|p| p.logits)
+    }
+
+    /// [`Model::forward`], also giving every row's final hidden state (what an MTP
+    /// head drafts from).
+    pub fn forward_hidden(&self, batch: &[BatchSeq], cache: &mut KvCache) -> Result<Passed, NativeError> {
+        rayon::scope(|_| self.pass(batch, cache, None, Route::Decoder { hidden: true }))
+    }
+
+    /// Runs the MTP head on `batch` (each token with the decoder's final hidden state at
+    /// the position before it, `hidden`, one row per token; the token at position `p`
+    /// of a sequence is the one that followed position `p`), writing its keys and values;
+    /// gives the logits asked for and the head's normed output for the same rows.
+    pub fn forward_mtp(
+        &self,
+        batch: &[BatchSeq],
+        hidden: &[f32],
+        cache: &mut KvCache,
+    ) -> Result<Passed, NativeError> {
+        rayon::scope(|_| self.pass(batch, cache, None, Route::Mtp { hidden }))
+    }
+
+    /// Whether the model has an MTP head loaded.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Drops the MTP head (a server that does not draft with it needs neither its
+    /// weights nor its keys and values).
+    pub fn without_mtp(mut self) -> Model {
+        self.mtp = None;
+        self
+    }
+
+    /// Bytes of KV cache one token takes: every attention layer's, and the MTP head's.
+    pub fn kv_bytes_per_token(&self, dtype: KvDtype) -> u64 {
+        kv_bytes_per_token(&self.config, dtype)
+            + if self.has_mtp() {
+                kv_bytes_per_layer(&self.config, dtype)
+            } else {
+                0
+            }
+    }
+
+    /// `out = x · wᵀ` in the model's precision (`bfloat16`: inputs rounded to bf16).
+    fn product(&self, x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
+        match self.precision {
+            Precision::Bf16 => self.tuning.matmul_bf16(x, rows, w, out),
+            Precision::Stored => self.tuning.matmul(x, rows, w, out),
+        }
     }
 
     /// Runs `tokens` as one sequence from position 0 (a calibration sample) and raises
@@ -350,6 +424,7 @@ impl Model {
             bf16,
             layer_done,
         };
-        rayon::scope(|_| self.pass(&batch, &mut cache, Some(observer))).map(|_| ())
+        let route = Route::Decoder { hidden: false };
+        rayon::scope(|_| self.pass(&batch, &mut cache, Some(observer), route)).map(|_| ())
     }
 }

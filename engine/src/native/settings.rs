@@ -61,6 +61,8 @@ pub struct Settings {
     pub chunked_prefill: bool,
     /// Speculative decoding by prompt lookup, if the recipe asks for it.
     pub speculative: Option<speculative::Ngram>,
+    /// Speculative decoding with the checkpoint's MTP head: tokens drafted per step.
+    pub mtp: Option<usize>,
     /// Fixed KV budget in bytes.
     pub kv_cache_bytes: Option<u64>,
     /// Fraction of host RAM for weights and KV cache together.
@@ -117,6 +119,11 @@ impl Settings {
             None => None,
         };
         let kv = KvSettings::from_recipe(recipe);
+        let method = s
+            .speculative
+            .as_ref()
+            .map(speculative::Method::from_section)
+            .transpose()?;
         Ok(Settings {
             model_dir: model_dir.to_owned(),
             served_name: recipe.model.served_name.clone(),
@@ -133,11 +140,14 @@ impl Settings {
                 .map_or(DEFAULT_MAX_BATCHED_TOKENS, |v| v as usize),
             prefix_caching: s.prefix_caching.unwrap_or(false),
             chunked_prefill: s.chunked_prefill.unwrap_or(true),
-            speculative: s
-                .speculative
-                .as_ref()
-                .map(speculative::Ngram::from_section)
-                .transpose()?,
+            speculative: match method {
+                Some(speculative::Method::Ngram(ngram)) => Some(ngram),
+                _ => None,
+            },
+            mtp: match method {
+                Some(speculative::Method::Mtp { tokens }) => Some(tokens),
+                _ => None,
+            },
             kv_cache_bytes: kv.bytes,
             memory_fraction: kv.memory_fraction,
             host: recipe.server.host.clone(),

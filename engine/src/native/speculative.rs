@@ -1,3 +1,6 @@
+//! Which speculative method a recipe asks for ([`Method`]: prompt lookup, or the
+//! checkpoint's MTP head, whose forward is the model's), and the prompt lookup itself.
+//!
 //! Speculative decoding by prompt lookup (vLLM's `ngram` method): the engine drafts the
 //! tokens that followed the last occurrence-in-context of the sequence's most recent
 //! n-gram, and the model verifies all of them in one forward pass (the engine loop,
@@ -23,14 +26,41 @@ pub struct Ngram {
     pub max: usize,
 }
 
+/// What a recipe's `serving.speculative` asks of the native engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// Prompt lookup.
+    Ngram(Ngram),
+    /// The checkpoint's MTP head drafts `tokens` tokens (`qwen3_next_mtp`, `mtp`, ...:
+    /// any method vLLM names `*_mtp`); whether the checkpoint has one is known at load.
+    Mtp {
+        /// Tokens drafted per step.
+        tokens: usize,
+    },
+}
+
+impl Method {
+    /// The native engine's reading of `serving.speculative`: `ngram` or an MTP method;
+    /// any other is refused, naming what it would need.
+    pub fn from_section(section: &SpeculativeSection) -> Result<Method, NativeError> {
+        let method = section.method.as_deref().unwrap_or_default();
+        if crate::recipe::is_mtp(method) {
+            return Ok(Method::Mtp {
+                tokens: section.tokens.unwrap_or(1).max(1) as usize,
+            });
+        }
+        Ngram::from_section(section).map(Method::Ngram)
+    }
+}
+
 impl Ngram {
-    /// The native engine's reading of `serving.speculative`: `ngram` only; any other
-    /// method is refused, naming what it would need.
+    /// The `ngram` settings of `serving.speculative`; any other method is refused, naming
+    /// what it would need (MTP methods are [`Method`]'s).
     pub fn from_section(section: &SpeculativeSection) -> Result<Ngram, NativeError> {
         let method = section.method.as_deref().unwrap_or_default();
         if method != "ngram" {
             let why = if crate::recipe::is_mtp(method) {
-                "multi-token prediction needs the checkpoint's MTP head, which the native engine does not run"
+                "multi-token prediction drafts with the checkpoint's MTP head, not by prompt lookup"
             } else if matches!(method, "eagle" | "eagle3" | "draft_model") {
                 "drafting with a second model is not built into the native engine"
             } else {
@@ -119,10 +149,13 @@ mod tests {
             Err(NativeError::Settings { message, .. }) => message,
             other => panic!("{method}: {other:?}"),
         };
-        assert!(message("mtp").contains("MTP head"));
-        assert!(message("qwen3_next_mtp").contains("MTP head"));
         assert!(message("eagle").contains("second model"));
         let ok = Ngram::from_section(&section("ngram")).expect("ngram runs");
         assert_eq!(ok, ngram(2, 5, 5));
+        for mtp in ["mtp", "qwen3_next_mtp"] {
+            let method = Method::from_section(&section(mtp)).expect("MTP is a method");
+            assert_eq!(method, Method::Mtp { tokens: 2 });
+        }
+        assert!(Method::from_section(&section("eagle")).is_err());
     }
 }

@@ -11,7 +11,7 @@ use crate::native::blocks::{BlockHash, BlockPool, block_hash};
 
 impl Core {
     /// Makes `seq` hold blocks for its first `tokens` tokens.
-    fn grow(pool: &mut BlockPool, seq: &mut Seq, tokens: usize) -> bool {
+    pub(super) fn grow(pool: &mut BlockPool, seq: &mut Seq, tokens: usize) -> bool {
         let need = tokens.div_ceil(pool.block_size());
         while seq.blocks.len() < need {
             match pool.allocate() {
@@ -49,14 +49,18 @@ impl Core {
     /// done, one token to compute), no more than the budget beside that token and the
     /// tokens it may still emit allow.
     fn draft(&self, seq: &Seq, remaining: usize, budget: usize) -> Vec<u32> {
-        let Some(ngram) = &self.limits.speculative else {
-            return Vec::new();
-        };
         if remaining != 1 || seq.output_len() == 0 || budget < 2 {
             return Vec::new();
         }
         let left = seq.req.params.max_tokens.saturating_sub(seq.output_len() + 1);
-        let mut draft = ngram.propose(&seq.tokens, self.limits.max_model_len);
+        let mut draft = match (&self.limits.speculative, self.limits.mtp) {
+            (Some(ngram), _) => ngram.propose(&seq.tokens, self.limits.max_model_len),
+            // Made by the MTP head after the last step (`mtp.rs`).
+            (None, Some(_)) => seq.mtp_draft.clone(),
+            (None, None) => return Vec::new(),
+        };
+        // Never past max_model_len.
+        draft.truncate(self.limits.max_model_len.saturating_sub(seq.tokens.len()));
         draft.truncate(left.min(budget - 1));
         draft
     }

@@ -105,7 +105,8 @@ impl KvCache {
             .layers
             .iter()
             .filter(|l| matches!(l.mixer, Mixer::Attention(_)))
-            .count();
+            .count()
+            + usize::from(model.mtp.is_some());
         let layers = (0..attention)
             .map(|_| match dtype {
                 KvDtype::F32 => Held::F32 {
@@ -161,8 +162,14 @@ impl KvCache {
     }
 }
 
-/// Bytes of KV cache one token takes in every attention layer, held as `dtype`.
+/// Bytes of KV cache one token takes in every attention layer of the decoder, held as
+/// `dtype` (an MTP head's layer adds [`kv_bytes_per_layer`]).
 pub fn kv_bytes_per_token(config: &ModelConfig, dtype: KvDtype) -> u64 {
     let attention = config.layers - config.linear.as_ref().map_or(0, |l| l.count());
-    (attention * 2 * config.kv_heads * config.head_dim * dtype.bytes()) as u64
+    attention as u64 * kv_bytes_per_layer(config, dtype)
+}
+
+/// Bytes of KV cache one token takes in one attention layer.
+pub fn kv_bytes_per_layer(config: &ModelConfig, dtype: KvDtype) -> u64 {
+    (2 * config.kv_heads * config.head_dim * dtype.bytes()) as u64
 }

@@ -11,6 +11,7 @@ use sous_kernels::transformer::Rotary;
 
 use super::linear::LinearAttention;
 use super::moe::{Experts, load_mlp};
+use super::mtp::Mtp;
 use super::{Attention, Embeddings, Ffn, Layer, Mixer, Model};
 use crate::native::NativeError;
 use crate::native::config::ModelConfig;
@@ -66,6 +67,7 @@ impl Model {
             norm: self.norm.clone(),
             lm_head: self.lm_head.clone(),
             rotary: self.rotary.clone(),
+            mtp: None,
             tuning: self.tuning,
             scratch: Mutex::default(),
         })
@@ -80,7 +82,13 @@ impl Model {
         layers: Range<usize>,
     ) -> Result<Model, NativeError> {
         let first_layer = layers.start;
+        let whole = layers == (0..config.layers);
         let layers = load_layers(&config, checkpoint, precision, layers)?;
+        let mtp = if whole && checkpoint.has(MTP_FC) {
+            Some(load_mtp(&config, checkpoint, precision)?)
+        } else {
+            None
+        };
         let c = &config;
         let h = c.hidden_size;
         let dtype = precision;
@@ -119,10 +127,31 @@ impl Model {
             first_layer,
             lm_head: lm_head.map(Arc::new),
             rotary,
+            mtp,
             tuning: Tuning::default(),
             scratch: Mutex::default(),
         })
     }
+}
+
+/// The MTP head's input projection: what says a checkpoint has one.
+const MTP_FC: &str = "mtp.fc.weight";
+
+/// The checkpoint's MTP head (`mtp.*`): its layer is a full-attention layer of the
+/// model's kind, with experts if its tensors have them.
+fn load_mtp(config: &ModelConfig, checkpoint: &Checkpoint, precision: Precision) -> Result<Mtp, NativeError> {
+    let h = config.hidden_size;
+    let p = "mtp.layers.0";
+    let sparse = config.moe.is_some() && checkpoint.has(&format!("{p}.mlp.gate.weight"));
+    let layer = load_layer_at(config, checkpoint, precision, p, false, sparse)?;
+    let norm = |name: &str| norm_weight(config, checkpoint, name);
+    Ok(Mtp::new(
+        checkpoint.linear("mtp.fc", [h, 2 * h], precision)?,
+        norm("mtp.pre_fc_norm_embedding.weight")?,
+        norm("mtp.pre_fc_norm_hidden.weight")?,
+        layer,
+        norm("mtp.norm.weight")?,
+    ))
 }
 
 /// Loads layer `i` of the decoder from `checkpoint`, float weights held in `precision`.
@@ -132,9 +161,30 @@ fn load_layer(
     precision: Precision,
     i: usize,
 ) -> Result<Layer, NativeError> {
+    let linear = config.linear.as_ref().is_some_and(|l| l.layers[i]);
+    let sparse = config.moe.as_ref().is_some_and(|m| m.is_sparse(i));
+    load_layer_at(
+        config,
+        checkpoint,
+        precision,
+        &format!("model.layers.{i}"),
+        linear,
+        sparse,
+    )
+}
+
+/// Loads the layer under prefix `p`: linear attention or attention, experts or a dense
+/// MLP.
+fn load_layer_at(
+    config: &ModelConfig,
+    checkpoint: &Checkpoint,
+    precision: Precision,
+    p: &str,
+    linear: bool,
+    sparse: bool,
+) -> Result<Layer, NativeError> {
     let c = config;
     let h = c.hidden_size;
-    let p = format!("model.layers.{i}");
     let w4a4 = checkpoint.quantization().activations();
     if w4a4 && (c.moe.is_some() || c.linear.is_some()) {
         return Err(NativeError::Unsupported {
@@ -144,8 +194,7 @@ fn load_layer(
                 .into(),
         });
     }
-    let linear = c.linear.as_ref().filter(|l| l.layers[i]);
-    let mixer = match linear {
+    let mixer = match c.linear.as_ref().filter(|_| linear) {
         Some(l) => Mixer::Linear(LinearAttention::load(
             c.family,
             l,
@@ -153,19 +202,17 @@ fn load_layer(
             c.rms_norm_eps,
             checkpoint,
             precision,
-            &p,
+            p,
         )?),
-        None => Mixer::Attention(load_attention(c, checkpoint, precision, &p)?),
+        None => Mixer::Attention(load_attention(c, checkpoint, precision, p)?),
     };
     let input_scales = if w4a4 {
-        Some(input_scales(checkpoint, &p)?)
+        Some(input_scales(checkpoint, p)?)
     } else {
         None
     };
     let mlp = match &c.moe {
-        Some(moe) if moe.is_sparse(i) => {
-            Ffn::Experts(Experts::load(c.family, moe, h, checkpoint, precision, &p)?)
-        }
+        Some(moe) if sparse => Ffn::Experts(Experts::load(c.family, moe, h, checkpoint, precision, p)?),
         _ => {
             let names = ["gate_proj", "up_proj", "down_proj"];
             Ffn::Dense(load_mlp(

@@ -11,10 +11,10 @@ use sous_kernels::transformer::{self as k, Span};
 
 use super::cache::Held;
 use super::{
-    BatchSeq, Ffn, KvCache, LayerInputs, Logits, Mixer, Model, Observer, PARALLEL_ROWS, Scratch, linear,
+    BatchSeq, Ffn, KvCache, LayerInputs, Logits, Mixer, Model, Observer, PARALLEL_ROWS, Passed, Route,
+    Scratch, linear,
 };
 use crate::native::NativeError;
-use crate::native::weights::Precision;
 
 impl Model {
     pub(super) fn pass(
@@ -22,7 +22,8 @@ impl Model {
         batch: &[BatchSeq],
         cache: &mut KvCache,
         mut observe: Option<Observer<'_>>,
-    ) -> Result<Vec<f32>, NativeError> {
+        route: Route<'_>,
+    ) -> Result<Passed, NativeError> {
         let bf16 = observe.as_ref().is_some_and(|o| o.bf16);
         let norm = if bf16 { k::rms_norm_bf16 } else { k::rms_norm };
         let c = &self.config;
@@ -30,8 +31,23 @@ impl Model {
         let tokens: Vec<u32> = batch.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         let mut n = tokens.len();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(Passed::default());
         }
+        // The layers this pass runs, the index of the first one's KV cache, and its
+        // final norm: the decoder's, or the MTP head's one layer, whose keys and values
+        // are the cache's last layer.
+        let (layers, mut kv_index, final_norm) = match (&route, &self.mtp) {
+            (Route::Mtp { .. }, Some(mtp)) => (
+                std::slice::from_ref(&mtp.layer),
+                cache.layers.len() - 1,
+                &mtp.norm,
+            ),
+            (Route::Mtp { .. }, None) => {
+                return Err(NativeError::Internal("an MTP pass without an MTP head".into()));
+            }
+            (Route::Decoder { .. }, _) => (&self.layers[..], 0, &self.norm),
+        };
+        let keep_hidden = matches!(route, Route::Decoder { hidden: true });
         // Each token's block table and position, and each sequence's span of rows.
         let mut tables = Vec::with_capacity(n);
         let mut positions = Vec::with_capacity(n);
@@ -77,6 +93,11 @@ impl Model {
                     }
                     self.embed.row(id as usize, row);
                 }
+                if let (Route::Mtp { hidden }, Some(mtp)) = (&route, &self.mtp) {
+                    x = mtp.input(&x, hidden, c.rms_norm_eps, &|x, rows, w, out| {
+                        self.product(x, rows, w, out)
+                    })?;
+                }
                 x
             }
         };
@@ -100,12 +121,8 @@ impl Model {
         let mut q = zeroed(&mut scratch.q, n * q_len);
         let mut attn = zeroed(&mut scratch.attn, n * q_len);
         let mut act = zeroed(&mut scratch.act, n * c.intermediate_size);
-        // `bfloat16`: bf16 arithmetic in the products (inputs rounded to bf16).
-        let (precision, tuning) = (self.precision, self.tuning);
-        let product = |x: &[f32], rows: usize, w: &Packed, out: &mut [f32]| match precision {
-            Precision::Bf16 => tuning.matmul_bf16(x, rows, w, out),
-            Precision::Stored => tuning.matmul(x, rows, w, out),
-        };
+        let tuning = self.tuning;
+        let product = |x: &[f32], rows: usize, w: &Packed, out: &mut [f32]| self.product(x, rows, w, out);
         // The products' outputs, once per pass (fresh pages for every layer's products
         // cost more than the norms between them). A gated attention's q rows hold each
         // head's query and output gate.
@@ -136,12 +153,19 @@ impl Model {
         let mut pruned = false;
         // Each layer's index among the attention layers (its KV cache) and among the
         // linear-attention ones (its states).
-        let (mut kv_index, mut linear_index) = (0, 0);
-        for (li, layer) in self.layers.iter().enumerate() {
+        let mut linear_index = 0;
+        let decoder_end = match route {
+            Route::Mtp { .. } => 1,
+            Route::Decoder { .. } => c.layers,
+        };
+        for (li, layer) in layers.iter().enumerate() {
             // Past the last layer's mixer, only the rows whose logits are asked for
             // matter (a prompt chunk's last token, or none). (Calibration observes
-            // every row.)
-            let last = self.first_layer + li + 1 == c.layers && observe.is_none() && rows.len() < n;
+            // every row, and a pass that hands its hidden states on keeps them.)
+            let last = self.first_layer + li + 1 == decoder_end
+                && observe.is_none()
+                && !keep_hidden
+                && rows.len() < n;
             norm(&x, &layer.input_norm, c.rms_norm_eps, &mut normed);
             if let Some(seen) = observe.as_mut() {
                 LayerInputs::raise(&mut seen.ranges[li].qkv, &normed);
@@ -400,23 +424,39 @@ impl Model {
         // A calibration pass hands its hidden states on, for the layers after these.
         if let Some(seen) = observe {
             *seen.hidden = x;
-            return Ok(Vec::new());
+            return Ok(Passed::default());
         }
         // Final norm and lm_head, only for the rows asked for (after a pruned last
         // layer, the first rows of `x`).
         if pruned {
             rows = (0..rows.len()).collect();
         }
+        // A pass that hands its hidden states on (to an MTP head) norms every row.
+        let normed_rows: Vec<usize> = if keep_hidden {
+            (0..n).collect()
+        } else {
+            rows.clone()
+        };
+        let mut hidden = vec![0.0f32; normed_rows.len() * h];
+        for (dst, &r) in hidden.chunks_exact_mut(h).zip(&normed_rows) {
+            k::rms_norm_row(&x[r * h..(r + 1) * h], final_norm, c.rms_norm_eps, dst);
+        }
         if rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Passed {
+                logits: Vec::new(),
+                hidden,
+            });
         }
-        let mut hidden = vec![0.0f32; rows.len() * h];
-        for (dst, &r) in hidden.chunks_exact_mut(h).zip(&rows) {
-            k::rms_norm_row(&x[r * h..(r + 1) * h], &self.norm, c.rms_norm_eps, dst);
-        }
+        let asked: Vec<f32> = if keep_hidden {
+            rows.iter()
+                .flat_map(|&r| hidden[r * h..(r + 1) * h].iter().copied())
+                .collect()
+        } else {
+            hidden.clone()
+        };
         let head = self.head();
         let mut logits = vec![0.0f32; rows.len() * head.n()];
-        product(&hidden, rows.len(), head, &mut logits);
-        Ok(logits)
+        product(&asked, rows.len(), head, &mut logits);
+        Ok(Passed { logits, hidden })
     }
 }
