@@ -371,3 +371,12 @@ fn qwen3_next_mtp_drafts_match_the_reference() {
 fn qwen3_5_mtp_drafts_match_the_reference() {
     mtp_drafts_match_the_reference("qwen3_5");
 }
+
+#[test]
+fn multimodal_qwen3_5_checkpoints_run_their_text_decoder() {
+    // `Qwen3_5(Moe)ForConditionalGeneration`, as the Hub's Qwen3.5 checkpoints are:
+    // settings in `text_config`, the decoder under `model.language_model.`, a vision
+    // tower beside it. The same text weights as `qwen3_5` and `qwen3_5_moe`.
+    check("qwen3_5-vl");
+    check("qwen3_5_moe-vl");
+}

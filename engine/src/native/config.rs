@@ -19,7 +19,7 @@ pub use layers::{LinearConfig, MoeConfig};
 use layers::{MoeKind, RawLayers};
 
 /// The architectures the native engine runs, as `config.json` names them.
-pub const ARCHITECTURES: [&str; 10] = [
+pub const ARCHITECTURES: [&str; 12] = [
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
@@ -30,6 +30,16 @@ pub const ARCHITECTURES: [&str; 10] = [
     "Qwen3NextForCausalLM",
     "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+];
+
+/// Architectures whose `config.json` nests the decoder's settings in `text_config` and
+/// whose checkpoints hold its weights under `model.language_model.` (the multimodal
+/// Qwen3.5 checkpoints: the native engine runs their text decoder).
+const NESTED: [&str; 2] = [
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
 ];
 
 /// The decoder families the native engine runs.
@@ -144,6 +154,10 @@ pub struct ModelConfig {
     /// Leading values of each head that rotary embedding turns (`head_dim` unless the
     /// config has a `partial_rotary_factor`).
     pub rotary_dim: usize,
+    /// Where the decoder's tensors are: `model`, or `model.language_model` for a
+    /// multimodal checkpoint (the embedding is `{prefix}.embed_tokens.weight`, the layers
+    /// `{prefix}.layers.N`).
+    pub prefix: String,
 }
 
 #[derive(Deserialize)]
@@ -188,7 +202,29 @@ impl ModelConfig {
 
     /// Parses the text of a `config.json` (`path` is for messages).
     pub fn parse(text: &str, path: &Path) -> Result<ModelConfig, NativeError> {
-        let raw: Raw = serde_json::from_str(text).map_err(|e| config_error(path, e.to_string()))?;
+        let mut value: Value = serde_json::from_str(text).map_err(|e| config_error(path, e.to_string()))?;
+        let first = value
+            .pointer("/architectures/0")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let nested = NESTED.contains(&first);
+        if nested {
+            // The decoder's settings, with what only the top level says (architectures,
+            // quantization, dtype, ids) added.
+            let Some(Value::Object(mut merged)) = value.get("text_config").cloned() else {
+                return Err(config_error(
+                    path,
+                    format!("`text_config` is missing for {first}"),
+                ));
+            };
+            if let Value::Object(top) = &value {
+                for (key, v) in top {
+                    merged.entry(key.clone()).or_insert_with(|| v.clone());
+                }
+            }
+            value = Value::Object(merged);
+        }
+        let raw: Raw = serde_json::from_value(value).map_err(|e| config_error(path, e.to_string()))?;
         let architecture = raw.architectures.first().cloned().unwrap_or_default();
         let family = match architecture.as_str() {
             "LlamaForCausalLM" => Family::Llama,
@@ -199,7 +235,10 @@ impl ModelConfig {
             "Qwen2MoeForCausalLM" => Family::Qwen2Moe,
             "Qwen3MoeForCausalLM" => Family::Qwen3Moe,
             "Qwen3NextForCausalLM" => Family::Qwen3Next,
-            "Qwen3_5ForCausalLM" | "Qwen3_5MoeForCausalLM" => Family::Qwen3_5,
+            "Qwen3_5ForCausalLM"
+            | "Qwen3_5MoeForCausalLM"
+            | "Qwen3_5ForConditionalGeneration"
+            | "Qwen3_5MoeForConditionalGeneration" => Family::Qwen3_5,
             "" => return Err(config_error(path, "`architectures` is missing".into())),
             other => {
                 return Err(NativeError::Unsupported {
@@ -306,6 +345,7 @@ impl ModelConfig {
             moe,
             linear,
             rotary_dim,
+            prefix: if nested { "model.language_model" } else { "model" }.to_owned(),
         })
     }
 
@@ -422,6 +462,30 @@ mod tests {
         assert_eq!(config.rope_scaling, RopeScaling::Default);
         let err = parse(r#"{"architectures":["GPT2LMHeadModel"]}"#).expect_err("unsupported");
         assert!(err.to_string().contains("GPT2LMHeadModel"), "{err}");
+    }
+
+    #[test]
+    fn a_multimodal_qwen3_5_is_read_from_its_text_config() {
+        let config = parse(
+            r#"{"architectures":["Qwen3_5MoeForConditionalGeneration"],"model_type":"qwen3_5_moe",
+            "tie_word_embeddings":false,"vision_config":{"depth":1},
+            "text_config":{"hidden_size":64,"num_hidden_layers":4,"num_attention_heads":4,
+            "num_key_value_heads":2,"head_dim":16,"vocab_size":256,"num_experts":8,
+            "num_experts_per_tok":2,"moe_intermediate_size":32,"shared_expert_intermediate_size":48,
+            "layer_types":["linear_attention","linear_attention","linear_attention","full_attention"],
+            "linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":16,
+            "linear_value_head_dim":16,"linear_conv_kernel_dim":4,
+            "rope_parameters":{"rope_theta":10000.0,"partial_rotary_factor":0.25,"rope_type":"default"}}}"#,
+        )
+        .expect("valid");
+        assert_eq!(config.family, Family::Qwen3_5);
+        assert_eq!(config.prefix, "model.language_model");
+        assert_eq!((config.hidden_size, config.rotary_dim), (64, 4));
+        assert_eq!(config.moe.as_ref().map(|m| m.experts), Some(8));
+        assert_eq!(config.linear.as_ref().map(LinearConfig::count), Some(3));
+        let err =
+            parse(r#"{"architectures":["Qwen3_5ForConditionalGeneration"]}"#).expect_err("no text_config");
+        assert!(err.to_string().contains("text_config"), "{err}");
     }
 
     #[test]

@@ -92,13 +92,14 @@ impl Model {
         let c = &config;
         let h = c.hidden_size;
         let dtype = precision;
-        const EMBED: &str = "model.embed_tokens.weight";
+        let embed_name = format!("{}.embed_tokens.weight", c.prefix);
+        let embed_name = embed_name.as_str();
         // The lm_head's prefix, unless it is the embedding (tied and not stored apart).
         let head = (!c.tie_word_embeddings || checkpoint.has("lm_head.weight")).then_some("lm_head");
         let shape = [c.vocab_size, h];
         let (embed, lm_head) = match embeddings {
             Embeddings::Stored => (
-                checkpoint.matrix(EMBED, shape, dtype)?,
+                checkpoint.matrix(embed_name, shape, dtype)?,
                 head.map(|p| checkpoint.linear(p, shape, dtype)).transpose()?,
             ),
             Embeddings::Q8_0 => {
@@ -112,14 +113,14 @@ impl Model {
                     }
                 };
                 (
-                    checkpoint.matrix_q8_0(EMBED, shape)?,
+                    checkpoint.matrix_q8_0(embed_name, shape)?,
                     head.map(q8_or_stored).transpose()?,
                 )
             }
         };
         let rotary = Rotary::new(&config.inv_freq(), max_len, 1.0);
         Ok(Model {
-            norm: norm_weight(&config, checkpoint, "model.norm.weight")?,
+            norm: norm_weight(&config, checkpoint, &format!("{}.norm.weight", config.prefix))?,
             config,
             precision,
             embed: Arc::new(embed),
@@ -167,7 +168,7 @@ fn load_layer(
         config,
         checkpoint,
         precision,
-        &format!("model.layers.{i}"),
+        &format!("{}.layers.{i}", config.prefix),
         linear,
         sparse,
     )
