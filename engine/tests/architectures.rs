@@ -380,3 +380,23 @@ fn multimodal_qwen3_5_checkpoints_run_their_text_decoder() {
     check("qwen3_5-vl");
     check("qwen3_5_moe-vl");
 }
+
+#[test]
+fn a_checkpoint_missing_an_expert_tensor_is_refused_naming_it() {
+    let source = fixtures().join("qwen3_moe");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(source.join("config.json"), dir.path().join("config.json")).expect("config");
+    let bytes = std::fs::read(source.join("model.safetensors")).expect("weights");
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let missing = "model.layers.2.mlp.experts.5.up_proj.weight";
+    let kept: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name != missing)
+        .collect();
+    safetensors::serialize_to_file(kept, None, &dir.path().join("model.safetensors")).expect("written");
+    let config = ModelConfig::read(dir.path()).expect("config");
+    let checkpoint = Checkpoint::open(dir.path(), &config).expect("checkpoint");
+    let err = Model::load(config, &checkpoint, Precision::Stored, 64).expect_err("an expert is missing");
+    assert!(err.to_string().contains(missing), "{err}");
+}

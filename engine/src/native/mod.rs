@@ -110,7 +110,7 @@ impl Diagnose for NativeError {
         match self {
             NativeError::Unsupported { hint, .. } | NativeError::Settings { hint, .. } => Some(hint.clone()),
             NativeError::MissingTensor { .. } => Some(
-                "the checkpoint is incomplete or not a Llama-family model: pull or quantize it again".into(),
+                "the checkpoint is incomplete, or its layout is not the one its `architectures` names: pull or quantize it again".into(),
             ),
             NativeError::Bind { .. } => Some("pick another `server.port`, or stop what is using it".into()),
             _ => None,
