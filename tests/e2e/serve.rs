@@ -330,14 +330,14 @@ fn native_engine_runs_as_a_sous_process_and_refuses_what_it_cannot_run() {
     std::fs::create_dir(&model).expect("model dir");
     std::fs::write(
         model.join("config.json"),
-        r#"{"architectures": ["Qwen3NextForCausalLM"], "hidden_size": 8}"#,
+        r#"{"architectures": ["GptOssForCausalLM"], "hidden_size": 8}"#,
     )
     .expect("config");
     write_recipe(&model);
     let (code, _, stderr) = run(sous().args(["serve", "--recipe"]).arg(&recipe));
     assert_eq!(code, 1, "{stderr}");
     assert!(
-        stderr.contains("the native engine cannot run architecture `Qwen3NextForCausalLM`")
+        stderr.contains("the native engine cannot run architecture `GptOssForCausalLM`")
             && stderr.contains("serve this model with vLLM or SGLang"),
         "{stderr}"
     );
