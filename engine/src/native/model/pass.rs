@@ -202,20 +202,9 @@ impl Model {
                             break;
                         }
                         let m = rows.len();
-                        let pick = |v: &[f32], w: usize| -> Vec<f32> {
-                            rows.iter()
-                                .flat_map(|&r| v[r * w..(r + 1) * w].iter().copied())
-                                .collect()
-                        };
-                        (x, o) = (pick(&x, h), pick(&o, h));
-                        for (buffer, width) in [
-                            (&mut normed, h),
-                            (&mut gate_up, 2 * c.intermediate_size),
-                            (&mut act, c.intermediate_size),
-                            (&mut down, h),
-                        ] {
-                            buffer.truncate(m * width);
-                        }
+                        (x, o) = (pick_rows(&x, &rows, h), pick_rows(&o, &rows, h));
+                        let mlp = [&mut normed, &mut gate_up, &mut act, &mut down];
+                        keep_rows(m, mlp, [h, 2 * c.intermediate_size, c.intermediate_size, h]);
                         (n, pruned) = (m, true);
                     }
                 }
@@ -304,14 +293,9 @@ impl Model {
                             break;
                         }
                         let m = rows.len();
-                        let pick = |v: &[f32], w: usize| -> Vec<f32> {
-                            rows.iter()
-                                .flat_map(|&r| v[r * w..(r + 1) * w].iter().copied())
-                                .collect()
-                        };
-                        (q, x) = (pick(&q, q_len), pick(&x, h));
+                        (q, x) = (pick_rows(&q, &rows, q_len), pick_rows(&x, &rows, h));
                         if gated {
-                            gate = pick(&gate, q_len);
+                            gate = pick_rows(&gate, &rows, q_len);
                         }
                         spans = rows
                             .iter()
@@ -323,16 +307,9 @@ impl Model {
                                 row: i,
                             })
                             .collect();
-                        for (buffer, width) in [
-                            (&mut attn, q_len),
-                            (&mut o, h),
-                            (&mut normed, h),
-                            (&mut gate_up, 2 * c.intermediate_size),
-                            (&mut act, c.intermediate_size),
-                            (&mut down, h),
-                        ] {
-                            buffer.truncate(m * width);
-                        }
+                        keep_rows(m, [&mut attn, &mut o], [q_len, h]);
+                        let mlp = [&mut normed, &mut gate_up, &mut act, &mut down];
+                        keep_rows(m, mlp, [h, 2 * c.intermediate_size, c.intermediate_size, h]);
                         (n, pruned) = (m, true);
                     }
                     match held {
@@ -458,5 +435,21 @@ impl Model {
         let mut logits = vec![0.0f32; rows.len() * head.n()];
         product(&asked, rows.len(), head, &mut logits);
         Ok(Passed { logits, hidden })
+    }
+}
+
+/// The rows `rows` of `v` (`width` values each), in that order: what a pruned last layer
+/// goes on with.
+fn pick_rows(v: &[f32], rows: &[usize], width: usize) -> Vec<f32> {
+    rows.iter()
+        .flat_map(|&r| v[r * width..(r + 1) * width].iter().copied())
+        .collect()
+}
+
+/// Shortens each buffer to its first `m` rows (of the matching width): the buffers a
+/// pruned last layer writes from the start again.
+fn keep_rows<const N: usize>(m: usize, buffers: [&mut Vec<f32>; N], widths: [usize; N]) {
+    for (buffer, width) in buffers.into_iter().zip(widths) {
+        buffer.truncate(m * width);
     }
 }
