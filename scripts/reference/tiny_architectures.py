@@ -490,17 +490,22 @@ def load(name, directory):
     ).eval()
 
 
+def prepare_torch():
+    """The pinned transformers, deterministic single-threaded torch, quiet logs."""
+    if transformers.__version__ != REQUIRED_TRANSFORMERS:
+        sys.exit(f"transformers {REQUIRED_TRANSFORMERS} is required, found {transformers.__version__}")
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="output folder (tests/fixtures/architectures)")
     parser.add_argument("--only", nargs="*", choices=list(MODELS), help="make only these models")
     args = parser.parse_args()
 
-    if transformers.__version__ != REQUIRED_TRANSFORMERS:
-        sys.exit(f"transformers {REQUIRED_TRANSFORMERS} is required, found {transformers.__version__}")
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
+    prepare_torch()
 
     prompts = make_prompts()
     for name in args.only or MODELS:

@@ -75,12 +75,12 @@ from transformers import (
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_architectures import (  # noqa: E402
     MAX_NEW_TOKENS,
-    REQUIRED_TRANSFORMERS,
     TOP_LOGITS,
     assert_same_reference,
     floats,
     format_json,
     make_prompts,
+    prepare_torch,
     remove_weights,
     top2_gaps,
 )
@@ -310,11 +310,7 @@ def main():
     parser.add_argument("--only", nargs="*", choices=list(MODELS), help="make only these models")
     args = parser.parse_args()
 
-    if transformers.__version__ != REQUIRED_TRANSFORMERS:
-        sys.exit(f"transformers {REQUIRED_TRANSFORMERS} is required, found {transformers.__version__}")
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
+    prepare_torch()
 
     prompts = make_prompts()
     for name in args.only or MODELS:
