@@ -20,6 +20,7 @@ mod pull;
 mod quantize;
 mod quantize_gpu;
 mod quantize_large;
+mod quantize_moe;
 mod quantize_reference;
 mod quantize_util;
 mod recipe;

@@ -94,6 +94,35 @@ pub enum QuantizeError {
         /// A member that is ignored.
         ignored: String,
     },
+    /// Fused expert tensors in a layout the quantizer does not read.
+    #[error("fused expert tensor `{tensor}` has shape {shape:?}: {message}")]
+    FusedExperts {
+        /// The tensor.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// What was expected.
+        message: String,
+    },
+    /// A tensor of Linear weights that no rule quantizes or keeps.
+    #[error(
+        "`{tensor}` (shape {shape:?}) holds Linear weights that would be written unchanged without being asked: \
+         a half-quantized checkpoint"
+    )]
+    UnplannedLinear {
+        /// The tensor.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// The written checkpoint does not match the plan.
+    #[error("the written checkpoint is not what was planned: `{tensor}`: {message}")]
+    NotAsPlanned {
+        /// The tensor (or file).
+        tensor: String,
+        /// What differs.
+        message: String,
+    },
     /// An `ignore` entry is not a valid regular expression.
     #[error("ignore pattern `{pattern}` is not a valid regular expression: {message}")]
     BadPattern {
@@ -136,7 +165,10 @@ pub enum QuantizeError {
 impl Diagnose for QuantizeError {
     /// Only a bug is sous's fault; the input or the environment otherwise.
     fn class(&self) -> Class {
-        user_unless(matches!(self, QuantizeError::Bug(_)))
+        user_unless(matches!(
+            self,
+            QuantizeError::Bug(_) | QuantizeError::NotAsPlanned { .. }
+        ))
     }
 
     fn hint(&self) -> Option<String> {
@@ -177,6 +209,20 @@ impl Diagnose for QuantizeError {
             QuantizeError::NonFinite { .. } => Some("the source checkpoint is damaged; check its download".into()),
             QuantizeError::SplitFusedGroup { .. } => Some(
                 "ignore all of q/k/v (or gate/up, w1/w3) or none of them: vLLM requires one scheme per fused layer"
+                    .into(),
+            ),
+            QuantizeError::UnplannedLinear { tensor, .. } => Some(format!(
+                "keep it on purpose with `--ignore {}` (recipe `quantize.ignore`), or report the layout so sous \
+                 can quantize it",
+                tensor.strip_suffix(".weight").unwrap_or(tensor)
+            )),
+            QuantizeError::NotAsPlanned { .. } => Some(
+                "nothing was put in place; rerun, and report it if it happens again (the disk may be failing)".into(),
+            ),
+            QuantizeError::FusedExperts { .. } => Some(
+                "sous reads transformers 5's fused experts (`gate_up_proj` [experts, 2 × width, hidden], \
+                 `down_proj` [experts, hidden, width]) or one tensor per expert; re-save the model with \
+                 transformers or report the layout"
                     .into(),
             ),
             QuantizeError::BadPattern { .. } => {

@@ -9,7 +9,7 @@
 //! `FUSED_LAYER_NAMES` (`src/llmcompressor/observers/helpers.py`) wherever a parent
 //! module has *all* the names of a tuple, and ModelOpt takes the max amax of Linears
 //! sharing an input; both give every member the global scale of the group's amax.
-//! The groups below are llm-compressor's list.
+//! The groups below are llm-compressor's list, and the linear-attention pairs vLLM fuses.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +23,11 @@ const FUSED: &[&[&str]] = &[
     &["q_proj", "k_proj", "v_proj"],
     &["q_a_proj", "kv_a_proj_with_mqa"],
     &["w1", "w3"],
+    // vLLM's Qwen3.5 fuses these too (`in_proj_qkvz`, `in_proj_ba` in
+    // `vllm/model_executor/models/qwen3_5.py`); they are kept unless linear attention
+    // is asked to be quantized, which llm-compressor's examples never do.
+    &["in_proj_qkv", "in_proj_z"],
+    &["in_proj_b", "in_proj_a"],
 ];
 
 /// Groups of tensor indices that share a global scale; every quantized tensor is in

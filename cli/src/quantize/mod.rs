@@ -5,12 +5,15 @@
 //! - `source`: the input directory, its shard headers and provenance; windows of
 //!   tensor data through memory maps.
 //! - `select`: which tensors are quantized, as the reference tools choose.
+//! - `experts`: fused 3-D expert tensors seen as one weight per expert.
 //! - `fused`: groups that share one global scale.
 //! - `checkpoint`: each format's configuration files (tensor and file names are
 //!   `sous_engine::checkpoint`'s, shared with the native engine).
 //! - `layout`: output shards, offsets and headers, planned up front.
 //! - `files`: the output's other files, written or copied from the source.
 //! - `write`: the work, window by window, through `sous-kernels`.
+//! - `verify`: no Linear left in 16 bits unasked, and the output read back against the
+//!   plan before it is put in place.
 //! - `marker`: the completion marker and the rerun check; the output itself is staged
 //!   and renamed into place by `sous_engine::atomic`.
 //! - `meter`: the bytes in and out, model and tensor, reported to the caller's
@@ -22,6 +25,7 @@
 pub mod calibrate;
 mod checkpoint;
 mod error;
+mod experts;
 mod files;
 mod fused;
 mod gpu;
@@ -30,6 +34,7 @@ pub mod marker;
 mod meter;
 mod select;
 mod source;
+mod verify;
 mod write;
 
 use std::collections::{BTreeMap, HashMap};
@@ -303,6 +308,13 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
     write_configs(&source, &decisions, request.format, &layout, staging.path(), w4a4)?;
     copy_other_files(&source.dir, staging.path())?;
+    verify::written(
+        staging.path(),
+        &layout,
+        &source.tensors,
+        &decisions,
+        request.format,
+    )?;
     let seconds = started.elapsed().as_secs_f64();
     let bytes_in: u64 = source.tensors.iter().map(|t| t.len).sum();
     let summary = Summary {
@@ -468,6 +480,7 @@ fn decide(
         .and(hidden_layers);
     let selector = Selector::new(ignore, mtp_from)?;
     let decisions: Vec<Decision> = tensors.iter().map(|t| selector.decide(t)).collect();
+    verify::preflight(tensors, &decisions, &selector)?;
     validate(tensors, &decisions)?;
     Ok(decisions)
 }
@@ -480,6 +493,7 @@ pub fn planned_bytes(
     format: QuantFormat,
     ignore: &[String],
 ) -> Result<u64, QuantizeError> {
+    let tensors = &experts::split(config, tensors.to_vec())?;
     let decisions = decide(config, tensors, ignore)?;
     let layout = Layout::plan(tensors, &decisions, format, u64::MAX, &HashMap::new(), false)?;
     Ok(layout.data_bytes())
@@ -492,6 +506,7 @@ pub fn planned_kept(
     tensors: &[SourceTensor],
     ignore: &[String],
 ) -> Result<Vec<String>, QuantizeError> {
+    let tensors = &experts::split(config, tensors.to_vec())?;
     let decisions = decide(config, tensors, ignore)?;
     Ok(tensors
         .iter()

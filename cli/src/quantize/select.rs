@@ -140,6 +140,15 @@ impl Selector {
         Decision::Quantize
     }
 
+    /// Whether a `quantize.ignore` entry names this tensor (or its module).
+    pub fn ignores(&self, tensor: &str) -> bool {
+        let module = tensor.strip_suffix(".weight").unwrap_or(tensor);
+        self.ignore.iter().any(|pattern| match pattern {
+            Pattern::Exact(name) => name == module || name == tensor,
+            Pattern::Regex(_, re) => re.is_match(module),
+        })
+    }
+
     fn builtin(&self, module: &str) -> Option<Kept> {
         let segments: Vec<&str> = module.split('.').collect();
         let last = segments.last().copied().unwrap_or_default();
