@@ -143,14 +143,14 @@ impl Layer {
         match (&self.mlp, &self.mixer) {
             (Ffn::Dense(mlp), _) => &mlp.gate_up,
             (_, Mixer::Attention(a)) => &a.qkv,
-            (_, Mixer::Linear(l)) => &l.in_proj,
+            (_, Mixer::Linear(l)) => l.in_proj.first().unwrap_or(&l.out),
         }
     }
 
     fn matrices(&mut self) -> Vec<&mut Packed> {
         let mut all: Vec<&mut Packed> = match &mut self.mixer {
             Mixer::Attention(a) => vec![&mut a.qkv, &mut a.o],
-            Mixer::Linear(l) => vec![&mut l.in_proj, &mut l.out],
+            Mixer::Linear(l) => l.in_proj.iter_mut().chain([&mut l.out]).collect(),
         };
         match &mut self.mlp {
             Ffn::Dense(mlp) => all.extend([&mut mlp.gate_up, &mut mlp.down]),
@@ -162,7 +162,7 @@ impl Layer {
     fn bytes(&self) -> u64 {
         let mixer = match &self.mixer {
             Mixer::Attention(a) => a.qkv.bytes() + a.o.bytes(),
-            Mixer::Linear(l) => l.in_proj.bytes() + l.out.bytes(),
+            Mixer::Linear(l) => l.in_proj.iter().map(Packed::bytes).sum::<u64>() + l.out.bytes(),
         };
         mixer
             + match &self.mlp {

@@ -11,9 +11,10 @@
 //! dequantized in registers by the product, with the reference tools' arithmetic
 //! (`sous_kernels::reference::dequantize`'s values, bit for bit).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
@@ -161,6 +162,19 @@ pub struct Checkpoint {
     quantization: Quantization,
     /// The dtype the source model had (for the dequantization arithmetic).
     source: sous_kernels::Dtype,
+    /// Linear layers read from another checkpoint instead.
+    overlay: Option<Overlay>,
+}
+
+/// Linear layers (`modules`, as `model.layers.0.mlp.down_proj`) that a checkpoint reads
+/// from another one, `from`, of the same model: how `sous quantize --scan` runs a model
+/// with some of its layers in their NVFP4 form and the rest as they were.
+#[derive(Clone)]
+pub struct Overlay {
+    /// The checkpoint the modules come from (NVFP4, with one tensor per expert).
+    pub from: Arc<Checkpoint>,
+    /// The modules.
+    pub modules: HashSet<String>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -215,7 +229,19 @@ impl Checkpoint {
             index,
             quantization,
             source,
+            overlay: None,
         })
+    }
+
+    /// Reads the linear layers `overlay` names from its checkpoint from now on (layers
+    /// already loaded are not changed: reload them), or none with `None`.
+    pub fn set_overlay(&mut self, overlay: Option<Overlay>) {
+        self.overlay = overlay;
+    }
+
+    /// Whether linear layer `module` is read from the overlay's checkpoint.
+    pub fn overlaid(&self, module: &str) -> bool {
+        self.overlay.as_ref().is_some_and(|o| o.modules.contains(module))
     }
 
     /// How the linear weights are stored.
@@ -434,6 +460,9 @@ impl Checkpoint {
         shape: [usize; 2],
         precision: Precision,
     ) -> Result<Packed, NativeError> {
+        if let Some(overlay) = self.overlay.as_ref().filter(|o| o.modules.contains(prefix)) {
+            return overlay.from.linear(prefix, shape, precision);
+        }
         let format = self.quantization.format();
         let flavor = match format {
             Some(QuantFormat::Modelopt) => Flavor::ModelOptGpu,

@@ -20,8 +20,10 @@ use crate::native::weights::{Checkpoint, Precision};
 
 /// One linear-attention layer's weights.
 pub(super) struct LinearAttention {
-    /// Every projection of the input, stacked.
-    pub(super) in_proj: Packed,
+    /// Every projection of the input, stacked into one product, or into one per run of
+    /// projections held alike where a checkpoint holds some in NVFP4 and some in 16
+    /// bits (ModelOpt quantizes `in_proj_qkv`/`in_proj_z` and keeps `in_proj_b`/`a`).
+    pub(super) in_proj: Vec<Packed>,
     /// For each plain column, the product's column it is in (Qwen3-Next's grouped
     /// layout); `None` where they are the same.
     order: Option<Vec<u32>>,
@@ -153,10 +155,22 @@ impl LinearAttention {
             ];
             (parts, None)
         };
-        let in_proj = Packed::stack(parts).map_err(|e| NativeError::Config {
-            path: a.clone().into(),
-            message: format!("cannot fuse the projections: {e}"),
-        })?;
+        let mut runs: Vec<Vec<Packed>> = Vec::new();
+        for part in parts {
+            match runs.last_mut() {
+                Some(run) if run[0].format() == part.format() => run.push(part),
+                _ => runs.push(vec![part]),
+            }
+        }
+        let in_proj = runs
+            .into_iter()
+            .map(|run| {
+                Packed::stack(run).map_err(|e| NativeError::Config {
+                    path: a.clone().into(),
+                    message: format!("cannot fuse the projections: {e}"),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let sized = |name: &str, len: usize| -> Result<Vec<f32>, NativeError> {
             let v = checkpoint.vector(&format!("{a}.{name}"))?;
             if v.len() != len {
@@ -213,7 +227,20 @@ impl LinearAttention {
         let width = 2 * kd + 2 * vd + 2 * v_heads;
         let rows: usize = seqs.iter().map(|s| s.len).sum();
         let mut proj = vec![0.0f32; rows * width];
-        product(x, rows, &self.in_proj, &mut proj);
+        if let [one] = self.in_proj.as_slice() {
+            product(x, rows, one, &mut proj);
+        } else {
+            let mut column = 0;
+            for part in &self.in_proj {
+                let n = part.n();
+                let mut out = vec![0.0f32; rows * n];
+                product(x, rows, part, &mut out);
+                for (row, part_row) in proj.chunks_exact_mut(width).zip(out.chunks_exact(n)) {
+                    row[column..column + n].copy_from_slice(part_row);
+                }
+                column += n;
+            }
+        }
         if let Some(order) = &self.order {
             let mut stored = vec![0.0f32; width];
             for row in proj.chunks_exact_mut(width) {

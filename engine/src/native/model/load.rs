@@ -73,6 +73,25 @@ impl Model {
         })
     }
 
+    /// Loads `layers` again from `checkpoint` (the one this model was loaded from, with
+    /// the overlay it has now), replacing those held.
+    pub fn reload_layers(
+        &mut self,
+        checkpoint: &Checkpoint,
+        layers: Range<usize>,
+    ) -> Result<(), NativeError> {
+        let held = self.first_layer..self.first_layer + self.layers.len();
+        if layers.start < held.start || layers.end > held.end {
+            return Err(NativeError::Internal(format!(
+                "reload of layers {layers:?} in a model holding {held:?}"
+            )));
+        }
+        let fresh = load_layers(&self.config, checkpoint, self.precision, layers.clone())?;
+        let at = layers.start - self.first_layer;
+        self.layers.splice(at..at + fresh.len(), fresh);
+        Ok(())
+    }
+
     fn load_parts(
         config: ModelConfig,
         checkpoint: &Checkpoint,

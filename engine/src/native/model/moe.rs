@@ -88,11 +88,24 @@ impl Experts {
                 [n, hidden, width],
                 precision,
             )?;
+            // An overlay (`Checkpoint::set_overlay`) gives experts one by one.
+            let names = ["gate_proj", "up_proj", "down_proj"];
             gate_up
                 .into_iter()
                 .zip(down)
-                .map(|(gate_up, down)| Mlp { gate_up, down, width })
-                .collect()
+                .enumerate()
+                .map(|(e, (gate_up, down))| {
+                    let expert = format!("{block}.experts.{e}");
+                    let overlaid = names.map(|n| checkpoint.overlaid(&format!("{expert}.{n}")));
+                    match overlaid {
+                        [false, false, false] => Ok(Mlp { gate_up, down, width }),
+                        [true, true, true] => load_mlp(checkpoint, precision, &expert, names, hidden, width),
+                        _ => Err(NativeError::Internal(format!(
+                            "an overlay must give all three of `{expert}`'s projections or none"
+                        ))),
+                    }
+                })
+                .collect::<Result<_, _>>()?
         } else {
             let names = if mixtral {
                 ["w1", "w3", "w2"]
