@@ -197,3 +197,182 @@ fn moe_and_hybrid_models_quantize_to_llm_compressors_bytes() {
         assert_eq!(packed, want, "{model}: NVFP4 weights");
     }
 }
+
+/// `sous quantize MODEL --scan ARGS --json`, and its report.
+fn scan(model: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec![path(model), "--scan", "--json", "--quiet"];
+    all.extend_from_slice(args);
+    let (code, stdout, stderr) = quantize(&all, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    crate::quantize_util::json(&stdout)
+}
+
+/// The mean KL divergence of `candidate`'s next-token distributions from `source`'s
+/// over the windows a scan reads (the built-in text, 256 tokens each), computed here
+/// with the engine's own model loader on the two checkpoint directories.
+fn kl_of_checkpoints(source: &Path, candidate: &Path, windows: usize) -> f64 {
+    use sous_engine::native::config::ModelConfig;
+    use sous_engine::native::model::{BatchSeq, KvCache, Logits, Model};
+    use sous_engine::native::text::TextModel;
+    use sous_engine::native::weights::{Checkpoint, Precision};
+    let config = ModelConfig::read(source).expect("config");
+    let text = TextModel::load(source, &config.eos_token_ids).expect("tokenizer");
+    let builtin =
+        std::fs::read_to_string(root().join("scripts/bench/data/alice-chapter1.txt")).expect("text");
+    let ids = text.encode(&builtin, false).expect("tokens");
+    let log_probs = |dir: &Path| -> Vec<Vec<f64>> {
+        let config = ModelConfig::read(dir).expect("config");
+        let checkpoint = Checkpoint::open(dir, &config).expect("checkpoint");
+        let model = Model::load(config.clone(), &checkpoint, Precision::Stored, 256).expect("model");
+        let mut cache = KvCache::new(&model, 16, 16).with_state_slots(1);
+        let blocks: Vec<u32> = (0..16).collect();
+        let mut rows = Vec::new();
+        for window in ids.chunks_exact(256).take(windows) {
+            let seq = BatchSeq {
+                blocks: &blocks,
+                tokens: window,
+                start: 0,
+                state: 0,
+                logits: Logits::All,
+            };
+            let logits = model.forward(&[seq], &mut cache).expect("forward");
+            for row in logits.chunks_exact(config.vocab_size) {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let log_sum =
+                    (row.iter().map(|&v| f64::from(v - max).exp()).sum::<f64>()).ln() + f64::from(max);
+                rows.push(row.iter().map(|&v| f64::from(v) - log_sum).collect());
+            }
+        }
+        rows
+    };
+    let (p, q) = (log_probs(source), log_probs(candidate));
+    let total: f64 = p
+        .iter()
+        .zip(&q)
+        .map(|(p, q)| p.iter().zip(q).map(|(lp, lq)| lp.exp() * (lp - lq)).sum::<f64>())
+        .sum();
+    total / p.len() as f64
+}
+
+#[test]
+fn a_scan_of_a_hybrid_moe_proposes_a_list_that_beats_both_defaults_and_holds_when_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = fixture("qwen3_5_moe-fused");
+    let report = scan(&model, &["--max-kld", "0.02"]);
+    assert_eq!(report["architecture"], "Qwen3_5MoeForCausalLM");
+    // Every kind of the model was measured, per layer: experts, shared experts,
+    // attention, and linear attention (kept by default, measured all the same).
+    let groups = report["groups"].as_array().expect("groups");
+    let kinds: std::collections::BTreeSet<&str> =
+        groups.iter().map(|g| g["kind"].as_str().expect("kind")).collect();
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        ["experts", "linear attention", "o_proj", "q/k/v", "shared expert"]
+    );
+    let kl = |c: &serde_json::Value| c["divergence"]["kld"].as_f64().expect("kld");
+    let configurations = report["configurations"].as_array().expect("configurations");
+    let (everything, default) = (&configurations[0], &configurations[1]);
+    let proposal = &report["proposal"];
+    assert_eq!(proposal["met"], true);
+    let chosen = &proposal["configuration"];
+    assert!(kl(chosen) <= 0.02, "{}", kl(chosen));
+    assert!(kl(chosen) < kl(default) && kl(default) < kl(everything));
+    assert!(everything["bytes"].as_u64() < default["bytes"].as_u64());
+
+    // Written as `--ignore`, the list gives exactly the checkpoint the scan measured.
+    let ignore: Vec<String> = serde_json::from_value(proposal["ignore"].clone()).expect("ignore");
+    let out = dir.path().join("proposed");
+    let mut args = vec![
+        path(&model).to_owned(),
+        "--out".into(),
+        path(&out).to_owned(),
+        "--json".into(),
+    ];
+    for entry in &ignore {
+        args.extend(["--ignore".to_owned(), entry.clone()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, stdout, stderr) = quantize(&args, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let summary = crate::quantize_util::json(&stdout);
+    assert_eq!(
+        summary["bytes_out"], chosen["bytes"],
+        "the size the scan reported"
+    );
+    let measured = kl_of_checkpoints(&model, &out, 2);
+    assert!(
+        (measured - kl(chosen)).abs() < 1e-6,
+        "scan {} against the written checkpoint {measured}",
+        kl(chosen)
+    );
+}
+
+#[test]
+fn a_scan_writes_its_proposal_into_the_recipe_and_refuses_what_it_cannot_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = fixture("qwen3_next");
+    let recipe = dir.path().join("next.toml");
+    let text = format!(
+        "# Qwen3-Next, tiny\nname = \"next\"\n[model]\npath = \"{}\"\n[engine]\nkind = \"native\"\n\
+         [quantize]\nscheme = \"nvfp4a16\" # weight-only\nignore = [\"model.layers.3.self_attn.o_proj\"]\n",
+        model.display()
+    );
+    std::fs::write(&recipe, &text).expect("recipe");
+    let (code, stdout, stderr) = quantize(
+        &[
+            "--recipe",
+            path(&recipe),
+            "--scan",
+            "--by",
+            "kind",
+            "--max-kld",
+            "0.05",
+            "--write",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let report = crate::quantize_util::json(&stdout);
+    // The recipe's own list is measured beside the defaults.
+    let names: Vec<&str> = report["configurations"]
+        .as_array()
+        .expect("configurations")
+        .iter()
+        .map(|c| c["name"].as_str().expect("name"))
+        .collect();
+    assert!(names.contains(&"the recipe's quantize.ignore"), "{names:?}");
+    let written = std::fs::read_to_string(&recipe).expect("recipe");
+    assert!(written.starts_with("# Qwen3-Next, tiny\n"), "{written}");
+    assert!(written.contains("# weight-only"), "{written}");
+    let parsed: toml::Table = written.parse().expect("TOML");
+    let ignore: Vec<String> = parsed["quantize"]["ignore"]
+        .as_array()
+        .expect("ignore")
+        .iter()
+        .map(|v| v.as_str().expect("entry").to_owned())
+        .collect();
+    let proposed: Vec<String> =
+        serde_json::from_value(report["proposal"]["ignore"].clone()).expect("proposal");
+    assert_eq!(ignore, proposed);
+    assert!(!ignore.is_empty());
+    // And the recipe quantizes with it.
+    let out = dir.path().join("q");
+    let (code, _, stderr) = quantize(&["--recipe", path(&recipe), "--out", path(&out), "--quiet"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+
+    // What it cannot do, said before any work.
+    let (code, _, stderr) = quantize(&[path(&model), "--scan", "--write", "--max-kld", "0.1"], &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("--write needs --recipe"), "{stderr}");
+    let gpt_oss = dir.path().join("gpt-oss");
+    std::fs::create_dir(&gpt_oss).expect("mkdir");
+    std::fs::write(
+        gpt_oss.join("config.json"),
+        r#"{"architectures": ["GptOssForCausalLM"], "hidden_size": 64, "num_hidden_layers": 1}"#,
+    )
+    .expect("config");
+    let (code, _, stderr) = quantize(&[path(&gpt_oss), "--scan"], &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("GptOssForCausalLM"), "{stderr}");
+}

@@ -14,6 +14,7 @@ use super::{OverrideArgs, display, load_recipe};
 use crate::failure::UserError;
 use crate::shell::Shell;
 use sous::hub::cache::RepoCache;
+use sous::quantize::scan::{Grouping, ScanRequest};
 use sous::quantize::{
     CalibrationSet, DEFAULT_MAX_SHARD_SIZE, DEFAULT_WINDOW, Device, ModelOptExport, Provenance, Request,
     Summary, run,
@@ -79,7 +80,7 @@ pub struct QuantizeArgs {
     ignore: Vec<String>,
     /// Output directory. Default with --recipe: `~/.cache/sous/quantized/<recipe name>`
     /// (`SOUS_CACHE_DIR`, `XDG_CACHE_HOME`).
-    #[arg(long, short = 'o', value_name = "DIR", required_unless_present = "recipe")]
+    #[arg(long, short = 'o', value_name = "DIR", required_unless_present_any = ["recipe", "scan"])]
     out: Option<PathBuf>,
     /// Largest output shard (`5GB`, `2GiB`, bytes).
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_MAX_SHARD_SIZE)]
@@ -101,11 +102,43 @@ pub struct QuantizeArgs {
     /// recipe, `sous eval --recipe Q.toml --baseline B.toml`.
     #[arg(long)]
     eval: bool,
+    /// Instead of quantizing, choose what to keep in 16 bits by measurement: quantize
+    /// one group of layers at a time, run the model in the native engine over the
+    /// built-in text, and report each group's KL divergence from the unquantized model,
+    /// then the configurations (everything, the reference tools' default, the recipe's
+    /// list, the proposal). Writes nothing but, with --write, the recipe.
+    #[arg(long)]
+    scan: bool,
+    /// --scan: group layers by `layer` (each layer's q/k/v, o_proj, MLP or experts
+    /// apart) or by `kind` (each kind over all layers).
+    #[arg(long, value_enum, default_value_t = ByArg::Layer, requires = "scan")]
+    by: ByArg,
+    /// --scan: propose the fewest groups kept in 16 bits for which the mean KL
+    /// divergence (nats per token) is at most this.
+    #[arg(long, value_name = "NATS", requires = "scan")]
+    max_kld: Option<f64>,
+    /// --scan: propose the most groups kept in 16 bits that fit this checkpoint size
+    /// (`20GB`, `12GiB`, bytes).
+    #[arg(long, value_name = "SIZE", requires = "scan")]
+    max_size: Option<ByteSize>,
+    /// --scan: tokens of the built-in text to measure on, in windows of 256.
+    #[arg(long, value_name = "N", default_value_t = 512, requires = "scan")]
+    tokens: usize,
+    /// --scan with --recipe: write the proposed list into the recipe's
+    /// `quantize.ignore` (the rest of the file is kept as it is).
+    #[arg(long, requires = "scan")]
+    write: bool,
     /// No progress on stderr.
     #[arg(long, short = 'q')]
     quiet: bool,
     #[command(flatten)]
     overrides: OverrideArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ByArg {
+    Layer,
+    Kind,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -171,6 +204,7 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
                 "--scheme nvfp4",
             )?,
             device: args.device.unwrap_or_default(),
+            linear_attention: false,
         },
         (None, Some(file)) => from_recipe(file, &args, window_bytes, modelopt_export)?,
         (None, None) => {
@@ -180,6 +214,9 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         }
     };
     let reporter = if args.quiet { shell.quiet() } else { shell.clone() };
+    if args.scan {
+        return scan(&args, &request, &reporter, shell);
+    }
     let summary = run(&request, &reporter)?;
     report(shell, &summary);
     let eval = if args.eval {
@@ -201,6 +238,72 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         if let Some(report) = &eval {
             shell.data(&sous::eval::report::table(report))?;
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--scan`: measure, report, and with `--write` put the proposal in the recipe.
+fn scan(args: &QuantizeArgs, request: &Request, reporter: &Shell, shell: &Shell) -> anyhow::Result<ExitCode> {
+    if request.scheme != QuantScheme::Nvfp4a16 {
+        return Err(UserError::new(
+            "--scan measures weight-only NVFP4 (nvfp4a16), and this quantization is W4A4",
+            Some("scan with `--scheme nvfp4a16` (the kept layers are the same choice for both)"),
+        )
+        .into());
+    }
+    let recipe = match (args.write, &args.recipe) {
+        (true, None) => {
+            return Err(UserError::new(
+                "--write needs --recipe: it writes the recipe's `quantize.ignore`",
+                None,
+            )
+            .into());
+        }
+        (true, Some(_)) if args.max_kld.is_none() && args.max_size.is_none() => {
+            return Err(UserError::new(
+                "--write writes the proposal, and there is none without a target",
+                Some("give --max-kld or --max-size"),
+            )
+            .into());
+        }
+        (_, recipe) => recipe.as_deref(),
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let work = sous_engine::paths::cache_dir()
+        .join("scan")
+        .join(format!("{}-{nanos}", std::process::id()));
+    let scan = ScanRequest {
+        source: request.source.clone(),
+        format: request.format,
+        grouping: match args.by {
+            ByArg::Layer => Grouping::Layer,
+            ByArg::Kind => Grouping::Kind,
+        },
+        max_kld: args.max_kld,
+        max_bytes: args.max_size.map(|s| s.bytes()),
+        tokens: args.tokens,
+        window: 256,
+        current: request.ignore.clone(),
+        work,
+    };
+    let report = sous::quantize::scan::scan(&scan, reporter)?;
+    if let (Some(file), Some(proposal)) = (recipe.filter(|_| args.write), &report.proposal) {
+        sous::quantize::scan::write_ignore(file, &proposal.ignore)?;
+        reporter.status(
+            "wrote",
+            &format!(
+                "quantize.ignore ({} entries) into {}",
+                proposal.ignore.len(),
+                display(file)
+            ),
+        );
+    }
+    if args.json {
+        shell.data(&serde_json::to_string_pretty(&report)?)?;
+    } else {
+        shell.data(sous::quantize::scan::render(&report).trim_end())?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -267,6 +370,7 @@ fn from_recipe(
             "`quantize.scheme = \"nvfp4\"` in the recipe",
         )?,
         device: args.device.unwrap_or(quantize.device),
+        linear_attention: false,
     })
 }
 

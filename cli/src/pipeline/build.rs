@@ -114,6 +114,7 @@ pub async fn build(
                     .map(quantize::CalibrationSet::load)
                     .transpose()?,
                 device: q.device,
+                linear_attention: false,
             };
             let worker = reporter.clone();
             let summary = tokio::task::spawn_blocking(move || quantize::run(&request, worker.as_ref()))

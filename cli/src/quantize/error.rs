@@ -123,6 +123,12 @@ pub enum QuantizeError {
         /// What differs.
         message: String,
     },
+    /// `--scan` cannot run.
+    #[error("scan: {message}")]
+    Scan {
+        /// What went wrong.
+        message: String,
+    },
     /// An `ignore` entry is not a valid regular expression.
     #[error("ignore pattern `{pattern}` is not a valid regular expression: {message}")]
     BadPattern {
@@ -218,6 +224,11 @@ impl Diagnose for QuantizeError {
             )),
             QuantizeError::NotAsPlanned { .. } => Some(
                 "nothing was put in place; rerun, and report it if it happens again (the disk may be failing)".into(),
+            ),
+            QuantizeError::Scan { .. } => Some(
+                "the scan runs the model in the native engine (`sous doctor` lists the architectures it runs) \
+                 with the model's own tokenizer; quantize without `--scan` to keep the reference tools' default list"
+                    .into(),
             ),
             QuantizeError::FusedExperts { .. } => Some(
                 "sous reads transformers 5's fused experts (`gate_up_proj` [experts, 2 × width, hidden], \

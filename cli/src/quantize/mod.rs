@@ -16,6 +16,7 @@
 //!   plan before it is put in place.
 //! - `marker`: the completion marker and the rerun check; the output itself is staged
 //!   and renamed into place by `sous_engine::atomic`.
+//! - `scan`: `--scan`, the ignore list chosen by measurement.
 //! - `meter`: the bytes in and out, model and tensor, reported to the caller's
 //!   [`Reporter`].
 //!
@@ -32,6 +33,7 @@ mod gpu;
 mod layout;
 pub mod marker;
 mod meter;
+pub mod scan;
 mod select;
 mod source;
 mod verify;
@@ -105,6 +107,9 @@ pub struct Request {
     pub calibration: Option<CalibrationSet>,
     /// Where the kernels run. The bytes are the same on every device.
     pub device: Device,
+    /// Quantize linear-attention projections too, which the reference tools' examples
+    /// keep (`scan` measures what that costs).
+    pub linear_attention: bool,
 }
 
 /// What a quantization did; the `--json` output, also kept in the completion marker.
@@ -194,8 +199,13 @@ pub fn run(request: &Request, reporter: &dyn Reporter) -> Result<Summary, Quanti
         (false, _) => None,
     };
     let started = Instant::now();
-    let source = Source::open(&request.source)?;
-    let decisions = decide(&source.config, &source.tensors, &request.ignore)?;
+    let source = open_source(&request.source)?;
+    let decisions = decide(
+        &source.config,
+        &source.tensors,
+        &request.ignore,
+        request.linear_attention,
+    )?;
     let groups = fused::groups(&source.tensors, &decisions)?;
     let fingerprint = marker::fingerprint(&inputs(&source, request));
     let done = || {
@@ -460,12 +470,20 @@ fn check_output(request: &Request) -> Result<(), QuantizeError> {
     Ok(())
 }
 
+/// The source model, fused expert tensors seen as one weight per expert.
+fn open_source(dir: &Path) -> Result<Source, QuantizeError> {
+    let mut source = Source::open(dir)?;
+    source.tensors = experts::split(&source.config, std::mem::take(&mut source.tensors))?;
+    Ok(source)
+}
+
 /// What happens to each tensor of a model with this `config.json`: quantized, or kept
 /// (with the reason), checked for what the kernels can read.
 fn decide(
     config: &serde_json::Map<String, Value>,
     tensors: &[SourceTensor],
     ignore: &[String],
+    linear_attention: bool,
 ) -> Result<Vec<Decision>, QuantizeError> {
     let text = config.get("text_config").and_then(Value::as_object);
     let hidden_layers = [Some(config), text]
@@ -478,7 +496,10 @@ fn decide(
         .and_then(Value::as_u64)
         .filter(|&n| n > 0)
         .and(hidden_layers);
-    let selector = Selector::new(ignore, mtp_from)?;
+    let mut selector = Selector::new(ignore, mtp_from)?;
+    if linear_attention {
+        selector = selector.quantizing_linear_attention();
+    }
     let decisions: Vec<Decision> = tensors.iter().map(|t| selector.decide(t)).collect();
     verify::preflight(tensors, &decisions, &selector)?;
     validate(tensors, &decisions)?;
@@ -494,7 +515,7 @@ pub fn planned_bytes(
     ignore: &[String],
 ) -> Result<u64, QuantizeError> {
     let tensors = &experts::split(config, tensors.to_vec())?;
-    let decisions = decide(config, tensors, ignore)?;
+    let decisions = decide(config, tensors, ignore, false)?;
     let layout = Layout::plan(tensors, &decisions, format, u64::MAX, &HashMap::new(), false)?;
     Ok(layout.data_bytes())
 }
@@ -507,7 +528,7 @@ pub fn planned_kept(
     ignore: &[String],
 ) -> Result<Vec<String>, QuantizeError> {
     let tensors = &experts::split(config, tensors.to_vec())?;
-    let decisions = decide(config, tensors, ignore)?;
+    let decisions = decide(config, tensors, ignore, false)?;
     Ok(tensors
         .iter()
         .zip(&decisions)
@@ -540,7 +561,7 @@ fn validate(tensors: &[SourceTensor], decisions: &[Decision]) -> Result<(), Quan
 
 /// What the output depends on, for the rerun check.
 fn inputs(source: &Source, request: &Request) -> Value {
-    json!({
+    let mut inputs = json!({
         "sous": env!("CARGO_PKG_VERSION"),
         "scheme": checkpoint::scheme_name(request.scheme),
         "format": checkpoint::format_name(request.format),
@@ -559,7 +580,12 @@ fn inputs(source: &Source, request: &Request) -> Value {
             let name = p.strip_prefix(&source.dir).unwrap_or(p).to_string_lossy().into_owned();
             json!([name, meta.map(|m| m.len())])
         }).collect::<Vec<_>>(),
-    })
+    });
+    // Only when set, so that every other quantization keeps its fingerprint.
+    if request.linear_attention {
+        inputs["linear_attention"] = Value::Bool(true);
+    }
+    inputs
 }
 
 /// Provenance for every shard header. safetensors metadata values are strings.

@@ -93,6 +93,9 @@ pub struct Selector {
     /// Decoder layers at or past this index are MTP layers (DeepSeek-V3 numbers its MTP
     /// layer after the last decoder layer; `num_nextn_predict_layers` says it has one).
     mtp_from: Option<usize>,
+    /// Quantize linear-attention projections too (but `in_proj_a`/`in_proj_b`, which
+    /// ModelOpt keeps as well): what `sous quantize --scan` measures, never a default.
+    linear_attention: bool,
 }
 
 impl Selector {
@@ -111,7 +114,17 @@ impl Selector {
                 None => Ok(Pattern::Exact(entry.clone())),
             })
             .collect::<Result<_, _>>()?;
-        Ok(Selector { ignore, mtp_from })
+        Ok(Selector {
+            ignore,
+            mtp_from,
+            linear_attention: false,
+        })
+    }
+
+    /// These rules, with linear-attention projections quantized.
+    pub fn quantizing_linear_attention(mut self) -> Selector {
+        self.linear_attention = true;
+        self
     }
 
     /// Quantize or keep, and why.
@@ -172,7 +185,8 @@ impl Selector {
         if last == "gate" || last == "shared_expert_gate" || segments.iter().any(|s| s.contains("router")) {
             return Some(Kept::Router);
         }
-        if segments.contains(&"linear_attn") {
+        let small_gates = matches!(last, "in_proj_a" | "in_proj_b" | "in_proj_ba");
+        if segments.contains(&"linear_attn") && (!self.linear_attention || small_gates) {
             return Some(Kept::LinearAttention);
         }
         if segments.contains(&"mixer")

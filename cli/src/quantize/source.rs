@@ -72,8 +72,7 @@ pub struct Source {
     pub config_bytes: Vec<u8>,
     /// Shards, in name order.
     pub shards: Vec<Shard>,
-    /// Every tensor, in file order (shard, then offset); fused expert tensors as one
-    /// per expert (`experts.rs`).
+    /// Every tensor, in file order (shard, then offset).
     pub tensors: Vec<SourceTensor>,
     /// Where it came from.
     pub provenance: Provenance,
@@ -135,7 +134,6 @@ impl Source {
         if let Some(index) = &index {
             check_index(&dir.join(INDEX), index, &tensors, &shards)?;
         }
-        let tensors = super::experts::split(&config, tensors)?;
         Ok(Source {
             dir: dir.to_path_buf(),
             config,
