@@ -46,9 +46,30 @@ so AutoModelForCausalLM is used throughout. Each model should run in its own pro
 (load_context() registers conversion mappings process-wide).
 
 `w4a4` (one model): the NVFP4 scheme (FP4 weights and activations) with the same ignore
-list, calibrated on fixed token ids (written into the fixture) with
-`moe_calibrate_all_experts=True` (oneshot's argument in 0.14.0.1, its default), and the
-same fixture plus every module's `input_global_scale` and `weight_global_scale` as floats.
+list and the same load, calibrated with `moe_calibrate_all_experts=True` (oneshot's argument
+in 0.14.0.1, its default: every token through every expert for the observers, routing
+unchanged), and the same fixture plus every module's `input_global_scale` and
+`weight_global_scale` as floats, the calibration token ids (`calibration_input_ids`) and
+how they were made (`calibration`).
+
+Calibration samples, `--format text` (the default): the text file `--text`
+(scripts/bench/data/alice-chapter1.txt, UTF-8; its SHA-256 goes into the fixture)
+tokenized ONCE by the model directory's own tokenizer,
+`AutoTokenizer.from_pretrained(model_dir)(text, add_special_tokens=False)["input_ids"]`,
+cut into consecutive windows of exactly `--seq-len` L tokens, the first `--samples` N of
+them (a tail shorter than L is dropped); one sample per forward (batch size 1), no padding,
+`shuffle_calibration_samples=False`. This is how `sous quantize --scheme nvfp4
+--calibration-format text --samples N --seq-len L` makes its samples (module doc of
+cli/src/quantize/calibrate.rs), and what nvfp4_w4a4_reference.py --format text does for
+the dense model, so sous can calibrate on exactly these ids. (oneshot's LengthAwareSampler
+orders samples by descending length; with equal lengths the order may differ from the
+file's, which does not matter to the static min/max observers; the order the embedding saw
+is recorded under `calibration.embed_tokens_order`.) `--format sentences`: the four fixed
+sentences of CALIBRATION_TEXTS, one sample each, as UTF-8 bytes (the first W4A4 fixture's
+calibration; sous does not make such samples).
+
+The w4a4 fixture leaves out the wall-clock `seconds` (printed instead), so that two runs
+write identical bytes.
 
 Needs PyTorch, so CI never runs it. Pinned tools (llmcompressor 0.14.0.1 requires
 torch<=2.14.0, so torch is 2.14.0, not the 2.15.0 that made the test models):
@@ -62,6 +83,7 @@ Usage:
 
     moe_nvfp4_reference.py a16 MODEL_DIR... [--out-dir DIR] [--work DIR] [--load auto|plain|context]
     moe_nvfp4_reference.py w4a4 MODEL_DIR FIXTURE.json [--work DIR] [--load auto|plain|context]
+        [--format text|sentences] [--samples N] [--seq-len L] [--text FILE] [--pipeline P]
 
 e.g. from the repository root:
 
@@ -69,8 +91,11 @@ e.g. from the repository root:
         /work/venv-llmc/bin/python scripts/reference/moe_nvfp4_reference.py a16 \\
             tests/fixtures/architectures/$m --out-dir tests/fixtures/nvfp4/architectures
     done
-    /work/venv-llmc/bin/python scripts/reference/moe_nvfp4_reference.py w4a4 \\
-        tests/fixtures/architectures/qwen3_moe tests/fixtures/nvfp4/architectures/qwen3_moe.w4a4.llmcompressor.json
+    for m in qwen3_moe qwen3_next qwen3_5_moe; do
+        /work/venv-llmc/bin/python scripts/reference/moe_nvfp4_reference.py w4a4 \\
+            tests/fixtures/architectures/$m tests/fixtures/nvfp4/architectures/$m.w4a4.llmcompressor.json \\
+            --format text --samples 4 --seq-len 64
+    done
 
 (torchvision must be installed too: load_context() makes transformers 5.17 import every
 model module, and some import torchvision; without it loading fails with
@@ -126,7 +151,10 @@ FAMILIES = {
     ),
 }
 
-# Fixed calibration ids for `w4a4`: the UTF-8 bytes of these sentences (the test models'
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_TEXT = os.path.join(ROOT, "scripts", "bench", "data", "alice-chapter1.txt")
+
+# `w4a4 --format sentences` calibration ids: the UTF-8 bytes of these sentences (the test models'
 # tokenizer maps byte b to token id b), each one sample.
 CALIBRATION_TEXTS = [
     "The quick brown fox jumps over the lazy dog, and the dog does not mind at all.",
@@ -134,6 +162,44 @@ CALIBRATION_TEXTS = [
     "In 1865 the book was printed twice; the first printing was withdrawn.",
     "Sphinx of black quartz, judge my vow! 0123456789 +-*/ = ?",
 ]
+
+
+def text_windows(model_dir, count, seq_len, path):
+    """The first `count` consecutive windows of exactly `seq_len` tokens of the text file,
+    tokenized once by the model's own tokenizer without special tokens (as
+    nvfp4_w4a4_reference.py --format text and `sous quantize --calibration-format text`)."""
+    from transformers import AutoTokenizer
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    out = [ids[i * seq_len : (i + 1) * seq_len] for i in range(len(ids) // seq_len)][:count]
+    if len(out) < count:
+        sys.exit(f"{path}: {len(ids)} tokens hold {len(out)} windows of {seq_len}, fewer than {count}")
+    return out, {
+        "format": "text",
+        "file": os.path.relpath(os.path.abspath(path), ROOT),
+        "file_sha256": sha256_file(path),
+        "tokenizer": f"AutoTokenizer.from_pretrained(model_dir) -> {type(tokenizer).__name__}",
+        "tokenize": 'tokenizer(text, add_special_tokens=False)["input_ids"], once over the whole file',
+        "text_tokens": len(ids),
+        "samples": count,
+        "seq_len": seq_len,
+        "windows": f"ids[i*{seq_len}:(i+1)*{seq_len}] for i in 0..{count}",
+        "sous": f"sous quantize --scheme nvfp4 --calibration-format text --samples {count} --seq-len {seq_len}",
+    }
+
+
+def w4a4_args(calib):
+    if calib["format"] == "sentences":
+        return "w4a4 --format sentences"
+    args = f"w4a4 --format text --samples {calib['samples']} --seq-len {calib['seq_len']}"
+    if os.path.abspath(calib["text"]) != DEFAULT_TEXT:
+        args += f" --text {os.path.relpath(os.path.abspath(calib['text']), ROOT)}"
+    if calib["pipeline"] is not None:
+        args += f" --pipeline {calib['pipeline']}"
+    return args
 
 
 def sha256_file(path):
@@ -366,7 +432,7 @@ def findings(model_dir, tensors, ignore):
     }
 
 
-def run(model_dir, fixture_path, work, load, scheme, allow_mismatch=False):
+def run(model_dir, fixture_path, work, load, scheme, allow_mismatch=False, calib=None):
     import torch
 
     torch.manual_seed(0)
@@ -396,11 +462,21 @@ def run(model_dir, fixture_path, work, load, scheme, allow_mismatch=False):
     else:
         from datasets import Dataset
 
-        calibration = [list(t.encode("utf-8")) for t in CALIBRATION_TEXTS]
-        seq_len = max(len(ids) for ids in calibration)
+        if calib["format"] == "text":
+            calibration, described = text_windows(model_dir, calib["samples"], calib["seq_len"], calib["text"])
+            seq_len = calib["seq_len"]
+        else:
+            calibration = [list(t.encode("utf-8")) for t in CALIBRATION_TEXTS]
+            seq_len = max(len(ids) for ids in calibration)
+            described = {"format": "sentences", "texts": CALIBRATION_TEXTS, "tokenize": "UTF-8 bytes"}
         dataset = Dataset.from_dict(
             {"input_ids": calibration, "attention_mask": [[1] * len(ids) for ids in calibration]}
         )
+        # What reaches the embedding during oneshot, to check the samples arrive unchanged.
+        seen = []
+        embed = model.get_input_embeddings()
+        hook = embed.register_forward_pre_hook(lambda _m, args: seen.append(args[0].tolist()))
+        pipeline = {} if calib["pipeline"] is None else {"pipeline": calib["pipeline"]}
         oneshot(
             model=model,
             dataset=dataset,
@@ -409,12 +485,27 @@ def run(model_dir, fixture_path, work, load, scheme, allow_mismatch=False):
             num_calibration_samples=len(calibration),
             shuffle_calibration_samples=False,
             moe_calibrate_all_experts=True,
+            **pipeline,
         )
+        hook.remove()
+        order = []
+        for batch in seen:
+            for ids in batch:
+                index = calibration.index(ids) if ids in calibration else None
+                if index is None:
+                    sys.exit(f"{model_dir}: the embedding saw ids that are no calibration sample: {ids[:16]}...")
+                order.append(index)
+        if sorted(set(order)) != list(range(len(calibration))):
+            sys.exit(f"{model_dir}: the embedding saw samples {order}, not all of 0..{len(calibration)}")
+        described["embed_tokens_order"] = order
+        described["batch_shapes_seen"] = sorted({f"{len(b)}x{len(b[0])}" for b in seen})
         call = (
             f'oneshot(model=model, dataset=Dataset.from_dict({{"input_ids": calibration_input_ids, '
             f'"attention_mask": ones}}), recipe=QuantizationModifier(targets="Linear", scheme="{scheme}", '
             f"ignore={ignore}), max_seq_length={seq_len}, num_calibration_samples={len(calibration)}, "
-            f"shuffle_calibration_samples=False, moe_calibrate_all_experts=True)"
+            f"shuffle_calibration_samples=False, moe_calibrate_all_experts=True"
+            + "".join(f", {k}={v!r}" for k, v in pipeline.items())
+            + ")"
         )
     quantized = time.time()
     in_memory_expert_classes = sorted(
@@ -440,12 +531,13 @@ def run(model_dir, fixture_path, work, load, scheme, allow_mismatch=False):
                 scales.setdefault(module, {})[kind] = struct.unpack("<f", b)[0]
         extra["global_scales"] = scales
         extra["calibration_input_ids"] = calibration
-        extra["calibration_texts"] = CALIBRATION_TEXTS
+        extra["calibration"] = described
     fixture = {
         "what": f"llm-compressor oneshot(scheme={scheme}) on tests/fixtures/architectures/{name}, "
         "with the ignore list of llm-compressor's example for the family: SHA-256 of each "
         "quantized tensor's safetensors bytes, the tensor set, the config's quantization_config",
-        "generated_by": f"scripts/reference/moe_nvfp4_reference.py {'a16' if scheme == 'NVFP4A16' else 'w4a4'}",
+        "generated_by": "scripts/reference/moe_nvfp4_reference.py "
+        + ("a16" if scheme == "NVFP4A16" else w4a4_args(calib)),
         "model": name,
         "tools": tools(),
         "source": {f: sha256_file(os.path.join(model_dir, f)) for f in sources},
@@ -455,11 +547,6 @@ def run(model_dir, fixture_path, work, load, scheme, allow_mismatch=False):
         "ignore": ignore,
         "ignore_from": f"llmcompressor-0.14.0.1 sdist: {ignore_from}",
         "in_memory_expert_classes_after_oneshot": in_memory_expert_classes,
-        "seconds": {
-            "load": round(loaded - started, 2),
-            "oneshot": round(quantized - loaded, 2),
-            "save": round(saved - quantized, 2),
-        },
         "quantization_config": config.get("quantization_config"),
         "tensor_set": {n: [d, s] for n, (d, s, _) in sorted(tensors.items())},
         "tensors": digests,
@@ -473,6 +560,14 @@ def run(model_dir, fixture_path, work, load, scheme, allow_mismatch=False):
         },
         **extra,
     }
+    seconds = {
+        "load": round(loaded - started, 2),
+        "oneshot": round(quantized - loaded, 2),
+        "save": round(saved - quantized, 2),
+    }
+    if scheme == "NVFP4A16":
+        fixture["seconds"] = seconds
+    print(f"{name}: seconds {seconds}")
     os.makedirs(os.path.dirname(os.path.abspath(fixture_path)), exist_ok=True)
     with open(fixture_path, "w") as f:
         json.dump(fixture, f, indent=1, sort_keys=True)
@@ -496,6 +591,13 @@ def main():
     w4.add_argument("--work")
     w4.add_argument("--load", choices=["auto", "plain", "context"], default="auto")
     w4.add_argument("--allow-mismatch", action="store_true")
+    w4.add_argument("--format", choices=["text", "sentences"], default="text",
+                    help="consecutive windows of the tokenized text file (default), or the four fixed sentences")
+    w4.add_argument("--samples", type=int, default=4, help="--format text: windows to take")
+    w4.add_argument("--seq-len", type=int, default=64, help="--format text: tokens per window")
+    w4.add_argument("--text", default=DEFAULT_TEXT, help="--format text: the UTF-8 text file")
+    w4.add_argument("--pipeline", default=None,
+                    help="oneshot's pipeline argument (left out: oneshot's default, 'independent')")
     args = parser.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="moe-nvfp4-reference-")
     if args.command == "a16":
@@ -503,7 +605,9 @@ def main():
             fixture = os.path.join(args.out_dir, f"{os.path.basename(model.rstrip('/'))}.llmcompressor.json")
             run(model, fixture, work, args.load, "NVFP4A16", args.allow_mismatch)
         return 0
-    return run(args.model, args.fixture, work, args.load, "NVFP4", args.allow_mismatch)
+    calib = {"format": args.format, "samples": args.samples, "seq_len": args.seq_len, "text": args.text,
+             "pipeline": args.pipeline}
+    return run(args.model, args.fixture, work, args.load, "NVFP4", args.allow_mismatch, calib)
 
 
 if __name__ == "__main__":

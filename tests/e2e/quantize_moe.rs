@@ -376,3 +376,143 @@ fn a_scan_writes_its_proposal_into_the_recipe_and_refuses_what_it_cannot_do() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("GptOssForCausalLM"), "{stderr}");
 }
+
+/// `sous quantize MODEL --scheme nvfp4` calibrated on the builtin text's first 4
+/// windows of 64 tokens, into `out`; its summary.
+fn quantize_w4a4(model: &Path, out: &Path) -> serde_json::Value {
+    let args = [
+        path(model),
+        "--out",
+        path(out),
+        "--scheme",
+        "nvfp4",
+        "--calibration-format",
+        "text",
+        "--samples",
+        "4",
+        "--seq-len",
+        "64",
+        "--json",
+        "--quiet",
+    ];
+    let (code, stdout, stderr) = quantize(&args, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    crate::quantize_util::json(&stdout)
+}
+
+fn fixture_json(name: &str) -> serde_json::Value {
+    let path = root().join("tests/fixtures/nvfp4/architectures").join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("fixture JSON")
+}
+
+/// Checks every written scale against `want` (module → input_global_scale) to `tolerance`
+/// (relative; f32 sums in another order), and the all-experts rule: in each MoE layer,
+/// every expert's gate/up scale is the same and every expert has a down scale.
+fn assert_scales(
+    model: &str,
+    ours: &serde_json::Map<String, serde_json::Value>,
+    want: &[(String, f64)],
+    tolerance: f64,
+) {
+    assert_eq!(ours.len(), want.len(), "{model}: scales");
+    for (module, want) in want {
+        let got = ours[module]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{model}: no scale for {module}"));
+        assert!(
+            ((got - want) / want).abs() <= tolerance,
+            "{model} {module}: {got} against {want}"
+        );
+    }
+    let mut by_layer: BTreeMap<&str, (Vec<f64>, usize)> = BTreeMap::new();
+    for (module, scale) in ours {
+        if let Some((layer, rest)) = module.split_once(".mlp.experts.") {
+            let entry = by_layer.entry(layer).or_default();
+            if rest.ends_with("down_proj") {
+                entry.1 += 1;
+            } else {
+                entry.0.push(scale.as_f64().expect("scale"));
+            }
+        }
+    }
+    assert!(!by_layer.is_empty(), "{model}: no experts");
+    for (layer, (gate_up, downs)) in by_layer {
+        assert!(
+            gate_up.windows(2).all(|w| w[0] == w[1]),
+            "{model} {layer}: gate/up differ"
+        );
+        assert_eq!(
+            downs,
+            gate_up.len() / 2,
+            "{model} {layer}: an expert without a down scale"
+        );
+    }
+}
+
+#[test]
+fn w4a4_moe_and_hybrid_models_calibrate_every_expert_as_the_references_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for model in ["qwen3_moe", "qwen3_next", "qwen3_5_moe"] {
+        let out = dir.path().join(model);
+        let summary = quantize_w4a4(&fixture(model), &out);
+        let calibration = &summary["calibration"];
+        assert_eq!(calibration["tokens"], 256);
+        let ours = calibration["input_global_scale"].as_object().expect("scales");
+        // The weights are llm-compressor's bytes.
+        let llmc = fixture_json(&format!("{model}.w4a4.llmcompressor.json"));
+        let written = tensors(&out);
+        for (name, want) in llmc["tensors"].as_object().expect("tensors") {
+            assert_eq!(
+                written.get(name).map(|t| t.2.as_str()),
+                want["sha256"].as_str(),
+                "{model} {name}"
+            );
+        }
+        // The activation scales: llm-compressor's for the hybrids; for Qwen3-MoE, which
+        // llm-compressor 0.14.0.1 calibrates without the causal mask
+        // (qwen3_moe.w4a4.unmasked.txt), transformers' own causal forward's.
+        let want: Vec<(String, f64)> = if model == "qwen3_moe" {
+            let reference = fixture_json("qwen3_moe.w4a4.transformers.json");
+            reference["input_amax"]
+                .as_object()
+                .expect("amax")
+                .iter()
+                .map(|(m, amax)| {
+                    (
+                        m.clone(),
+                        f64::from(2688.0f32 / amax.as_f64().expect("amax") as f32),
+                    )
+                })
+                .collect()
+        } else {
+            llmc["global_scales"]
+                .as_object()
+                .expect("scales")
+                .iter()
+                .map(|(m, s)| (m.clone(), s["input_global_scale"].as_f64().expect("scale")))
+                .collect()
+        };
+        assert_scales(model, ours, &want, 2e-6);
+    }
+}
+
+#[test]
+fn a_w4a4_hybrid_moe_is_served_with_its_activations_quantized() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = fixture("qwen3_5_moe-fused");
+    let w4a4 = dir.path().join("w4a4");
+    quantize_w4a4(&model, &w4a4);
+    let a16 = dir.path().join("a16");
+    let (code, _, stderr) = quantize(&[path(&model), "--out", path(&a16), "--quiet"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    // Against the f32 model, over the windows a scan reads: W4A4 moves the distributions
+    // further than weight-only NVFP4 (its activations are 4-bit too), and not by nats.
+    let (kl_w4a4, kl_a16) = (
+        kl_of_checkpoints(&model, &w4a4, 2),
+        kl_of_checkpoints(&model, &a16, 2),
+    );
+    assert!(
+        kl_a16 > 0.0 && kl_w4a4 > kl_a16 && kl_w4a4 < 1.0,
+        "W4A4 {kl_w4a4}, NVFP4A16 {kl_a16}"
+    );
+}

@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use sous_engine::chat::RenderOptions;
-use sous_engine::native::config::ModelConfig;
+use sous_engine::native::config::{Family, ModelConfig};
 use sous_engine::native::model::{LayerInputs, Model};
 use sous_engine::native::text::TextModel;
 use sous_engine::native::weights::{Checkpoint, Precision};
@@ -213,6 +213,7 @@ pub fn calibrate(
     let config = ModelConfig::read(dir).map_err(engine_error(dir))?;
     let checkpoint = Checkpoint::open(dir, &config).map_err(engine_error(dir))?;
     let layers = config.layers;
+    let (family, prefix) = (config.family, config.prefix.clone());
     let longest = samples.iter().map(Vec::len).max().unwrap_or(1).max(1);
     // The products accumulate in f32 (as PyTorch's bf16 products do): the bf16 dot
     // product instructions pair their sums differently, which moves more scales by a
@@ -266,8 +267,8 @@ pub fn calibrate(
     )));
     let mut input_amax = BTreeMap::new();
     for (i, r) in ranges.iter().enumerate() {
-        for (module, amax) in r.modules() {
-            input_amax.insert(format!("model.layers.{i}.{module}"), amax);
+        for (module, amax) in r.modules(family == Family::Mixtral) {
+            input_amax.insert(format!("{prefix}.layers.{i}.{module}"), amax);
         }
     }
     Ok(Calibration {

@@ -62,8 +62,10 @@ struct Layer {
     mixer: Mixer,
     post_norm: Vec<f32>,
     mlp: Ffn,
-    /// W4A4: the activation global scales of the qkv, o, gate_up and down inputs.
-    input_scales: Option<[f32; 4]>,
+    /// W4A4: the activation global scales of the attention's qkv and o inputs (none
+    /// for a linear-attention layer, which W4A4 checkpoints keep in 16 bits); the
+    /// MLP's and each expert's are their [`Mlp`]'s.
+    input_scales: [Option<f32>; 2],
 }
 
 /// What mixes a layer's tokens: softmax attention over the KV cache, or a Gated
@@ -380,6 +382,11 @@ impl Model {
     ///
     /// `layer_done` is called with each layer's index (among those held) as the pass
     /// leaves it (progress).
+    ///
+    /// A MoE layer sends every token through every expert for the ranges of the
+    /// experts' `down` inputs (llm-compressor's `calibrate_all_experts`), while its
+    /// output stays routed; in bf16 the experts' and linear attention's arithmetic is
+    /// not rounded step by step as the dense path's is.
     pub fn observe_inputs(
         &self,
         tokens: &[u32],
@@ -388,18 +395,6 @@ impl Model {
         bf16: bool,
         layer_done: &(dyn Fn(usize) + Sync),
     ) -> Result<(), NativeError> {
-        if self
-            .layers
-            .iter()
-            .any(|l| matches!(l.mlp, Ffn::Experts(_)) || matches!(l.mixer, Mixer::Linear(_)))
-        {
-            return Err(NativeError::Unsupported {
-                what: format!("calibrating activations of {}", self.config.architecture),
-                hint: "W4A4 calibration runs models whose every layer is dense attention and a dense MLP; \
-                       quantize this model's weights only (`--scheme nvfp4a16`)"
-                    .into(),
-            });
-        }
         if ranges.len() != self.layers.len() {
             return Err(NativeError::Internal(format!(
                 "{} input ranges for {} layers",
@@ -409,7 +404,7 @@ impl Model {
         }
         const BLOCK: usize = 16;
         let blocks = tokens.len().div_ceil(BLOCK).max(1);
-        let mut cache = KvCache::new(self, blocks, BLOCK);
+        let mut cache = KvCache::new(self, blocks, BLOCK).with_state_slots(1);
         let table: Vec<u32> = (0..blocks as u32).collect();
         let batch = [BatchSeq {
             blocks: &table,

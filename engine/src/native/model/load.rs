@@ -10,7 +10,7 @@ use sous_kernels::gemm::{Packed, Tuning};
 use sous_kernels::transformer::Rotary;
 
 use super::linear::LinearAttention;
-use super::moe::{Experts, load_mlp};
+use super::moe::{Experts, input_scale, load_mlp};
 use super::mtp::Mtp;
 use super::{Attention, Embeddings, Ffn, Layer, Mixer, Model};
 use crate::native::NativeError;
@@ -205,15 +205,6 @@ fn load_layer_at(
 ) -> Result<Layer, NativeError> {
     let c = config;
     let h = c.hidden_size;
-    let w4a4 = checkpoint.quantization().activations();
-    if w4a4 && (c.moe.is_some() || c.linear.is_some()) {
-        return Err(NativeError::Unsupported {
-            what: format!("W4A4 (NVFP4 activations) in a {} checkpoint", c.architecture),
-            hint: "the native engine runs W4A4 checkpoints of dense attention models; run this one's \
-                   weight-only NVFP4 form (`--scheme nvfp4a16`) or serve it with vLLM"
-                .into(),
-        });
-    }
     let mixer = match c.linear.as_ref().filter(|_| linear) {
         Some(l) => Mixer::Linear(LinearAttention::load(
             c.family,
@@ -226,10 +217,18 @@ fn load_layer_at(
         )?),
         None => Mixer::Attention(load_attention(c, checkpoint, precision, p)?),
     };
-    let input_scales = if w4a4 {
-        Some(input_scales(checkpoint, p)?)
+    // W4A4: the attention's activation scales (linear attention stays 16-bit).
+    let attention = |modules: &[&str]| -> Result<Option<f32>, NativeError> {
+        let names: Vec<String> = modules.iter().map(|m| format!("{p}.self_attn.{m}")).collect();
+        input_scale(checkpoint, &names.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let input_scales = if linear {
+        [None, None]
     } else {
-        None
+        [
+            attention(&["q_proj", "k_proj", "v_proj"])?,
+            attention(&["o_proj"])?,
+        ]
     };
     let mlp = match &c.moe {
         Some(moe) if sparse => Ffn::Experts(Experts::load(c.family, moe, h, checkpoint, precision, p)?),
@@ -320,33 +319,6 @@ fn load_attention(
         k_norm,
         o: checkpoint.linear(&format!("{p}.self_attn.o_proj"), [h, c.heads * hd], dtype)?,
     })
-}
-
-/// A W4A4 layer's activation global scales. Fused inputs take the largest of their
-/// members' scales, as vLLM does (`process_weights_after_loading` of its
-/// compressed-tensors W4A4 scheme; its ModelOpt one takes the largest `input_scale`
-/// and inverts it); q/k/v and gate/up read one input, so they agree anyway.
-fn input_scales(checkpoint: &Checkpoint, p: &str) -> Result<[f32; 4], NativeError> {
-    let modelopt = checkpoint.quantization() == crate::native::weights::Quantization::Nvfp4W4a4ModelOpt;
-    let scale = |modules: &[&str]| -> Result<f32, NativeError> {
-        let mut best = f32::NEG_INFINITY;
-        for m in modules {
-            let name = if modelopt {
-                "input_scale"
-            } else {
-                "input_global_scale"
-            };
-            let values = checkpoint.vector(&format!("{p}.{m}.{name}"))?;
-            best = values.iter().copied().fold(best, f32::max);
-        }
-        Ok(if modelopt { 1.0 / best } else { best })
-    };
-    Ok([
-        scale(&["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])?,
-        scale(&["self_attn.o_proj"])?,
-        scale(&["mlp.gate_proj", "mlp.up_proj"])?,
-        scale(&["mlp.down_proj"])?,
-    ])
 }
 
 /// Loads `layers` of the decoder, or says which are not in it.

@@ -12,6 +12,7 @@
 //! optionally renormalized; each expert's output scaled by its weight and added in
 //! expert order to a zero row; the shared expert's gated output added last.
 
+use sous_kernels::activation::quantize_dequantize_nvfp4;
 use sous_kernels::gemm::Packed;
 use sous_kernels::transformer::{self as k, linear::sigmoid};
 
@@ -29,15 +30,37 @@ pub(super) struct Mlp {
     /// `[hidden, width]`.
     pub(super) down: Packed,
     pub(super) width: usize,
+    /// W4A4: the activation global scales of the gate/up and down inputs.
+    pub(super) input_scales: Option<[f32; 2]>,
 }
 
 impl Mlp {
-    /// `out = down(silu(gate(x)) · up(x))` for `rows` rows.
-    pub(super) fn forward(&self, x: &[f32], rows: usize, product: &Product, out: &mut [f32]) {
+    /// The largest magnitude reaching `down` over `rows` rows: what calibration
+    /// records for it.
+    fn down_input_amax(&self, x: &[f32], rows: usize, product: &Product) -> f32 {
         let mut gate_up = vec![0.0f32; rows * 2 * self.width];
         let mut act = vec![0.0f32; rows * self.width];
         product(x, rows, &self.gate_up, &mut gate_up);
         k::silu_mul(&gate_up, self.width, &mut act);
+        act.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+    }
+
+    /// `out = down(silu(gate(x)) · up(x))` for `rows` rows.
+    pub(super) fn forward(&self, x: &[f32], rows: usize, product: &Product, out: &mut [f32]) {
+        let mut gate_up = vec![0.0f32; rows * 2 * self.width];
+        let mut act = vec![0.0f32; rows * self.width];
+        match self.input_scales {
+            Some([scale, _]) => {
+                let mut quantized = x.to_vec();
+                quantize_dequantize_nvfp4(&mut quantized, scale);
+                product(&quantized, rows, &self.gate_up, &mut gate_up);
+            }
+            None => product(x, rows, &self.gate_up, &mut gate_up),
+        }
+        k::silu_mul(&gate_up, self.width, &mut act);
+        if let Some([_, scale]) = self.input_scales {
+            quantize_dequantize_nvfp4(&mut act, scale);
+        }
         product(&act, rows, &self.down, out);
     }
 
@@ -98,7 +121,12 @@ impl Experts {
                     let expert = format!("{block}.experts.{e}");
                     let overlaid = names.map(|n| checkpoint.overlaid(&format!("{expert}.{n}")));
                     match overlaid {
-                        [false, false, false] => Ok(Mlp { gate_up, down, width }),
+                        [false, false, false] => Ok(Mlp {
+                            gate_up,
+                            down,
+                            width,
+                            input_scales: None,
+                        }),
                         [true, true, true] => load_mlp(checkpoint, precision, &expert, names, hidden, width),
                         _ => Err(NativeError::Internal(format!(
                             "an overlay must give all three of `{expert}`'s projections or none"
@@ -179,6 +207,24 @@ impl Experts {
                     .flat_map(|m| [&mut m.gate_up, &mut m.down]),
             )
             .chain(shared)
+    }
+
+    /// Calibration with every expert (llm-compressor's `calibrate_all_experts`): the
+    /// largest magnitude reaching each expert's `down` when every one of the `rows`
+    /// rows goes through every expert, whatever the router chose, and the shared
+    /// expert's. (Their `gate`/`up` read the layer's normed input, which the caller
+    /// records.) The forward itself stays routed.
+    pub(super) fn observe_down(&self, x: &[f32], rows: usize, product: &Product) -> (Vec<f32>, Option<f32>) {
+        let experts = self
+            .experts
+            .iter()
+            .map(|e| e.down_input_amax(x, rows, product))
+            .collect();
+        let shared = self
+            .shared
+            .as_ref()
+            .map(|(mlp, _)| mlp.down_input_amax(x, rows, product));
+        (experts, shared)
     }
 
     /// Each row's experts and their weights, `top_k` per row, best first.
@@ -263,7 +309,7 @@ impl Experts {
 }
 
 /// A dense MLP under `prefix` whose three projections are named `names` (gate, up,
-/// down), fused into [`Mlp`].
+/// down), fused into [`Mlp`], with its activation scales in a W4A4 checkpoint.
 pub(super) fn load_mlp(
     checkpoint: &Checkpoint,
     precision: Precision,
@@ -272,18 +318,59 @@ pub(super) fn load_mlp(
     hidden: usize,
     width: usize,
 ) -> Result<Mlp, NativeError> {
-    let [gate, up, down] = names;
-    let gate = checkpoint.linear(&format!("{prefix}.{gate}"), [width, hidden], precision)?;
-    let up = checkpoint.linear(&format!("{prefix}.{up}"), [width, hidden], precision)?;
-    let gate_up = Packed::stack(vec![gate, up]).map_err(|e| NativeError::Config {
+    let [gate, up, down] = names.map(|n| format!("{prefix}.{n}"));
+    let input_scales = match (
+        input_scale(checkpoint, &[&gate, &up])?,
+        input_scale(checkpoint, &[&down])?,
+    ) {
+        (Some(a), Some(b)) => Some([a, b]),
+        _ => None,
+    };
+    let gate_up = Packed::stack(vec![
+        checkpoint.linear(&gate, [width, hidden], precision)?,
+        checkpoint.linear(&up, [width, hidden], precision)?,
+    ])
+    .map_err(|e| NativeError::Config {
         path: prefix.into(),
         message: format!("cannot fuse the projections: {e}"),
     })?;
     Ok(Mlp {
         gate_up,
-        down: checkpoint.linear(&format!("{prefix}.{down}"), [hidden, width], precision)?,
+        down: checkpoint.linear(&down, [hidden, width], precision)?,
         width,
+        input_scales,
     })
+}
+
+/// In a W4A4 checkpoint, the activation global scale of the input `modules` (linear
+/// layers under their full names) share, as vLLM applies it to their fused layer: the
+/// largest compressed-tensors `input_global_scale` (`process_weights_after_loading` of
+/// its compressed-tensors W4A4 scheme), or one over the largest ModelOpt `input_scale`
+/// (which vLLM inverts). `None` when the checkpoint quantizes no activations or keeps these
+/// modules in 16 bits.
+pub(super) fn input_scale(checkpoint: &Checkpoint, modules: &[&str]) -> Result<Option<f32>, NativeError> {
+    let quantization = checkpoint.quantization();
+    if !quantization.activations() {
+        return Ok(None);
+    }
+    let modelopt = quantization == crate::native::weights::Quantization::Nvfp4W4a4ModelOpt;
+    let name = if modelopt {
+        "input_scale"
+    } else {
+        "input_global_scale"
+    };
+    if !modules
+        .first()
+        .is_some_and(|m| checkpoint.has(&format!("{m}.{name}")))
+    {
+        return Ok(None);
+    }
+    let mut best = f32::NEG_INFINITY;
+    for m in modules {
+        let values = checkpoint.vector(&format!("{m}.{name}"))?;
+        best = values.iter().copied().fold(best, f32::max);
+    }
+    Ok(Some(if modelopt { 1.0 / best } else { best }))
 }
 
 #[cfg(test)]
@@ -313,6 +400,7 @@ mod tests {
                 }
             };
             Mlp {
+                input_scales: None,
                 gate_up: matrix(2 * width, hidden, value),
                 down: matrix(hidden, width, value),
                 width,
@@ -321,6 +409,7 @@ mod tests {
         let shared = shared.then(|| {
             let value = |i: usize| (i as f32 * 0.11).cos();
             let mlp = Mlp {
+                input_scales: None,
                 gate_up: matrix(2 * width, hidden, value),
                 down: matrix(hidden, width, value),
                 width,

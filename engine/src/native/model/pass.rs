@@ -170,8 +170,8 @@ impl Model {
             if let Some(seen) = observe.as_mut() {
                 LayerInputs::raise(&mut seen.ranges[li].qkv, &normed);
             }
-            if let Some(scales) = layer.input_scales {
-                quantize_dequantize_nvfp4(&mut normed, scales[0]);
+            if let Some(scale) = layer.input_scales[0] {
+                quantize_dequantize_nvfp4(&mut normed, scale);
             }
             match &layer.mixer {
                 Mixer::Linear(mixer) => {
@@ -336,8 +336,8 @@ impl Model {
                     if let Some(seen) = observe.as_mut() {
                         LayerInputs::raise(&mut seen.ranges[li].o, &attn);
                     }
-                    if let Some(scales) = layer.input_scales {
-                        quantize_dequantize_nvfp4(&mut attn, scales[1]);
+                    if let Some(scale) = layer.input_scales[1] {
+                        quantize_dequantize_nvfp4(&mut attn, scale);
                     }
                     product(&attn, n, &a.o, &mut o);
                     if bf16 {
@@ -351,13 +351,27 @@ impl Model {
             }
             norm(&x, &layer.post_norm, c.rms_norm_eps, &mut normed);
             match &layer.mlp {
-                Ffn::Experts(experts) => experts.forward(&normed, n, &product, &mut down),
+                Ffn::Experts(experts) => {
+                    if let Some(seen) = observe.as_mut() {
+                        let ranges = &mut seen.ranges[li];
+                        LayerInputs::raise(&mut ranges.gate_up, &normed);
+                        let (each, shared) = experts.observe_down(&normed, n, &product);
+                        ranges.experts_down.resize(each.len(), 0.0);
+                        for (slot, amax) in ranges.experts_down.iter_mut().zip(each) {
+                            *slot = slot.max(amax);
+                        }
+                        if let Some(amax) = shared {
+                            ranges.shared_down = Some(ranges.shared_down.unwrap_or(0.0).max(amax));
+                        }
+                    }
+                    experts.forward(&normed, n, &product, &mut down)
+                }
                 Ffn::Dense(mlp) => {
                     if let Some(seen) = observe.as_mut() {
                         LayerInputs::raise(&mut seen.ranges[li].gate_up, &normed);
                     }
-                    if let Some(scales) = layer.input_scales {
-                        quantize_dequantize_nvfp4(&mut normed, scales[2]);
+                    if let Some([scale, _]) = mlp.input_scales {
+                        quantize_dequantize_nvfp4(&mut normed, scale);
                     }
                     product(&normed, n, &mlp.gate_up, &mut gate_up);
                     if bf16 {
@@ -369,8 +383,8 @@ impl Model {
                     if let Some(seen) = observe.as_mut() {
                         LayerInputs::raise(&mut seen.ranges[li].down, &act);
                     }
-                    if let Some(scales) = layer.input_scales {
-                        quantize_dequantize_nvfp4(&mut act, scales[3]);
+                    if let Some([_, scale]) = mlp.input_scales {
+                        quantize_dequantize_nvfp4(&mut act, scale);
                     }
                     product(&act, n, &mlp.down, &mut down);
                     if bf16 {
