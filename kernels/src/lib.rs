@@ -22,6 +22,7 @@
 //! layers (the caller takes the amax over a fused group and passes one [`TensorScale`]).
 
 pub mod activation;
+pub mod bandwidth;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fast;

@@ -2,7 +2,8 @@
 //! driver says (CI's case: exit 1, the missing library named, nothing written), the
 //! recipe's `quantize.device`, and, opt-in on a machine with a GPU
 //! (`SOUS_TEST_CUDA=1`), the CPU's bytes from the GPU on the SmolLM2 test model.
-//! `scripts/gpu-check.sh` runs the full check and the benchmark on a GPU machine.
+//! `scripts/gpu-check.sh` runs the full check and the benchmark on a GPU machine. And
+//! `sous kernels bandwidth`, the CPU's read-bandwidth probe, on every machine.
 
 use std::path::Path;
 
@@ -171,4 +172,32 @@ fn on_a_gpu_the_bytes_are_the_cpus() {
             assert!(cpu == gpu, "{format}: {name} differs between the CPU and the GPU");
         }
     }
+}
+
+#[test]
+fn the_cpu_read_bandwidth_is_measured_over_the_buffer_asked_for() {
+    let (code, stdout, stderr) = run(sous().args([
+        "kernels",
+        "bandwidth",
+        "--mib",
+        "64",
+        "--threads",
+        "2",
+        "--seconds",
+        "0",
+        "--json",
+    ]));
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(report["bytes"], 64 << 20);
+    assert_eq!(report["threads"], 2);
+    assert!(report["passes"].as_u64().expect("passes") >= 5);
+    let (best, median) = (
+        report["best_gb_per_s"].as_f64().expect("best"),
+        report["median_gb_per_s"].as_f64().expect("median"),
+    );
+    assert!(best >= median && median > 0.0, "{report}");
+    let (code, _, stderr) = run(sous().args(["kernels", "bandwidth", "--threads", "0"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("--threads"), "{stderr}");
 }

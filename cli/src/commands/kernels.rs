@@ -1,3 +1,6 @@
+//! `sous kernels bandwidth`: the CPU's read bandwidth, what bounds decode
+//! (`sous_kernels::bandwidth`).
+//!
 //! `sous kernels check|bench --device cuda[:N]`: whether this machine's GPU gives the
 //! CPU's NVFP4 bytes, and how fast. `check` quantizes generated tensors full of edge
 //! cases (zero blocks, subnormals, the dtype's largest finite values, blocks that
@@ -23,6 +26,28 @@ pub enum KernelsCommand {
     Check(CheckArgs),
     /// Time the GPU kernels beside a device-to-device copy of the same bytes.
     Bench(BenchArgs),
+    /// Measure the CPU's read bandwidth as STREAM does: threads summing a buffer far
+    /// larger than the last-level cache, pass after pass (the best pass is reported).
+    /// Single-stream decode reads the weights once per token, so it cannot beat this
+    /// divided by the bytes a token reads.
+    Bandwidth(BandwidthArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "Example:\n  sous kernels bandwidth --threads 2 --json")]
+pub struct BandwidthArgs {
+    /// Buffer size in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 2048)]
+    mib: usize,
+    /// Reading threads. Default: the engine's (its thread pool's size).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Keep reading for at least this long (and at least 5 passes).
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    seconds: f64,
+    /// Print a JSON report on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -60,6 +85,7 @@ pub fn exec(cmd: KernelsCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
     match cmd {
         KernelsCommand::Check(args) => check(args, shell),
         KernelsCommand::Bench(args) => bench(args, shell),
+        KernelsCommand::Bandwidth(args) => bandwidth(args, shell),
     }
 }
 
@@ -200,6 +226,48 @@ fn cases(mib: usize) -> Vec<Case> {
         99,
     ));
     out
+}
+
+fn bandwidth(args: BandwidthArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
+    use sous_engine::size::human;
+    use sous_kernels::bandwidth;
+    if args.mib == 0 || args.threads == Some(0) {
+        return Err(UserError::new("--mib and --threads must be at least 1", None).into());
+    }
+    let threads = args.threads.unwrap_or_else(rayon::current_num_threads);
+    let bytes = args.mib << 20;
+    let llc = bandwidth::last_level_cache_bytes();
+    if let Some(llc) = llc.filter(|&llc| (bytes as u64) < 8 * llc) {
+        shell.warn(&format!(
+            "the buffer ({}) is not far larger than the last-level cache ({}): the figure is partly the cache's",
+            human(bytes as u64),
+            human(llc)
+        ));
+    }
+    let b = bandwidth::measure(bytes, threads, 5, args.seconds);
+    if args.json {
+        let report = json!({
+            "bytes": b.bytes,
+            "threads": b.threads,
+            "passes": b.passes,
+            "best_gb_per_s": b.best_gb_per_s,
+            "median_gb_per_s": b.median_gb_per_s,
+            "last_level_cache_bytes": llc,
+        });
+        shell.data(&serde_json::to_string_pretty(&report)?)?;
+    } else {
+        shell.data(&format!(
+            "read bandwidth: {:.1} GB/s (best of {} passes; median {:.1}) over {} with {} thread(s){}",
+            b.best_gb_per_s,
+            b.passes,
+            b.median_gb_per_s,
+            human(b.bytes),
+            b.threads,
+            llc.map(|l| format!("; last-level cache {}", human(l)))
+                .unwrap_or_default()
+        ))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn check(args: CheckArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
