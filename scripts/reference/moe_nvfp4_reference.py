@@ -113,6 +113,11 @@ import sys
 import tempfile
 import time
 
+# The same readers as the dense reference, which imports nothing but the standard library
+# at its top level.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nvfp4_reference import safetensors_tensors, sha256_file  # noqa: E402
+
 QUANT_SUFFIXES = (".weight_packed", ".weight_scale", ".weight_global_scale")
 
 # The ignore list of llm-compressor 0.14.0.1's own example for each family (files of the
@@ -200,34 +205,6 @@ def w4a4_args(calib):
     if calib["pipeline"] is not None:
         args += f" --pipeline {calib['pipeline']}"
     return args
-
-
-def sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def safetensors_tensors(directory):
-    """{name: (dtype, shape, raw bytes)} over every shard, read straight from the files so
-    the digests are of exactly the bytes written."""
-    out = {}
-    for name in sorted(os.listdir(directory)):
-        if not name.endswith(".safetensors"):
-            continue
-        with open(os.path.join(directory, name), "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-            base = 8 + length
-            for tensor, info in header.items():
-                if tensor == "__metadata__":
-                    continue
-                start, end = info["data_offsets"]
-                f.seek(base + start)
-                out[tensor] = (info["dtype"], info["shape"], f.read(end - start))
-    return out
 
 
 def tools():

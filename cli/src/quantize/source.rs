@@ -217,18 +217,7 @@ fn read_shard(dir: &Path, name: &str, index: usize) -> Result<(Shard, Vec<Source
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos());
-    let mut len_bytes = [0u8; 8];
-    file.read_exact(&mut len_bytes)
-        .map_err(|_| bad(&path, "too short for a safetensors file"))?;
-    let header_len = u64::from_le_bytes(len_bytes);
-    // The safetensors crate's own limit.
-    if header_len > 100_000_000 || 8 + header_len > size {
-        return Err(bad(&path, "not a safetensors file (bad header length)"));
-    }
-    let mut header = vec![0u8; header_len as usize];
-    file.read_exact(&mut header).map_err(io(&path))?;
-    let data_start = 8 + header_len;
-    let (tensors, data_len) = header_tensors(&header, index, data_start).map_err(|m| bad(&path, &m))?;
+    let (tensors, data_start, data_len) = read_header(&mut file, &path, size, index)?;
     if data_start + data_len != size {
         return Err(bad(
             &path,
@@ -245,6 +234,30 @@ fn read_shard(dir: &Path, name: &str, index: usize) -> Result<(Shard, Vec<Source
         },
         tensors,
     ))
+}
+
+/// Reads the header of the safetensors file `file` (at `path`, `size` bytes long) from
+/// its start: the tensors it describes for shard `index` (see [`header_tensors`]), where
+/// their data starts, and how many bytes of data it covers.
+pub fn read_header(
+    file: &mut File,
+    path: &Path,
+    size: u64,
+    index: usize,
+) -> Result<(Vec<SourceTensor>, u64, u64), QuantizeError> {
+    let mut len_bytes = [0u8; 8];
+    file.read_exact(&mut len_bytes)
+        .map_err(|_| bad(path, "too short for a safetensors file"))?;
+    let header_len = u64::from_le_bytes(len_bytes);
+    // The safetensors crate's own limit.
+    if header_len > 100_000_000 || 8 + header_len > size {
+        return Err(bad(path, "not a safetensors file (bad header length)"));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact(&mut header).map_err(io(path))?;
+    let data_start = 8 + header_len;
+    let (tensors, data_len) = header_tensors(&header, index, data_start).map_err(|m| bad(path, &m))?;
+    Ok((tensors, data_start, data_len))
 }
 
 /// The tensors a safetensors header (the JSON after the 8-byte length) describes, in

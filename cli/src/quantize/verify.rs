@@ -11,18 +11,16 @@
 //! weight the recipe did not ask to keep is left in 16 bits.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
 
 use safetensors::Dtype;
-use safetensors::tensor::Metadata;
 use sous_engine::checkpoint::names::{self, Nvfp4Names};
 use sous_engine::recipe::QuantFormat;
 
 use super::error::{QuantizeError, io};
 use super::layout::Layout;
 use super::select::{Decision, Kept, Selector};
-use super::source::SourceTensor;
+use super::source::{SourceTensor, read_header};
 
 /// Refuses a tensor that holds Linear weights the selection would write unchanged
 /// without a reason: a MoE layer's expert weights (or any `…_proj` tensor) not named as
@@ -80,8 +78,9 @@ pub fn written(
                 &format!("{size} bytes, planned {}", shard.size),
             ));
         }
-        for (name, info) in read_header(&path)?.tensors() {
-            found.insert(name, (info.dtype, info.shape.clone()));
+        let mut file = std::fs::File::open(&path).map_err(io(&path))?;
+        for t in read_header(&mut file, &path, size, 0)?.0 {
+            found.insert(t.name, (t.dtype, t.shape));
         }
         for t in &shard.tensors {
             match found.get(&t.name) {
@@ -128,25 +127,6 @@ pub fn written(
     Ok(Verified {
         nvfp4: quantized,
         tensors: found.len(),
-    })
-}
-
-fn read_header(path: &Path) -> Result<Metadata, QuantizeError> {
-    let mut file = std::fs::File::open(path).map_err(io(path))?;
-    let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(io(path))?;
-    let len = u64::from_le_bytes(len);
-    if len > 100_000_000 {
-        return Err(half(
-            &path.display().to_string(),
-            "written header length is implausible",
-        ));
-    }
-    let mut header = vec![0u8; len as usize];
-    file.read_exact(&mut header).map_err(io(path))?;
-    serde_json::from_slice(&header).map_err(|e| QuantizeError::BadSource {
-        file: path.to_path_buf(),
-        message: format!("written header does not parse: {e}"),
     })
 }
 
