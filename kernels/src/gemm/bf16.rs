@@ -79,10 +79,48 @@ impl Tuning {
             }
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        if let Data::Nvfp4(_) = w.data
+            && dot
+            && isa == Isa::Avx512
+            && x86::avx512_bf16()
+            && w.n.is_multiple_of(NR)
+        {
+            nvfp4_dot(x, rows, w, out);
+            return;
+        }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (isa, dot);
         let rounded: Vec<f32> = x.iter().map(|&v| round_bf16(v)).collect();
         self.matmul(&rounded, rows, w, out);
+    }
+}
+
+/// [`Tuning::matmul_bf16`] of NVFP4 weights with the dot-product kernel
+/// (`x86::dot_fp4`): many rows (past `BY_COLUMNS_MAX`) in tasks of whole row tiles; a
+/// batch of decodes in tasks of panels, one or two rows four panels at a time, more in
+/// tiles of up to `FP4_MR` rows of one panel.
+#[cfg(target_arch = "x86_64")]
+fn nvfp4_dot(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
+    let (n, k) = (w.n, w.k);
+    assert_eq!(x.len(), rows * k, "x is not rows × k");
+    assert_eq!(out.len(), rows * n, "out is not rows × n");
+    if rows > BY_COLUMNS_MAX {
+        row_tasks(x, rows, k, x86::FP4_MR, out, n).for_each(|(xs, o)| {
+            let r = xs.len() / k;
+            let a = x86::pack_fp4_pairs(xs, r, k, x86::FP4_MR);
+            x86::dot_fp4(&a, r, (x86::FP4_MR, 1), w, 0, n / NR, o, n);
+        });
+    } else {
+        let tile = if rows <= x86::FP4_NP_MR {
+            (rows, x86::FP4_NP)
+        } else {
+            (x86::FP4_MR, 1)
+        };
+        let a = x86::pack_fp4_pairs(x, rows, k, tile.0);
+        by_columns(rows, w, tile.1, out, |first, count, c| {
+            x86::dot_fp4(&a, rows, tile, w, first, count, c, count * NR);
+        });
     }
 }
 
@@ -119,11 +157,11 @@ impl std::fmt::Display for Bf16DotCalibration {
 impl Tuning {
     /// Sets whether bf16 arithmetic uses AVX512-BF16's dot product (`vdpbf16ps`):
     /// `choice` (the user's), else the faster of 64-row bf16-arithmetic products of `w`
-    /// (a layer's bf16 matrix) with it and with the f32 kernels on the rounded inputs,
+    /// (a layer's bf16 or NVFP4 matrix) with it and with the f32 kernels on the rounded inputs,
     /// measured once per process (later calls return the first measurement). One
     /// kernel for one row or many, so that batching never changes a row's bits. `None`,
     /// changing nothing, where there is nothing to choose: not the AVX-512 kernels, no
-    /// AVX512-BF16, or `w` not bf16.
+    /// AVX512-BF16, or `w` neither bf16 nor NVFP4.
     ///
     /// Why measure: the instruction does two products per lane, but not at the same rate
     /// on every CPU: on one Sapphire-Rapids-class Xeon it doubled a layer's speed, on
@@ -132,7 +170,8 @@ impl Tuning {
     pub fn calibrate_bf16_dot(&mut self, w: &Packed, choice: Option<bool>) -> Option<Bf16DotCalibration> {
         #[cfg(target_arch = "x86_64")]
         {
-            if self.isa != Isa::Avx512 || !x86::avx512_bf16() || w.bf16_panels().is_none() || w.n == 0 {
+            let dotted = w.bf16_panels().is_some() || matches!(w.data, Data::Nvfp4(_));
+            if self.isa != Isa::Avx512 || !x86::avx512_bf16() || !dotted || w.n == 0 {
                 return None;
             }
             let calibration = match choice {

@@ -69,6 +69,8 @@ pub fn place(weights: &mut [&mut Packed]) -> std::io::Result<Option<crate::pages
 }
 
 #[cfg(test)]
+mod fp4_dot_tests;
+#[cfg(test)]
 mod placement_tests;
 #[cfg(test)]
 mod tests;
