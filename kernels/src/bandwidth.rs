@@ -42,7 +42,12 @@ pub fn word(i: usize) -> u64 {
 pub fn measure(bytes: usize, threads: usize, passes: usize, seconds: f64) -> Bandwidth {
     let threads = threads.max(1);
     let words = (bytes / 8 / threads).max(1) * threads;
-    let buffer: Vec<u64> = (0..words).map(word).collect();
+    // In huge pages where the system gives them, as the engine holds its weights
+    // (`crate::pages`): in 4 KiB pages every page of a stream costs a TLB miss.
+    let mut buffer = crate::pages::Zeroed::<u64>::new(words);
+    for (i, w) in buffer.iter_mut().enumerate() {
+        *w = word(i);
+    }
     let share = words / threads;
     let started = Instant::now();
     let mut times = Vec::new();

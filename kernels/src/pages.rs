@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 /// Element types a [`Buf`] or [`Zeroed`] may hold: plain values with no padding, for
 /// which every bit pattern (all zeros included) is a value, so their bytes can be
-/// copied and viewed as they are. Sealed: implemented for `u8`, `i8`, `u16` and `f32`.
+/// copied and viewed as they are. Sealed: implemented for `u8`, `i8`, `u16`, `f32` and `u64`.
 pub trait Plain: sealed::Sealed + Copy + Default + Send + Sync + 'static {}
 
 mod sealed {
@@ -37,12 +37,14 @@ mod sealed {
     impl Sealed for i8 {}
     impl Sealed for u16 {}
     impl Sealed for f32 {}
+    impl Sealed for u64 {}
 }
 
 impl Plain for u8 {}
 impl Plain for i8 {}
 impl Plain for u16 {}
 impl Plain for f32 {}
+impl Plain for u64 {}
 
 /// Alignment of the mapping: one huge page on x86-64 and most aarch64 kernels.
 pub(crate) const HUGE_PAGE: usize = 2 << 20;
