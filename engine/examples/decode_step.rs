@@ -89,6 +89,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         s / steps as f64 * 1e3,
         (steps * batch_size * per_step) as f64 / s
     );
+    if per_step == 1 && steps > 0 {
+        // What the steps had to read (`Model::step_bytes`), against the read bandwidth
+        // measured right after them, as the engine measures it at load.
+        let bytes: u64 = (0..steps)
+            .map(|step| {
+                let contexts = vec![start + step + 1; batch_size];
+                model.step_bytes(&contexts, kv_dtype).total()
+            })
+            .sum();
+        let rate = bytes as f64 / s / 1e9;
+        match sous_engine::native::read_bandwidth() {
+            Some(b) => println!(
+                "decode read {:.3} GB per step at {rate:.1} GB/s: {:.0} % of the read bandwidth ({:.1} GB/s median, {:.1} best)",
+                bytes as f64 / steps as f64 / 1e9,
+                rate / b.median_gb_per_s * 100.0,
+                b.median_gb_per_s,
+                b.best_gb_per_s
+            ),
+            None => println!(
+                "decode read {:.3} GB per step at {rate:.1} GB/s",
+                bytes as f64 / steps as f64 / 1e9
+            ),
+        }
+    }
     let blocks: Vec<u32> = (0..64).collect();
     if decode_only {
         return Ok(());

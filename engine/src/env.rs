@@ -131,6 +131,8 @@ vars! {
     DECODE_PANELS = "SOUS_DECODE_PANELS", "`1`, `2`, `4`", "measured at load", "weight panels a decode step's tile reads side by side", "the native engine (passed to sous-kernels)";
     /// Tiles of 9 to 16 rows.
     BATCH_TILE = "SOUS_BATCH_TILE", "`16x1`, `8x2`", "measured at load", "the tile of products of 9 to 16 rows", "the native engine (passed to sous-kernels)";
+    /// The read bandwidth the decode roofline compares with.
+    READ_BANDWIDTH = "SOUS_READ_BANDWIDTH", "GB/s, or `off`", "measured at load", "the CPU read bandwidth the native engine's decode roofline compares with (`off`: not measured)", "the native engine";
     /// Huge pages for the weights.
     HUGE_PAGES = "SOUS_HUGE_PAGES", "`off`, `0`, `false`", "on", "`off` leaves the native engine's weights where they were loaded", "the native engine, doctor";
     /// Test only: the f32 stride.

@@ -400,3 +400,30 @@ fn a_checkpoint_missing_an_expert_tensor_is_refused_naming_it() {
     let err = Model::load(config, &checkpoint, Precision::Stored, 64).expect_err("an expert is missing");
     assert!(err.to_string().contains(missing), "{err}");
 }
+
+/// What a decode step reads (`Model::step_bytes`): a MoE layer reads its `top_k`
+/// experts for one token and nearly all of them for many, the rest of the weights
+/// every time, and the KV cache grows by a token's keys and values per position.
+#[test]
+fn a_decode_step_reads_the_routed_experts_and_the_cache() {
+    use sous_engine::native::KvDtype;
+    let model = load(&fixtures().join("qwen3_moe"));
+    // From the fixture's config.json: 8 experts, 2 per token, of width 32 on a hidden
+    // size of 64, in layers 0, 2 and 3 (layer 1 is dense); f32 weights.
+    let expert = ((2 * 32 * 64) + (64 * 32)) * 4;
+    let one = model.step_bytes(&[1], KvDtype::F32);
+    let many = model.step_bytes(&[1; 4096], KvDtype::F32);
+    // 255 more embedding rows of 64 f32 values (the whole table of 256); the other six
+    // experts of three layers.
+    let rows = 255 * 64 * 4;
+    assert_eq!(many.weights - one.weights - rows, 3 * 6 * expert);
+    // Every weight the model holds, once all experts and embedding rows are read.
+    assert_eq!(many.weights, model.weight_bytes());
+    // Two KV heads of 16 values, keys and values, f32, in 4 attention layers.
+    let per_token = 2 * 2 * 16 * 4 * 4;
+    assert_eq!(
+        model.step_bytes(&[101], KvDtype::F32).kv - one.kv,
+        100 * per_token
+    );
+    assert_eq!(model.step_bytes(&[1, 1], KvDtype::Bf16).kv, per_token);
+}

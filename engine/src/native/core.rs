@@ -467,6 +467,14 @@ impl Core {
             .zip(&plan)
             .map(|(b, &(i, _))| (i, b.start, b.tokens.len()))
             .collect();
+        // A decode step (one generated token for each sequence, nothing drafted, no
+        // prompt): what it has to read, for the roofline.
+        let decoding = plan.iter().zip(&drafted).all(|(&(i, n), input)| {
+            let s = &self.running[i];
+            n == 1 && input.is_empty() && s.computed >= s.prompt_len
+        });
+        let contexts: Vec<usize> = batch.iter().map(|b| b.start + 1).collect();
+        let started = Instant::now();
         let result = if self.limits.mtp.is_some() {
             self.model.forward_hidden(&batch, &mut self.cache)
         } else {
@@ -476,6 +484,11 @@ impl Core {
             })
         };
         drop(batch);
+        if decoding && result.is_ok() {
+            let bytes = self.model.step_bytes(&contexts, self.cache.dtype()).total();
+            self.metrics
+                .decode_step(contexts.len(), bytes, started.elapsed().as_secs_f64());
+        }
         let Passed { logits, hidden } = match result {
             Ok(l) => l,
             Err(e) => {

@@ -21,6 +21,11 @@ use std::time::{Duration, Instant};
 use crate::dialect::log::vllm::StatsLine;
 use crate::dialect::metrics::vllm;
 
+mod roofline;
+pub use roofline::{
+    DECODE_READ_BYTES, DECODE_SECONDS, DECODE_SEQUENCES, DECODE_STEPS, READ_BANDWIDTH, ReadBandwidth,
+};
+
 /// TTFT buckets (`loggers.py`, `histogram_time_to_first_token`).
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
@@ -143,6 +148,9 @@ struct State {
     /// Speculative decoding's counters, when the engine drafts: since start and since
     /// the last log line.
     spec: Option<(Spec, Spec)>,
+    /// Decode steps' bytes and times: since start and since the last log line.
+    steps: (roofline::Steps, roofline::Steps),
+    bandwidth: Option<ReadBandwidth>,
 }
 
 /// vLLM's spec-decode counters (`vllm/v1/spec_decode/metrics.py`).
@@ -218,6 +226,8 @@ impl Metrics {
                 interval_generation: 0,
                 recent: Default::default(),
                 spec: speculative_tokens.map(|k| (Spec::new(k), Spec::new(k))),
+                steps: Default::default(),
+                bandwidth: None,
             }),
         }
     }
@@ -274,6 +284,20 @@ impl Metrics {
                 total.add(drafted, accepted);
                 interval.add(drafted, accepted);
             }
+        });
+    }
+
+    /// The read bandwidth measured at load, which the roofline line and series compare
+    /// decode steps with.
+    pub fn set_bandwidth(&self, bandwidth: ReadBandwidth) {
+        self.with(|s| s.bandwidth = Some(bandwidth));
+    }
+
+    /// A decode step of `sequences` sequences read `bytes` in `seconds`.
+    pub fn decode_step(&self, sequences: usize, bytes: u64, seconds: f64) {
+        self.with(|s| {
+            s.steps.0.add(sequences, bytes, seconds);
+            s.steps.1.add(sequences, bytes, seconds);
         });
     }
 
@@ -373,6 +397,8 @@ impl Metrics {
                 }
                 *spec = Spec::new(spec.per_position.len());
             }
+            lines.extend(s.steps.1.line(s.bandwidth));
+            s.steps.1 = Default::default();
             lines
         })
     }
@@ -543,6 +569,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}_count{{{labels}}} {}.0", h.count);
                 let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum);
             }
+            s.steps.0.render(s.bandwidth, &labels, &mut out);
             out
         })
     }

@@ -203,6 +203,34 @@ pub fn huge_pages() -> bool {
         .is_some_and(|v| matches!(v.as_str(), "off" | "0" | "false"))
 }
 
+/// The CPU's read bandwidth at the engine's thread count, which the decode roofline
+/// compares decode steps with: `SOUS_READ_BANDWIDTH` in GB/s where set to a number,
+/// none where `off`, else measured (`sous_kernels::bandwidth`: a STREAM-style read of
+/// eight times the last-level cache, at least 256 MiB and at most 1 GiB, for about a
+/// quarter of a second; the same probe as `sous kernels bandwidth`).
+pub fn read_bandwidth() -> Option<metrics::ReadBandwidth> {
+    let threads = rayon::current_num_threads();
+    let chosen = crate::env::READ_BANDWIDTH.non_empty();
+    match chosen.as_deref().map(|v| (v, v.trim().parse::<f64>())) {
+        Some(("off", _)) => None,
+        Some((_, Ok(gb))) if gb > 0.0 => Some(metrics::ReadBandwidth {
+            median_gb_per_s: gb,
+            best_gb_per_s: gb,
+            threads,
+        }),
+        _ => {
+            let llc = sous_kernels::bandwidth::last_level_cache_bytes().unwrap_or(32 << 20);
+            let bytes = (8 * llc).clamp(256 << 20, 1 << 30) as usize;
+            let b = sous_kernels::bandwidth::measure(bytes, threads, 5, 0.25);
+            Some(metrics::ReadBandwidth {
+                median_gb_per_s: b.median_gb_per_s,
+                best_gb_per_s: b.best_gb_per_s,
+                threads,
+            })
+        }
+    }
+}
+
 /// The instruction set the kernels run on: the widest this CPU has, or the narrower
 /// one `SOUS_KERNELS_ISA` names.
 pub fn kernel_isa() -> sous_kernels::gemm::Isa {
@@ -346,6 +374,23 @@ impl Engine {
             settings.kernels.tuning().isa().name(),
         ));
         tune(&mut model, settings.kernels, log);
+        let bandwidth = read_bandwidth();
+        let step = model.step_bytes(&[1], settings.kv_dtype).total();
+        match bandwidth {
+            Some(b) => log(format!(
+                "Read bandwidth: {:.1} GB/s (median; best {:.1}) with {} threads; a decode step reads {:.3} GB, \
+                 so one sequence decodes at most {:.1} tok/s at the start of a context",
+                b.median_gb_per_s,
+                b.best_gb_per_s,
+                b.threads,
+                step as f64 / 1e9,
+                b.median_gb_per_s * 1e9 / step.max(1) as f64
+            )),
+            None => log(format!(
+                "Read bandwidth: not measured (SOUS_READ_BANDWIDTH=off); a decode step reads {:.3} GB",
+                step as f64 / 1e9
+            )),
+        }
         let per_token = model.kv_bytes_per_token(settings.kv_dtype);
         let states = model
             .config()
@@ -417,6 +462,9 @@ impl Engine {
             cache_info,
             settings.speculative.map(|s| s.tokens).or(settings.mtp),
         ));
+        if let Some(b) = bandwidth {
+            metrics.set_bandwidth(b);
+        }
         let limits = core::Limits {
             max_num_seqs: settings.max_num_seqs.max(1),
             max_batched_tokens: settings.max_batched_tokens.max(1),

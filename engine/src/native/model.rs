@@ -41,6 +41,7 @@ mod moe;
 mod mtp;
 mod observe;
 mod pass;
+mod roofline;
 
 pub use cache::{KvCache, KvDtype, kv_bytes_per_layer, kv_bytes_per_token};
 pub use linear::LinearStates;
@@ -48,6 +49,7 @@ use moe::{Experts, Mlp};
 use mtp::Mtp;
 pub use observe::LayerInputs;
 use observe::Observer;
+pub use roofline::StepBytes;
 
 use super::NativeError;
 use super::config::ModelConfig;

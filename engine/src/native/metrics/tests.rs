@@ -110,3 +110,56 @@ fn spec_decode_counters_and_line_have_vllms_names_and_shape() {
             .is_none()
     );
 }
+
+#[test]
+fn decode_steps_give_the_roofline_line_and_series() {
+    let m = Metrics::new("m", Vec::new(), None);
+    m.set_bandwidth(ReadBandwidth {
+        median_gb_per_s: 40.0,
+        best_gb_per_s: 50.0,
+        threads: 2,
+    });
+    m.token(None, None);
+    // Two steps: one sequence reading 1 GB in 50 ms, two reading 1.2 GB in 30 ms.
+    m.decode_step(1, 1_000_000_000, 0.05);
+    m.decode_step(2, 1_200_000_000, 0.03);
+    let lines = m.stats_lines(Duration::ZERO, "CPU");
+    let roofline = lines.last().expect("lines");
+    assert_eq!(
+        roofline,
+        "Decode roofline: 2 steps of 1.5 sequences on average, 1.100 GB read per step in 40.00 ms, \
+         27.5 GB/s, 69 % of the read bandwidth (40.0 GB/s measured at load, median of the passes; \
+         50.0 GB/s the best)"
+    );
+    // The next interval decoded nothing: no roofline line; the series keep the totals.
+    m.token(None, None);
+    assert!(
+        m.stats_lines(Duration::ZERO, "CPU")
+            .iter()
+            .all(|l| !l.starts_with("Decode roofline"))
+    );
+    let text = m.render();
+    for line in [
+        "sous:decode_steps_total{engine=\"0\",model_name=\"m\"} 2.0",
+        "sous:decode_sequences_total{engine=\"0\",model_name=\"m\"} 3.0",
+        "sous:decode_read_bytes_total{engine=\"0\",model_name=\"m\"} 2200000000.0",
+        "sous:read_bandwidth_bytes_per_second{engine=\"0\",model_name=\"m\"} 40000000000.0",
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+    assert!(
+        text.contains("sous:decode_seconds_total{engine=\"0\",model_name=\"m\"} 0.08"),
+        "{text}"
+    );
+    // Not measured: said so.
+    let off = Metrics::new("m", Vec::new(), None);
+    off.decode_step(1, 1_000_000_000, 0.1);
+    let lines = off.stats_lines(Duration::ZERO, "CPU");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.ends_with("10.0 GB/s (read bandwidth not measured: SOUS_READ_BANDWIDTH=off)")),
+        "{lines:?}"
+    );
+    assert!(!off.render().contains("sous:read_bandwidth"));
+}

@@ -56,6 +56,7 @@ pub struct KvCache {
     blocks: usize,
     /// One per attention layer.
     pub(super) layers: Vec<Held>,
+    dtype: KvDtype,
     /// A hybrid model's linear-attention states.
     pub(super) linear: Option<LinearStates>,
 }
@@ -124,8 +125,14 @@ impl KvCache {
             shape,
             blocks,
             layers,
+            dtype,
             linear,
         }
+    }
+
+    /// How the cache holds keys and values.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
     }
 
     /// This cache with linear-attention states for `sequences` running sequences (a

@@ -194,6 +194,23 @@ impl Experts {
             + self.shared.as_ref().map_or(0, |(mlp, _)| mlp.bytes())
     }
 
+    /// Bytes a step of `tokens` tokens reads: the router, the shared expert, and the
+    /// experts they are expected to be routed to, `E · (1 − (1 − k/E)^tokens)` of the
+    /// `E` experts with `k` per token when the routes are independent and uniform
+    /// (exactly `k` for one token).
+    pub(super) fn step_bytes(&self, tokens: usize) -> u64 {
+        let count = self.experts.len();
+        if count == 0 || tokens == 0 {
+            return self.router.bytes();
+        }
+        let e = count as f64;
+        let touched = e * (1.0 - (1.0 - self.top_k as f64 / e).powi(tokens.min(i32::MAX as usize) as i32));
+        let mean = self.experts.iter().map(Mlp::bytes).sum::<u64>() as f64 / e;
+        self.router.bytes()
+            + (touched * mean).round() as u64
+            + self.shared.as_ref().map_or(0, |(mlp, _)| mlp.bytes())
+    }
+
     /// The matrices, for placing them in huge pages.
     pub(super) fn matrices(&mut self) -> impl Iterator<Item = &mut Packed> {
         let shared = self
