@@ -517,7 +517,17 @@ fn every_workload_runs_against_the_native_engine() {
         reps.iter()
             .all(|r| r["decode_tok_s"].as_f64().expect("speed") > 0.0)
     );
-    // Cold prompts: nothing came from the prefix cache.
+    // The native engine's decode roofline: the bytes its decode steps read, against the
+    // read bandwidth it measured at load.
+    let decode = &probe["levels"][0]["server"]["decode"];
+    assert!(decode["steps"].as_f64().expect("steps") >= 1.0, "{decode}");
+    let per_step = decode["gb_per_step"].as_f64().expect("GB per step");
+    // SmolLM2-135M's bf16 weights (0.27 GB: the tied embedding read once) and a little KV.
+    assert!((0.25..0.35).contains(&per_step), "{decode}");
+    assert!(
+        decode["bandwidth_fraction"].as_f64().expect("fraction") > 0.0,
+        "{decode}"
+    );
     assert_eq!(
         probe["levels"][0]["server"]["prefix_cache_hits"].as_f64(),
         Some(0.0)

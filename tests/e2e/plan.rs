@@ -287,12 +287,19 @@ fn the_plan_reads_as_a_table_and_says_what_to_do_when_it_does_not_fit() {
         "this machine's CPU and RAM, RAM",
     );
     settings.add_filter(r"@[0-9a-f]{12}", "@COMMIT");
+    // The ceiling this machine's read bandwidth, measured by the plan, gives.
+    settings.add_filter(
+        r"at most \d+ tok/s single stream at a full context \(read bandwidth [0-9.]+ GB/s",
+        "at most N tok/s single stream at a full context (read bandwidth B GB/s",
+    );
     settings.bind(|| insta::assert_snapshot!("smollm2-native", table));
     // The JSON, whose fields docs/plan.md documents.
     let (code, json, stderr) = plan(&mirror, &["--recipe", SMOLLM2_NVFP4, "--json"]);
     assert_eq!(code, 0, "{stderr}");
     let mut settings = insta::Settings::clone_current();
     settings.add_filter(r#""memory_bytes": \d+"#, r#""memory_bytes": RAM"#);
+    settings.add_filter(r#""bandwidth_gbs": [0-9.e+-]+"#, r#""bandwidth_gbs": B"#);
+    settings.add_filter(r#""decode_ceiling_tok_s": [0-9.e+-]+"#, r#""decode_ceiling_tok_s": N"#);
     settings.add_filter(r"@[0-9a-f]{12}", "@COMMIT");
     settings.bind(|| insta::assert_snapshot!("smollm2-nvfp4-json", json));
 

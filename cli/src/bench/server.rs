@@ -35,6 +35,28 @@ pub struct ServerFigures {
     pub preemptions: Option<f64>,
     /// The highest KV-cache usage seen (0..1), from the scrapes during the run.
     pub kv_cache_usage_max: Option<f64>,
+    /// The native engine's decode roofline over the run (its `sous:decode_*` series):
+    /// what its decode steps had to read and how close that came to the read bandwidth
+    /// it measured at load. Absent for other engines.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode: Option<DecodeRoofline>,
+}
+
+/// What the native engine's decode steps read during a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DecodeRoofline {
+    /// Decode steps (one token for each running sequence, no prompt tokens).
+    pub steps: f64,
+    /// Sequences per step, on average.
+    pub sequences_per_step: f64,
+    /// Bytes a step had to read (weights touched and KV cache), on average, GB.
+    pub gb_per_step: f64,
+    /// Those bytes over the steps' time, GB/s.
+    pub gb_per_s: f64,
+    /// The read bandwidth the engine measured at load (median of its passes), GB/s.
+    pub read_bandwidth_gb_per_s: Option<f64>,
+    /// `gb_per_s` / `read_bandwidth_gb_per_s`.
+    pub bandwidth_fraction: Option<f64>,
 }
 
 fn delta(before: &Scrape, after: &Scrape, name: &str) -> Option<f64> {
@@ -112,8 +134,31 @@ impl ServerFigures {
             f.spec_decode_acceptance_length = after.max(trtllm::SPEC_DECODE_ACCEPTANCE_LENGTH);
             f.kv_cache_usage_max = peak(trtllm::KV_CACHE_UTILIZATION);
         }
+        f.decode = decode_roofline(before, after);
         f
     }
+}
+
+/// The native engine's decode roofline between two scrapes, where it decoded.
+fn decode_roofline(before: &Scrape, after: &Scrape) -> Option<DecodeRoofline> {
+    use sous_engine::native::metrics as native;
+    let steps = delta(before, after, native::DECODE_STEPS).filter(|&s| s > 0.0)?;
+    let sequences = delta(before, after, native::DECODE_SEQUENCES)?;
+    let bytes = delta(before, after, native::DECODE_READ_BYTES)?;
+    let seconds = delta(before, after, native::DECODE_SECONDS).filter(|&s| s > 0.0)?;
+    let gb_per_s = bytes / seconds / 1e9;
+    let bandwidth = after
+        .max(native::READ_BANDWIDTH)
+        .map(|b| b / 1e9)
+        .filter(|&b| b > 0.0);
+    Some(DecodeRoofline {
+        steps,
+        sequences_per_step: sequences / steps,
+        gb_per_step: bytes / steps / 1e9,
+        gb_per_s,
+        read_bandwidth_gb_per_s: bandwidth,
+        bandwidth_fraction: bandwidth.map(|b| gb_per_s / b),
+    })
 }
 
 #[cfg(test)]
@@ -147,6 +192,33 @@ mod tests {
         assert_eq!(f.spec_decode_per_position_acceptance_rates, vec![0.8, 0.5]);
         assert_eq!(f.preemptions, Some(0.0));
         assert_eq!(f.kv_cache_usage_max, Some(0.7));
+    }
+
+    #[test]
+    fn the_native_engines_decode_series_give_its_roofline() {
+        let before = Scrape::parse(
+            "vllm:num_requests_running 0\nsous:decode_steps_total 10\nsous:decode_sequences_total 10\n\
+             sous:decode_read_bytes_total 7.5e9\nsous:decode_seconds_total 0.5\n\
+             sous:read_bandwidth_bytes_per_second 3.2e10\n",
+        );
+        let after = Scrape::parse(
+            "vllm:num_requests_running 0\nsous:decode_steps_total 110\nsous:decode_sequences_total 210\n\
+             sous:decode_read_bytes_total 8.75e10\nsous:decode_seconds_total 3.0\n\
+             sous:read_bandwidth_bytes_per_second 3.2e10\n",
+        );
+        let d = ServerFigures::between(&before, &after, &[])
+            .decode
+            .expect("decode figures");
+        assert_eq!(d.steps, 100.0);
+        assert_eq!(d.sequences_per_step, 2.0);
+        assert!((d.gb_per_step - 0.8).abs() < 1e-12, "{d:?}");
+        assert!((d.gb_per_s - 32.0).abs() < 1e-9, "{d:?}");
+        assert_eq!(d.read_bandwidth_gb_per_s, Some(32.0));
+        assert!((d.bandwidth_fraction.expect("fraction") - 1.0).abs() < 1e-9);
+        // No decode step between the scrapes, or another engine: no figures.
+        assert_eq!(ServerFigures::between(&after, &after, &[]).decode, None);
+        let vllm = Scrape::parse("vllm:num_requests_running 0\n");
+        assert_eq!(ServerFigures::between(&vllm, &vllm, &[]).decode, None);
     }
 
     #[test]

@@ -179,6 +179,17 @@ fn render(report: &Report) -> String {
             cpu.model, cpu.arch, cpu.threads, cpu.kernels, cpu.huge_pages
         ),
     ]);
+    if let Some(b) = &cpu.read_bandwidth {
+        rows.push(vec![
+            String::new(),
+            String::new(),
+            String::new(),
+            format!(
+                "reads memory at {:.1} GB/s with {} threads (median; best {:.1}): one sequence decodes at most {:.1} tok/s per GB read a step",
+                b.median_gb_per_s, b.threads, b.best_gb_per_s, b.median_gb_per_s
+            ),
+        ]);
+    }
     let families: Vec<&str> = e
         .native
         .architectures

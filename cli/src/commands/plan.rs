@@ -43,6 +43,19 @@ pub struct PlanArgs {
     overrides: OverrideArgs,
 }
 
+/// `hardware` with its read bandwidth measured when it is this machine's CPU (the native
+/// engine's probe, `SOUS_READ_BANDWIDTH`), for the decode ceiling.
+fn measured(hardware: Hardware) -> Hardware {
+    if !hardware.cpu {
+        return hardware;
+    }
+    let bandwidth_gbs = sous_engine::native::read_bandwidth().map(|b| b.median_gb_per_s);
+    Hardware {
+        bandwidth_gbs,
+        ..hardware
+    }
+}
+
 pub fn exec(args: PlanArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let loaded = load_recipe(&args.recipe.recipe, &args.overrides)?;
     for w in &loaded.warnings {
@@ -50,9 +63,9 @@ pub fn exec(args: PlanArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     }
     let recipe = loaded.recipe;
     let hardware = match (&args.gpu, args.gpu_memory) {
-        (Some(name), _) => Hardware::named(name)?,
+        (Some(name), _) => measured(Hardware::named(name)?),
         (None, Some(size)) => Hardware::with_memory(size.0),
-        (None, None) if recipe.engine.kind == EngineKind::Native => Hardware::this_cpu()?,
+        (None, None) if recipe.engine.kind == EngineKind::Native => measured(Hardware::this_cpu()?),
         (None, None) => {
             return Err(UserError::new(
                 "which machine? a plan needs its memory",
@@ -212,7 +225,12 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
     if let Some(ceiling) = plan.decode_ceiling_tok_s {
         rows.push((
             "decode".into(),
-            format!("at most {ceiling:.0} tok/s single stream at a full context (memory bandwidth bound)"),
+            match (hardware.cpu, hardware.bandwidth_gbs) {
+                (true, Some(b)) => format!(
+                    "at most {ceiling:.0} tok/s single stream at a full context (read bandwidth {b:.1} GB/s, measured now)"
+                ),
+                _ => format!("at most {ceiling:.0} tok/s single stream at a full context (memory bandwidth bound)"),
+            },
         ));
     }
     if let Some(ceiling) = plan.decode_ceiling_speculative_tok_s {

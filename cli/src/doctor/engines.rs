@@ -94,6 +94,20 @@ pub struct Cpu {
     pub quantize_kernel: &'static str,
     /// Transparent huge pages, where the native engine keeps its weights and KV cache.
     pub huge_pages: HugePages,
+    /// The read bandwidth at the native engine's thread count, as the engine measures it
+    /// at load (`SOUS_READ_BANDWIDTH`): what bounds single-stream decode.
+    pub read_bandwidth: Option<ReadBandwidth>,
+}
+
+/// What the read-bandwidth probe measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReadBandwidth {
+    /// The median pass, GB/s (10⁹ bytes per second).
+    pub median_gb_per_s: f64,
+    /// The fastest pass, GB/s.
+    pub best_gb_per_s: f64,
+    /// Threads that read.
+    pub threads: usize,
 }
 
 /// Transparent huge pages on this machine, as the native engine uses them.
@@ -276,6 +290,11 @@ pub fn native() -> Native {
                     mode,
                 }
             },
+            read_bandwidth: sous_engine::native::read_bandwidth().map(|b| ReadBandwidth {
+                median_gb_per_s: b.median_gb_per_s,
+                best_gb_per_s: b.best_gb_per_s,
+                threads: b.threads,
+            }),
         },
     }
 }

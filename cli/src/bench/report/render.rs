@@ -111,6 +111,19 @@ pub fn summary(report: &Report) -> String {
                 s.prefix_cache_hits.unwrap_or(0.0)
             ));
         }
+        if let Some(d) = &s.decode {
+            out.push_str(&format!(
+                "server: decode read {:.3} GB per step at {:.1} GB/s{} ({:.0} steps of {:.1} sequences on average)\n",
+                d.gb_per_step,
+                d.gb_per_s,
+                match (d.bandwidth_fraction, d.read_bandwidth_gb_per_s) {
+                    (Some(f), Some(b)) => format!(", {:.0}% of the read bandwidth ({b:.1} GB/s, measured at load)", f * 100.0),
+                    _ => String::new(),
+                },
+                d.steps,
+                d.sequences_per_step
+            ));
+        }
         for instance in &level.instances {
             let figures = instance.server.as_ref();
             match figures.and_then(|f| Some((f.prefix_cache_hit_rate?, f.prefix_cache_queries?))) {
