@@ -60,8 +60,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `START=P`: the steps attend over P cached positions already (whatever the cache
     // holds), as a decode deep into a conversation does.
     let start: usize = std::env::var("START").map_or(Ok(0), |s| s.parse())?;
-    let started = Instant::now();
     let steps = if prefill_only { 0 } else { steps };
+    // The read bandwidth probed before every eight steps and after the last
+    // (`sous_engine::native::read_bandwidth`, as the engine probes it at load): on a
+    // shared machine the bandwidth changes from minute to minute, so each eight steps
+    // are compared with the probes on either side of them. `ROOFLINE=off`: no probes.
+    let probing = per_step == 1 && std::env::var("ROOFLINE").as_deref() != Ok("off");
+    let probe = || {
+        if probing {
+            sous_engine::native::read_bandwidth()
+        } else {
+            None
+        }
+    };
+    let mut probes = vec![probe()];
+    let mut chunks: Vec<(u64, f64)> = Vec::new();
+    let mut chunk = (0u64, Instant::now());
+    let mut elapsed = 0.0;
     for step in 0..steps {
         let batch: Vec<BatchSeq> = tables
             .iter()
@@ -82,35 +97,54 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 *t = sous_engine::native::sampling::argmax(row);
             }
         }
+        // What the step had to read (`Model::step_bytes`).
+        let contexts = vec![start + step * per_step + 1; batch_size];
+        chunk.0 += model.step_bytes(&contexts, kv_dtype).total();
+        if step % 8 == 7 {
+            let seconds = chunk.1.elapsed().as_secs_f64();
+            chunks.push((chunk.0, seconds));
+            elapsed += seconds;
+            probes.push(probe());
+            chunk = (0, Instant::now());
+        }
     }
-    let s = started.elapsed().as_secs_f64();
+    if chunk.0 > 0 {
+        let seconds = chunk.1.elapsed().as_secs_f64();
+        chunks.push((chunk.0, seconds));
+        elapsed += seconds;
+        probes.push(probe());
+    }
+    let s = elapsed;
     println!(
         "{steps} decode steps of {batch_size} × {per_step} token(s): {:.2} ms each, {:.1} tok/s",
         s / steps as f64 * 1e3,
         (steps * batch_size * per_step) as f64 / s
     );
     if per_step == 1 && steps > 0 {
-        // What the steps had to read (`Model::step_bytes`), against the read bandwidth
-        // measured right after them, as the engine measures it at load.
-        let bytes: u64 = (0..steps)
-            .map(|step| {
-                let contexts = vec![start + step + 1; batch_size];
-                model.step_bytes(&contexts, kv_dtype).total()
-            })
-            .sum();
+        let bytes: u64 = chunks.iter().map(|c| c.0).sum();
         let rate = bytes as f64 / s / 1e9;
-        match sous_engine::native::read_bandwidth() {
-            Some(b) => println!(
-                "decode read {:.3} GB per step at {rate:.1} GB/s: {:.0} % of the read bandwidth ({:.1} GB/s median, {:.1} best)",
-                bytes as f64 / steps as f64 / 1e9,
-                rate / b.median_gb_per_s * 100.0,
-                b.median_gb_per_s,
-                b.best_gb_per_s
+        // Each run of steps' rate over the mean of the probes on either side of it.
+        let mut fractions: Vec<f64> = chunks
+            .iter()
+            .zip(probes.windows(2))
+            .filter_map(|(&(b, t), p)| {
+                let (before, after) = (p[0].as_ref()?, p[1].as_ref()?);
+                Some(b as f64 / t / 1e9 / ((before.median_gb_per_s + after.median_gb_per_s) / 2.0))
+            })
+            .collect();
+        fractions.sort_by(f64::total_cmp);
+        let medians: Vec<f64> = probes.iter().flatten().map(|b| b.median_gb_per_s).collect();
+        let (low, high) = medians
+            .iter()
+            .fold((f64::INFINITY, 0.0f64), |(l, h), &m| (l.min(m), h.max(m)));
+        let gb_per_step = bytes as f64 / steps as f64 / 1e9;
+        match fractions.get(fractions.len() / 2) {
+            Some(f) => println!(
+                "decode read {gb_per_step:.3} GB per step at {rate:.1} GB/s: {:.0} % of the read bandwidth (median of {} runs of up to 8 steps, each against the probes beside it, {low:.1} to {high:.1} GB/s)",
+                f * 100.0,
+                fractions.len()
             ),
-            None => println!(
-                "decode read {:.3} GB per step at {rate:.1} GB/s",
-                bytes as f64 / steps as f64 / 1e9
-            ),
+            None => println!("decode read {gb_per_step:.3} GB per step at {rate:.1} GB/s"),
         }
     }
     let blocks: Vec<u32> = (0..64).collect();

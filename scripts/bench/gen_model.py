@@ -4,6 +4,12 @@ weights (std 0.02, a few outliers), norms at 1, a config.json the quantizer read
 Uses PyTorch (on the GPU when there is one) and safetensors:
 
     python3 scripts/bench/gen_model.py OUT_DIR [--gb 8.5] [--shards 4] [--seed 0]
+
+The default shape is Llama-3-8B's. For decode at the memory wall (BENCHMARKS.md, issue 59)
+the Llama-3.2-1B-like and 3B-like shapes with SmolLM2's vocabulary and tied embeddings:
+
+    python3 scripts/bench/gen_model.py OUT --shape 1b --shards 1
+    python3 scripts/bench/gen_model.py OUT --shape 3b --shards 2
 """
 
 import argparse
@@ -15,18 +21,30 @@ import torch
 from safetensors.torch import save_file
 
 
+# hidden, MLP width, heads, KV heads, vocabulary, tied embeddings; "layers" fixes the
+# depth, otherwise --gb sets it.
+SHAPES = {
+    "8b": dict(hidden=4096, inter=14336, heads=32, kv_heads=8, vocab=32000, tied=False),
+    "1b": dict(hidden=2048, inter=8192, heads=32, kv_heads=8, vocab=49152, tied=True, layers=16),
+    "3b": dict(hidden=3072, inter=8192, heads=24, kv_heads=8, vocab=49152, tied=True, layers=28),
+}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--gb", type=float, default=8.5)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="8b")
     args = parser.parse_args()
-    hidden, inter, heads, kv_heads, vocab = 4096, 14336, 32, 8, 32000
+    shape = SHAPES[args.shape]
+    hidden, inter, heads, kv_heads, vocab = (shape[k] for k in ("hidden", "inter", "heads", "kv_heads", "vocab"))
+    tied = shape["tied"]
     head_dim = hidden // heads
     per_layer = 2 * (hidden * hidden * 2 + 2 * kv_heads * head_dim * hidden + 3 * hidden * inter)
-    fixed = 2 * 2 * vocab * hidden
-    layers = max(1, math.ceil((args.gb * 1e9 - fixed) / per_layer))
+    fixed = 2 * (1 if tied else 2) * vocab * hidden
+    layers = shape.get("layers") or max(1, math.ceil((args.gb * 1e9 - fixed) / per_layer))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=device).manual_seed(args.seed)
 
@@ -49,7 +67,9 @@ def main():
             (f"{p}.mlp.up_proj.weight", (inter, hidden)),
             (f"{p}.mlp.down_proj.weight", (hidden, inter)),
         ]
-    specs += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
+    specs += [("model.norm.weight", (hidden,))]
+    if not tied:
+        specs += [("lm_head.weight", (vocab, hidden))]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     per_shard = math.ceil(len(specs) / args.shards)
@@ -76,7 +96,7 @@ def main():
         "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0,
         "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": tied,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     print(json.dumps({"layers": layers, "bytes": index["metadata"]["total_size"], "shards": args.shards}))
