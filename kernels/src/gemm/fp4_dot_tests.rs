@@ -183,3 +183,34 @@ fn stacked_nvfp4_members_keep_their_own_factors_in_bf16_arithmetic() -> Result {
     }
     Ok(())
 }
+
+/// The bits of NVFP4 products in bf16 arithmetic on each side of the dot product, over
+/// fixed inputs: the same on every path of every CPU, as
+/// `every_path_gives_the_bits_recorded_on_other_machines` holds for bf16 weights
+/// (recorded on a Zen 4; BENCHMARKS.md, "Decode at the memory wall", lists the CPUs
+/// checked).
+#[test]
+fn nvfp4_bf16_products_give_the_bits_recorded_on_other_machines() -> Result {
+    const PLAIN: u64 = 0xd4e6_17d9_8874_4403;
+    const DOT: u64 = 0x5433_c0d0_434e_88ce;
+    // One row, two (four panels a tile), a batch (tiles of one panel), many rows.
+    let shapes = [(1, 64, 576), (2, 96, 256), (7, 48, 576), (150, 32, 256)];
+    for path in KernelPath::available() {
+        let tuning = path.choices().tuning();
+        let mut all = Vec::new();
+        for (i, (rows, n, k)) in shapes.into_iter().enumerate() {
+            let q = quantize(Flavor::CompressedTensors, n, k, 70 + i as u64, false)?;
+            let x = values(rows * k, 80 + i as u64);
+            let mut out = vec![f32::NAN; rows * n];
+            tuning.matmul_bf16(&x, rows, &q.packed, &mut out);
+            all.extend_from_slice(&out);
+        }
+        let got = super::tests::fingerprint(&all);
+        let want = if path.bf16_dot { DOT } else { PLAIN };
+        assert_eq!(
+            got, want,
+            "{path}: NVFP4 bf16 products of other bits than recorded ({got:#018x})"
+        );
+    }
+    Ok(())
+}

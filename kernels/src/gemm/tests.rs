@@ -773,7 +773,7 @@ fn the_users_bf16_dot_choice_is_kept_without_measuring() -> Result {
 
 /// A fingerprint of `v`'s bits (64-bit FNV-1a over each value's bits): short enough to
 /// keep in a test, and any changed bit changes it. Hand-written: six lines, for a test.
-fn fingerprint(v: &[f32]) -> u64 {
+pub(super) fn fingerprint(v: &[f32]) -> u64 {
     v.iter()
         .flat_map(|x| x.to_bits().to_le_bytes())
         .fold(0xcbf2_9ce4_8422_2325, |h, b| {
