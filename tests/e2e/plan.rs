@@ -299,7 +299,10 @@ fn the_plan_reads_as_a_table_and_says_what_to_do_when_it_does_not_fit() {
     let mut settings = insta::Settings::clone_current();
     settings.add_filter(r#""memory_bytes": \d+"#, r#""memory_bytes": RAM"#);
     settings.add_filter(r#""bandwidth_gbs": [0-9.e+-]+"#, r#""bandwidth_gbs": B"#);
-    settings.add_filter(r#""decode_ceiling_tok_s": [0-9.e+-]+"#, r#""decode_ceiling_tok_s": N"#);
+    settings.add_filter(
+        r#""decode_ceiling_tok_s": [0-9.e+-]+"#,
+        r#""decode_ceiling_tok_s": N"#,
+    );
     settings.add_filter(r"@[0-9a-f]{12}", "@COMMIT");
     settings.bind(|| insta::assert_snapshot!("smollm2-nvfp4-json", json));
 

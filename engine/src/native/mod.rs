@@ -206,8 +206,8 @@ pub fn huge_pages() -> bool {
 /// The CPU's read bandwidth at the engine's thread count, which the decode roofline
 /// compares decode steps with: `SOUS_READ_BANDWIDTH` in GB/s where set to a number,
 /// none where `off`, else measured (`sous_kernels::bandwidth`: a STREAM-style read of
-/// eight times the last-level cache, at least 256 MiB and at most 1 GiB, for about a
-/// quarter of a second; the same probe as `sous kernels bandwidth`).
+/// eight times the last-level cache, at least 256 MiB and at most 1 GiB, for at least
+/// a tenth of a second and five passes; the same probe as `sous kernels bandwidth`).
 pub fn read_bandwidth() -> Option<metrics::ReadBandwidth> {
     let threads = rayon::current_num_threads();
     let chosen = crate::env::READ_BANDWIDTH.non_empty();
@@ -221,7 +221,7 @@ pub fn read_bandwidth() -> Option<metrics::ReadBandwidth> {
         _ => {
             let llc = sous_kernels::bandwidth::last_level_cache_bytes().unwrap_or(32 << 20);
             let bytes = (8 * llc).clamp(256 << 20, 1 << 30) as usize;
-            let b = sous_kernels::bandwidth::measure(bytes, threads, 5, 0.25);
+            let b = sous_kernels::bandwidth::measure(bytes, threads, 5, 0.1);
             Some(metrics::ReadBandwidth {
                 median_gb_per_s: b.median_gb_per_s,
                 best_gb_per_s: b.best_gb_per_s,
