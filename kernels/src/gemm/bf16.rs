@@ -20,6 +20,15 @@ use super::packed::Data;
 use super::x86;
 use super::{Packed, Tuning};
 
+/// Most rows a bf16 dot-product product reads three panels side by side for (a decode
+/// step of one or two sequences); more rows keep one panel a tile up to
+/// `x86::DP_MR_MAX`, their rows' chains being enough to hide the latency. One row with
+/// one panel is a single chain of `vdpbf16ps`, each waiting for the one before: on a
+/// Zen 4 that chain, not the memory, set the pace when the machine's bandwidth was high
+/// (BENCHMARKS.md, "Decode at the memory wall").
+#[cfg(target_arch = "x86_64")]
+const DECODE_DOT_ROWS: usize = 2;
+
 /// [`Tuning::matmul_bf16`] with the default choices ([`Tuning::default`]).
 pub fn matmul_bf16(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
     Tuning::default().matmul_bf16(x, rows, w, out);
@@ -66,8 +75,12 @@ impl Tuning {
                 });
             } else {
                 // A batch of decodes: one block of rows (tiles of 8 rows × 3 panels past
-                // 16), tasks own panels.
-                let (mr, np) = if rows <= x86::DP_MR_MAX {
+                // 16), tasks own panels. One or two rows take three panels a tile: with
+                // one, each output is one chain of dot products, and a decode step's
+                // products waited on the instruction's latency.
+                let (mr, np) = if rows <= DECODE_DOT_ROWS {
+                    (rows, x86::DP_NP)
+                } else if rows <= x86::DP_MR_MAX {
                     (rows, 1)
                 } else {
                     (x86::DP_MR, x86::DP_NP)

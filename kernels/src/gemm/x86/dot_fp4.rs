@@ -5,14 +5,14 @@
 //! output (one fused multiply-add per block). Where the factors are computed from the
 //! scale bytes ([`crate::gemm::packed::Form`]), the block's factor is its E4M3 scale
 //! alone and the output is divided by (or multiplied by) the global scale once at the
-//! end: a division per block measured a third of the kernel's time.
+//! end: a division per block was a large part of the kernel's time (BENCHMARKS.md).
 //!
 //! Why: the f32 kernels widen every weight to f32 before multiplying (a lookup, a
 //! multiply by the block's factor and a shift per sixteen weights, beside the
-//! multiply-add), which on two cores of a Zen 4 made a decode step's NVFP4 products
-//! compute-bound at about half the read bandwidth (BENCHMARKS.md, "Decode at the memory
-//! wall"). Here thirty-two weights take a lookup, a dot product and most of a shift,
-//! and the factor is applied once per block instead of once per weight.
+//! multiply-add), which made a decode step's NVFP4 products compute-bound, well short of
+//! the read bandwidth (BENCHMARKS.md, "Decode at the memory wall"). Here thirty-two
+//! weights take a lookup, a dot product and most of a shift, and the factor is applied
+//! once per block instead of once per weight.
 //!
 //! The sums differ from those of the dequantized weights (the factor multiplies a
 //! block's sum, not each value, and the instruction adds its two products per lane in
