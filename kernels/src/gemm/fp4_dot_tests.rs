@@ -3,30 +3,13 @@
 //! bits the same alone and in any batch, with the dot-product kernel where the CPU has
 //! AVX512-BF16 and with the f32 kernels (what `calibrate_bf16_dot` chooses between).
 
+use super::tests::{bits_eq, fingerprint, values};
 use super::*;
 use crate::formats::fp4;
 use crate::reference;
 use crate::{Dtype, Flavor, Matrix, TensorScale};
 
 type Result = std::result::Result<(), Box<dyn std::error::Error>>;
-
-/// Deterministic values in about [-1, 1), with exact zeros and a few large ones.
-fn values(len: usize, salt: u64) -> Vec<f32> {
-    let mut state = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|i| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let v = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            match i % 29 {
-                0 => 0.0,
-                7 => v * 40.0,
-                _ => v,
-            }
-        })
-        .collect()
-}
 
 /// An NVFP4 matrix of `n × k` values and what its weights are: every code's FP4 value
 /// and every block's factor.
@@ -84,10 +67,6 @@ fn exact(x: &[f32], rows: usize, q: &Quantized, n: usize, k: usize) -> (Vec<f64>
         }
     }
     (out, size)
-}
-
-fn bits_eq(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 #[test]
@@ -205,7 +184,7 @@ fn nvfp4_bf16_products_give_the_bits_recorded_on_other_machines() -> Result {
             tuning.matmul_bf16(&x, rows, &q.packed, &mut out);
             all.extend_from_slice(&out);
         }
-        let got = super::tests::fingerprint(&all);
+        let got = fingerprint(&all);
         let want = if path.bf16_dot { DOT } else { PLAIN };
         assert_eq!(
             got, want,

@@ -11,7 +11,7 @@ use crate::{Dtype, Flavor, Matrix, TensorScale};
 type Result = std::result::Result<(), Box<dyn std::error::Error>>;
 
 /// Deterministic values in about [-1, 1), with some exact zeros and a few large ones.
-fn values(len: usize, salt: u64) -> Vec<f32> {
+pub(super) fn values(len: usize, salt: u64) -> Vec<f32> {
     let mut state = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..len)
         .map(|i| {
@@ -122,7 +122,7 @@ fn float_products_match_the_plain_product_on_every_instruction_set() -> Result {
     Ok(())
 }
 
-fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+pub(super) fn bits_eq(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
