@@ -9,8 +9,10 @@
 //! times every measure once, so that a busy minute of a shared host falls on all of them.
 //! `SOUS_KERNELS_ISA=avx2` narrows the products; `RAYON_NUM_THREADS` sets the threads.
 //! Each is timed in f32 arithmetic (`matmul`) and in bf16 arithmetic (`matmul_bf16`:
-//! AVX512-BF16's dot products where the CPU has them). Prints one line per measure and round: GB/s of packed weight bytes read, and the
-//! nanoseconds per sixteen weights of one thread (a row of lanes of one panel).
+//! AVX512-BF16's dot products where the CPU has them). `ROWS=N` (default 1) multiplies
+//! N rows at once, as a batch of N decoding sequences does. Prints one line per measure
+//! and round: GB/s of packed weight bytes read, and the nanoseconds per sixteen weights
+//! of one thread (a row of lanes of one panel), whatever the rows.
 #![allow(clippy::print_stdout)]
 
 use std::time::Instant;
@@ -55,18 +57,18 @@ fn pack(format: &str, n: usize, salt: u64) -> Result<Packed, Box<dyn std::error:
 
 /// Seconds per pass of single-row products over `set`, the best of passes lasting
 /// about `seconds` in all.
-fn time(tuning: &Tuning, bf16: bool, set: &[Packed], seconds: f64) -> f64 {
-    let x = values(K, 7);
-    let mut outs: Vec<Vec<f32>> = set.iter().map(|w| vec![0.0; w.n()]).collect();
+fn time(tuning: &Tuning, bf16: bool, set: &[Packed], rows: usize, seconds: f64) -> f64 {
+    let x = values(rows * K, 7);
+    let mut outs: Vec<Vec<f32>> = set.iter().map(|w| vec![0.0; rows * w.n()]).collect();
     let mut best = f64::MAX;
     let started = Instant::now();
     while started.elapsed().as_secs_f64() < seconds || best == f64::MAX {
         let t = Instant::now();
         for (w, out) in set.iter().zip(&mut outs) {
             if bf16 {
-                tuning.matmul_bf16(&x, 1, w, out);
+                tuning.matmul_bf16(&x, rows, w, out);
             } else {
-                tuning.matmul(&x, 1, w, out);
+                tuning.matmul(&x, rows, w, out);
             }
         }
         best = best.min(t.elapsed().as_secs_f64());
@@ -82,8 +84,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let isa = Isa::chosen(std::env::var("SOUS_KERNELS_ISA").ok().as_deref());
     let tuning = Tuning::new(isa);
     let threads = rayon::current_num_threads();
+    let rows: usize = std::env::var("ROWS").map_or(Ok(1), |r| r.parse())?;
     println!(
-        "# {} threads, {} kernels, k = {K}, large sets of {mb} MB per format",
+        "# {} threads, {} kernels, k = {K}, {rows} row(s), large sets of {mb} MB per format",
         threads,
         isa.name()
     );
@@ -113,7 +116,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (format, small, large) in &sets {
             for (what, set) in [("cached", small), ("memory", large)] {
                 for arithmetic in ["f32", "bf16"] {
-                    let seconds = time(&tuning, arithmetic == "bf16", set, 1.0);
+                    let seconds = time(&tuning, arithmetic == "bf16", set, rows, 1.0);
                     let (weights, packed): (u64, u64) = set
                         .iter()
                         .fold((0, 0), |(w, b), p| (w + (p.n() * p.k()) as u64, b + p.bytes()));

@@ -20,15 +20,6 @@ use super::packed::Data;
 use super::x86;
 use super::{Packed, Tuning};
 
-/// Most rows a bf16 dot-product product reads three panels side by side for (a decode
-/// step of one or two sequences); more rows keep one panel a tile up to
-/// `x86::DP_MR_MAX`, their rows' chains being enough to hide the latency. One row with
-/// one panel is a single chain of `vdpbf16ps`, each waiting for the one before: on a
-/// Zen 4 that chain, not the memory, set the pace when the machine's bandwidth was high
-/// (BENCHMARKS.md, "Decode at the memory wall").
-#[cfg(target_arch = "x86_64")]
-const DECODE_DOT_ROWS: usize = 2;
-
 /// [`Tuning::matmul_bf16`] with the default choices ([`Tuning::default`]).
 pub fn matmul_bf16(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
     Tuning::default().matmul_bf16(x, rows, w, out);
@@ -74,20 +65,15 @@ impl Tuning {
                     x86::dot_bf16(&a, r, (x86::DP_MR, x86::DP_NP), w, 0, n / NR, o, n);
                 });
             } else {
-                // A batch of decodes: one block of rows (tiles of 8 rows × 3 panels past
-                // 16), tasks own panels. One or two rows take three panels a tile: with
-                // one, each output is one chain of dot products, and a decode step's
-                // products waited on the instruction's latency.
-                let (mr, np) = if rows <= DECODE_DOT_ROWS {
-                    (rows, x86::DP_NP)
-                } else if rows <= x86::DP_MR_MAX {
-                    (rows, 1)
-                } else {
-                    (x86::DP_MR, x86::DP_NP)
-                };
+                // A batch of decodes: tasks own panels, read three side by side in tiles
+                // of up to `DP_MR` rows. With one panel a tile, one row's output was a
+                // single chain of dot products, each waiting on the one before, and a
+                // few rows' chains still left the products short of the memory's pace
+                // (BENCHMARKS.md, "Decode at the memory wall").
+                let mr = rows.min(x86::DP_MR);
                 let a = x86::pack_bf16_pairs(x, rows, k, mr);
-                by_columns(rows, w, np, out, |first, count, c| {
-                    x86::dot_bf16(&a, rows, (mr, np), w, first, count, c, count * NR);
+                by_columns(rows, w, x86::DP_NP, out, |first, count, c| {
+                    x86::dot_bf16(&a, rows, (mr, x86::DP_NP), w, first, count, c, count * NR);
                 });
             }
             return;
@@ -112,7 +98,7 @@ impl Tuning {
 /// [`Tuning::matmul_bf16`] of NVFP4 weights with the dot-product kernel
 /// (`x86::dot_fp4`): many rows (past `BY_COLUMNS_MAX`) in tasks of whole row tiles; a
 /// batch of decodes in tasks of panels, one or two rows four panels at a time, more in
-/// tiles of up to `FP4_MR` rows of one panel.
+/// tiles of `FP4_MR` rows × `FP4_NP` panels, as the many rows are.
 #[cfg(target_arch = "x86_64")]
 fn nvfp4_dot(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
     let (n, k) = (w.n, w.k);
@@ -122,13 +108,13 @@ fn nvfp4_dot(x: &[f32], rows: usize, w: &Packed, out: &mut [f32]) {
         row_tasks(x, rows, k, x86::FP4_MR, out, n).for_each(|(xs, o)| {
             let r = xs.len() / k;
             let a = x86::pack_fp4_pairs(xs, r, k, x86::FP4_MR);
-            x86::dot_fp4(&a, r, (x86::FP4_MR, 1), w, 0, n / NR, o, n);
+            x86::dot_fp4(&a, r, (x86::FP4_MR, x86::FP4_NP), w, 0, n / NR, o, n);
         });
     } else {
-        let tile = if rows <= x86::FP4_NP_MR {
-            (rows, x86::FP4_NP)
+        let tile = if rows <= x86::FP4_FEW_MR {
+            (rows, x86::FP4_FEW_NP)
         } else {
-            (x86::FP4_MR, 1)
+            (x86::FP4_MR, x86::FP4_NP)
         };
         let a = x86::pack_fp4_pairs(x, rows, k, tile.0);
         by_columns(rows, w, tile.1, out, |first, count, c| {

@@ -172,7 +172,8 @@ fn stacked_nvfp4_members_keep_their_own_factors_in_bf16_arithmetic() -> Result {
 fn nvfp4_bf16_products_give_the_bits_recorded_on_other_machines() -> Result {
     const PLAIN: u64 = 0xd4e6_17d9_8874_4403;
     const DOT: u64 = 0x5433_c0d0_434e_88ce;
-    // One row, two (four panels a tile), a batch (tiles of one panel), many rows.
+    // One row, two (four panels a tile), a batch and many rows (tiles of three panels,
+    // and of one where fewer are left).
     let shapes = [(1, 64, 576), (2, 96, 256), (7, 48, 576), (150, 32, 256)];
     for path in KernelPath::available() {
         let tuning = path.choices().tuning();

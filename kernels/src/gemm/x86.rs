@@ -28,8 +28,8 @@ mod dot_fp4;
 mod lanes;
 
 use self::avx2::k256;
-pub(super) use self::dot::{DP_MR, DP_MR_MAX, DP_NP, dot_bf16, pack_bf16_pairs};
-pub(super) use self::dot_fp4::{FP4_MR, FP4_NP, FP4_NP_MR, dot_fp4, pack_fp4_pairs};
+pub(super) use self::dot::{DP_MR, DP_NP, dot_bf16, pack_bf16_pairs};
+pub(super) use self::dot_fp4::{FP4_FEW_MR, FP4_FEW_NP, FP4_MR, FP4_NP, dot_fp4, pack_fp4_pairs};
 use self::lanes::{Avx2, Avx512, Lanes};
 use super::{E4M3_UNBIAS, Form, NR, Panels, Tile};
 

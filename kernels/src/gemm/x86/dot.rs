@@ -1,15 +1,14 @@
 //! The bf16 dot-product kernel of AVX512-BF16 (`vdpbf16ps`): the inputs rounded to
 //! bf16 and packed in pairs ([`pack_bf16_pairs`]), then dotted with the bf16 weights'
-//! pairs of sixteen lanes, up to [`DP_MR_MAX`] rows × 1 panel or [`DP_MR`] rows ×
-//! [`DP_NP`] panels per tile. AVX-512 alone: AVX2 has no bf16 dot product.
+//! pairs of sixteen lanes, up to [`DP_MR`] rows × [`DP_NP`] panels per tile. AVX-512 alone: AVX2 has no bf16 dot product.
 
 use std::arch::x86_64::*;
 
 use super::{NR, avx512, avx512_bf16};
 
-/// Rows per tile of the bf16 dot-product kernel for many rows, with [`DP_NP`] panels
-/// side by side (24 accumulators); a batch of up to [`DP_MR_MAX`] rows takes one tile
-/// of one panel, so that each panel is read once.
+/// Rows per tile of the bf16 dot-product kernel, with [`DP_NP`] panels side by side
+/// (24 accumulators); a batch of up to `DP_MR` rows takes one tile of its panels, so
+/// that each panel is read once.
 pub(in crate::gemm) const DP_MR: usize = 8;
 
 /// Panels side by side in a tile of the bf16 dot-product kernel for many rows: each
@@ -21,9 +20,6 @@ pub(in crate::gemm) const DP_NP: usize = 3;
 
 // `dot_bf16` dispatches tiles of `DP_MR` rows × `DP_NP` panels by literals.
 const _: () = assert!(DP_MR == 8 && DP_NP == 3);
-
-/// The most rows one tile of the bf16 dot-product kernel holds (16 accumulators).
-pub(in crate::gemm) const DP_MR_MAX: usize = 16;
 
 /// `x` (`rows × k`) rounded to bf16 (`crate::gemm::round_bf16`) and packed for [`dot_bf16`]:
 /// blocks of `mr` rows, each `[pair][width]` of bf16 pairs (`kk`, `kk + 1`).
@@ -85,7 +81,7 @@ fn pack_row(row: &[f32], block: &mut [u32], m: usize, width: usize) {
 
 /// `c = x · wᵀ` for panels `first..first + count` of bf16 weights, with `vdpbf16ps`:
 /// `a` is `rows` rows packed by [`pack_bf16_pairs`] in blocks of `mr` (at most
-/// [`DP_MR_MAX`] for one panel per tile, [`DP_MR`] for [`DP_NP`]); row `m`'s sixteen
+/// [`DP_MR`]); row `m`'s sixteen
 /// values of panel `first + p` go to `c[m * ldc + 16 p..]`. Each pair of inputs is
 /// broadcast and dotted with the pairs of sixteen lanes of `np` panels side by side
 /// (1 or [`DP_NP`]; the last panels of a run that does not fill a tile go one at a
@@ -104,7 +100,7 @@ pub(in crate::gemm) fn dot_bf16(
 ) {
     assert!(avx512_bf16(), "the bf16 dot-product kernel needs AVX512-BF16");
     assert!(
-        (np == 1 && (1..=DP_MR_MAX).contains(&mr)) || (np == DP_NP && (1..=DP_MR).contains(&mr)),
+        (np == 1 || np == DP_NP) && (1..=DP_MR).contains(&mr),
         "a tile of {mr} rows × {np} panels"
     );
     let Some((panels, stride)) = w.bf16_panels() else {
@@ -141,7 +137,7 @@ pub(in crate::gemm) fn dot_bf16(
             }
             // The literals are `DP_NP` and `DP_MR` (checked at compile time beside them).
             if np == 1 {
-                rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+                rows!(1, [1, 2, 3, 4, 5, 6, 7, 8]);
             } else {
                 rows!(3, [1, 2, 3, 4, 5, 6, 7, 8]);
             }

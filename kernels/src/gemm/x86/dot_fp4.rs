@@ -37,15 +37,22 @@ use super::{E4M3_UNBIAS, NR, avx512_bf16};
 use crate::gemm::Packed;
 use crate::gemm::tile::{Panels, panel_slice, run_length};
 
-/// The most rows of one tile with one panel (24 accumulators of sums and outputs).
-pub(in crate::gemm) const FP4_MR: usize = 12;
+/// Rows per tile of more than two rows (a batch of decodes, a prefill), with
+/// [`FP4_NP`] panels side by side: twelve chains of block sums and twelve outputs. Four
+/// rows of three panels measured faster than twelve rows of one (each lookup feeds
+/// four dot products instead of one row's, and each broadcast input three), and as fast
+/// as six rows (BENCHMARKS.md, "Decode at the memory wall").
+pub(in crate::gemm) const FP4_MR: usize = 4;
 
-/// Panels side by side in a tile of one or two rows (a decode step): four chains of
-/// dot products in flight per row.
-pub(in crate::gemm) const FP4_NP: usize = 4;
+/// Panels side by side in a tile of [`FP4_MR`] rows.
+pub(in crate::gemm) const FP4_NP: usize = 3;
 
-/// The most rows of a tile of [`FP4_NP`] panels.
-pub(in crate::gemm) const FP4_NP_MR: usize = 2;
+/// The most rows of a tile of [`FP4_FEW_NP`] panels: one or two rows (a decode step).
+pub(in crate::gemm) const FP4_FEW_MR: usize = 2;
+
+/// Panels side by side in a tile of one or two rows: four chains of dot products in
+/// flight per row.
+pub(in crate::gemm) const FP4_FEW_NP: usize = 4;
 
 /// `x` (`rows × k`, `k` a multiple of 16) rounded to bf16 and packed for
 /// [`dot_fp4`]: as `super::pack_bf16_pairs`, with each group of eight values of `kk`
@@ -68,8 +75,8 @@ fn bf16_table() -> [u16; 32] {
 }
 
 /// `c = x · wᵀ` for panels `first..first + count` of NVFP4 weights `w`: `a` is `rows`
-/// rows packed by [`pack_fp4_pairs`] in blocks of `mr` rows (at most [`FP4_MR`], or
-/// [`FP4_NP_MR`] with `np` = [`FP4_NP`]); row `m`'s sixteen values of panel `first + p`
+/// rows packed by [`pack_fp4_pairs`] in blocks of `mr` rows (at most [`FP4_MR`] with
+/// `np` = [`FP4_NP`], [`FP4_FEW_MR`] with [`FP4_FEW_NP`]); row `m`'s sixteen values of panel `first + p`
 /// go to `c[m * ldc + 16 p..]`. Panels go `np` at a time where that many share a divisor
 /// table, else one at a time.
 #[allow(clippy::too_many_arguments)]
@@ -85,7 +92,8 @@ pub(in crate::gemm) fn dot_fp4(
 ) {
     assert!(avx512_bf16(), "the NVFP4 dot-product kernel needs AVX512-BF16");
     assert!(
-        (np == 1 && (1..=FP4_MR).contains(&mr)) || (np == FP4_NP && (1..=FP4_NP_MR).contains(&mr)),
+        ((np == FP4_NP || np == 1) && (1..=FP4_MR).contains(&mr))
+            || (np == FP4_FEW_NP && (1..=FP4_FEW_MR).contains(&mr)),
         "a tile of {mr} rows × {np} panels"
     );
     let k = w.k();
@@ -140,11 +148,12 @@ pub(in crate::gemm) fn dot_fp4(
                     }
                 };
             }
-            // The literals are `FP4_MR`, `FP4_NP` and `FP4_NP_MR` (checked beside them).
-            if np == 1 {
-                rows!(1, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
-            } else {
-                rows!(4, [1, 2]);
+            // The literals are `FP4_MR`, `FP4_NP`, `FP4_FEW_MR` and `FP4_FEW_NP`
+            // (checked beside them).
+            match np {
+                1 => rows!(1, [1, 2, 3, 4]),
+                3 => rows!(3, [1, 2, 3, 4]),
+                _ => rows!(4, [1, 2]),
             }
             m += width;
         }
@@ -152,7 +161,7 @@ pub(in crate::gemm) fn dot_fp4(
     }
 }
 
-const _: () = assert!(FP4_MR == 12 && FP4_NP == 4 && FP4_NP_MR == 2);
+const _: () = assert!(FP4_MR == 4 && FP4_NP == 3 && FP4_FEW_MR == 2 && FP4_FEW_NP == 4);
 
 /// One tile's panels: pointers into [`Panels::Nvfp4`] and the lookup table.
 struct Weights {
