@@ -6,6 +6,7 @@
 //! - [`recipe`]: the recipe format, loading (`extends`, environment, `--set`),
 //!   validation, and the generated schema and reference.
 //! - [`diagnose`]: the exit class and hint of every error type.
+//! - [`host`]: the host's memory and memory pressure, as Linux reports them.
 //! - [`dialect`]: what vLLM, SGLang and TensorRT-LLM call their metrics, and the log
 //!   lines sous writes as vLLM does or reads from an engine.
 //! - [`chat`]: chat templates rendered as transformers renders them (minijinja).
@@ -29,6 +30,7 @@ pub mod checkpoint;
 pub mod diagnose;
 pub mod dialect;
 pub mod env;
+pub mod host;
 pub mod launch;
 pub mod native;
 pub mod paths;

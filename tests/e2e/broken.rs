@@ -119,6 +119,10 @@ const EXPECTED: &[(&str, &[&str])] = &[
         &["0.9 is not below `memory.gpu_utilization` (0.85)"],
     ),
     (
+        "host-floor-zero.toml",
+        &["invalid `memory.host_floor`: a floor of 0 bytes is never crossed"],
+    ),
+    (
         "unsupported-speculative.toml",
         &[
             "vLLM 0.27.1 has no speculative method `medusa`",

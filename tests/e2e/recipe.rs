@@ -83,6 +83,30 @@ fn warnings_can_be_denied() {
     assert_eq!(code, 0);
 }
 
+/// A host-memory floor is checked against this machine: one above its memory is
+/// refused naming the field and the numbers; one it can keep passes.
+#[test]
+fn a_host_floor_this_machine_cannot_keep_is_refused() {
+    let recipe = "recipes/local/smollm2-135m.toml";
+    let (code, _, stderr) =
+        run(sous().args(["recipe", "check", recipe, "--set", "memory.host_floor=1000TiB"]));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "error: recipe {recipe}: `memory.host_floor` is 1024000.00 GiB, and this machine has "
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("hint: `memory.host_floor` is memory to keep free, not the machine's size"),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) =
+        run(sous().args(["recipe", "check", recipe, "--set", "memory.host_floor=1MiB"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("host_floor = 1048576"), "{stdout}");
+}
+
 #[test]
 fn schema_command_prints_the_committed_schema_and_reference() {
     let (code, stdout, _) = run(sous().args(["recipe", "schema"]));

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::util::{Poller, Running, alive, fake_engine, free_port, health, run, sous};
+use crate::util::{Poller, Running, alive, cpu_exclusive, fake_engine, free_port, health, run, sous};
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -183,6 +183,100 @@ fn oom_at_every_fraction_exits_1_with_the_engines_message() {
         stderr.contains("hint: lower `memory.gpu_utilization`"),
         "{stderr}"
     );
+}
+
+/// `MemAvailable` of this machine, in bytes.
+fn available_memory() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .expect("MemAvailable");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .expect("value")
+        .parse()
+        .expect("number");
+    kib * 1024
+}
+
+/// The pids of the fake engine's launches, in order.
+fn launch_pids(log: &Path) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .expect("launch log")
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).expect("json")["pid"]
+                .as_u64()
+                .expect("pid")
+        })
+        .collect()
+}
+
+/// `sous serve` on a recipe falling back from 0.9 to 0.85 with a floor 2 GiB under what
+/// is available, its engine taking 4 GiB of the host's memory at fractions above
+/// `hog_above`; and the log of the engine's launches.
+fn start_over_the_floor(hog_above: &str) -> (Setup, PathBuf, Running) {
+    let floor = available_memory() - (2 << 30);
+    let s = setup(
+        "vllm",
+        &format!("[memory]\ngpu_utilization = 0.90\noom_fallback = [0.85]\nhost_floor = {floor}\n"),
+    );
+    let launches = s.dir.path().join("launches.jsonl");
+    let hog = (4u64 << 30).to_string();
+    let sous = start(
+        &s,
+        &[
+            ("FAKE_HOG_ABOVE", hog_above),
+            ("FAKE_HOG_BYTES", &hog),
+            ("FAKE_LAUNCH_LOG", launches.to_str().expect("utf-8")),
+        ],
+    );
+    (s, launches, sous)
+}
+
+/// An engine taking the host's memory at 0.9: stopped at the floor, then started again
+/// at 0.85.
+#[test]
+fn an_engine_eating_the_hosts_memory_is_stopped_at_the_floor_and_falls_back() {
+    // Alone: another test's gigabytes would move the floor's margin.
+    let _alone = cpu_exclusive();
+    let (_s, launches, mut sous) = start_over_the_floor("0.87");
+    assert!(sous.wait_for("ready http://", READY), "{}", sous.stderr());
+    let stderr = sous.stderr();
+    assert!(
+        stderr.contains("below `memory.host_floor`")
+            && stderr.contains("stopped the engine; starting it again with `memory.gpu_utilization = 0.85`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("memory fraction 0.85"), "{stderr}");
+    let pids = launch_pids(&launches);
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert!(!alive(pids[0]), "the engine stopped at the floor is gone");
+    sous.signal("INT");
+    assert_eq!(sous.wait(Duration::from_secs(10)), Some(0), "{}", sous.stderr());
+    assert!(!alive(pids[1]), "no engine survives sous");
+}
+
+/// The floor crossed at every fraction: exit 1 naming the numbers, no engine left.
+#[test]
+fn a_floor_crossed_at_every_fraction_exits_1() {
+    let _alone = cpu_exclusive();
+    let (_s, launches, mut sous) = start_over_the_floor("0.5");
+    assert_eq!(sous.wait(READY), Some(1), "{}", sous.stderr());
+    let stderr = sous.stderr();
+    assert!(
+        stderr.contains("stopped the engine at every memory fraction tried (0.9, 0.85): the host's available memory fell to"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("hint: lower `memory.gpu_utilization`"),
+        "{stderr}"
+    );
+    let pids = launch_pids(&launches);
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert!(pids.iter().all(|&p| !alive(p)), "{pids:?} still running");
 }
 
 #[test]

@@ -466,7 +466,8 @@ impl Poller {
 }
 
 /// Serializes the tests that load both cores (the native engine's) with the one that
-/// measures latencies to the millisecond, so that neither disturbs the other.
+/// measures latencies to the millisecond, and with those that take gigabytes of the
+/// host's memory on purpose, so that none disturbs the others.
 pub fn cpu_exclusive() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

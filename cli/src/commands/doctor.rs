@@ -190,6 +190,26 @@ fn render(report: &Report) -> String {
             ),
         ]);
     }
+    if let Some(h) = &cpu.host_memory {
+        let pressure = match (h.pressure_some_percent, h.pressure_full_percent) {
+            (Some(some), Some(full)) => {
+                format!("; memory pressure over 10 s: some {some:.1} %, full {full:.1} %")
+            }
+            _ => String::new(),
+        };
+        rows.push(vec![
+            String::new(),
+            String::new(),
+            String::new(),
+            format!(
+                "host memory: {} available of {} (page cache {}, free {}){pressure}",
+                gib(h.available_bytes),
+                gib(h.total_bytes),
+                gib(h.page_cache_bytes),
+                gib(h.free_bytes)
+            ),
+        ]);
+    }
     let families: Vec<&str> = e
         .native
         .architectures

@@ -141,6 +141,9 @@ fn check(args: CheckArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
 fn check_one(file: &std::path::Path, overrides: &OverrideArgs) -> anyhow::Result<(Loaded, Vec<String>)> {
     let loaded = load_recipe(file, overrides)?;
     let mut warnings: Vec<String> = loaded.warnings.iter().map(|w| w.message.clone()).collect();
+    // The one setting checked against this machine: a floor it cannot keep.
+    sous_engine::serve::check_host_floor(loaded.recipe.memory.host_floor)
+        .with_context(|| format!("recipe {}", display(file)))?;
     if loaded.recipe.engine.kind != EngineKind::Native {
         let ctx = super::serve::setup().render_context(&loaded.recipe, None);
         let rendered =

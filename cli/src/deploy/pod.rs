@@ -209,6 +209,11 @@ impl Plan {
                 "`memory.oom_fallback` is applied by `sous serve` only: here the engine runs by itself, and an out-of-memory start is restarted with the same settings; if it happens, render again with `--set memory.gpu_utilization={first}` (the annotation `{OOM_ANNOTATION}` on the workload says so too)"
             ));
         }
+        if recipe.memory.host_floor.is_some() {
+            warnings.push(
+                "`memory.host_floor` is kept by `sous serve` only: here the engine runs by itself, and nothing stops it before the node's memory runs low; a memory limit on the workload (`deploy.memory_limit`) is what bounds it".into(),
+            );
+        }
         // The KV cache's host tier lives in the engine's own memory: a limit below it
         // kills the engine once the tier fills; a request that does not count it lets
         // the scheduler place the pod where the memory is not.

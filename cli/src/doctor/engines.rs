@@ -97,6 +97,26 @@ pub struct Cpu {
     /// The read bandwidth at the native engine's thread count, as the engine measures it
     /// at load (`SOUS_READ_BANDWIDTH`): what bounds single-stream decode.
     pub read_bandwidth: Option<ReadBandwidth>,
+    /// The host's memory now (`/proc/meminfo`, `/proc/pressure/memory`): what
+    /// `memory.host_floor` is kept against, and on unified memory the GPU's too.
+    pub host_memory: Option<HostMemory>,
+}
+
+/// The host's memory now.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostMemory {
+    /// `MemTotal`, bytes.
+    pub total_bytes: u64,
+    /// `MemAvailable`, bytes.
+    pub available_bytes: u64,
+    /// `MemFree`, bytes.
+    pub free_bytes: u64,
+    /// `Cached`: the page cache, bytes.
+    pub page_cache_bytes: u64,
+    /// PSI's `some avg10` and `full avg10`, percent, where the kernel has PSI.
+    pub pressure_some_percent: Option<f64>,
+    /// See `pressure_some_percent`.
+    pub pressure_full_percent: Option<f64>,
 }
 
 /// What the read-bandwidth probe measured.
@@ -272,7 +292,7 @@ pub fn native() -> Native {
             model: cpu_model(&cpuinfo).unwrap_or_else(|| format!("{arch} CPU")),
             arch,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            memory_bytes: sous_engine::native::host_memory(),
+            memory_bytes: sous_engine::host::total(),
             kernels: sous_engine::native::kernel_isa().name(),
             instruction_sets: sous_kernels::gemm::Isa::available()
                 .into_iter()
@@ -290,6 +310,17 @@ pub fn native() -> Native {
                     mode,
                 }
             },
+            host_memory: sous_engine::host::Meminfo::read().ok().map(|m| {
+                let pressure = sous_engine::host::Pressure::read();
+                HostMemory {
+                    total_bytes: m.total,
+                    available_bytes: m.available,
+                    free_bytes: m.free,
+                    page_cache_bytes: m.cached,
+                    pressure_some_percent: pressure.map(|p| p.some),
+                    pressure_full_percent: pressure.map(|p| p.full),
+                }
+            }),
             read_bandwidth: sous_engine::native::read_bandwidth().map(|b| ReadBandwidth {
                 median_gb_per_s: b.median_gb_per_s,
                 best_gb_per_s: b.best_gb_per_s,

@@ -269,14 +269,6 @@ pub fn tune(model: &mut Model, choices: sous_kernels::gemm::Choices, mut report:
     model.set_tuning(tuning);
 }
 
-/// Total host RAM in bytes (`MemTotal` of `/proc/meminfo`), if known.
-pub fn host_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 impl Engine {
     /// Loads the model and sizes the KV cache. `reporter` receives vLLM-style log
     /// lines as engine output, at start-up and from the running loop.
@@ -397,7 +389,7 @@ impl Engine {
             .linear
             .as_ref()
             .map_or(0, model::LinearStates::bytes_per_sequence);
-        let budget = settings.kv().budget(weights, host_memory())?;
+        let budget = settings.kv().budget(weights, crate::host::total())?;
         if states > 0 {
             log(format!(
                 "Linear-attention state: {:.2} MiB per sequence, {:.2} MiB for {} sequences",

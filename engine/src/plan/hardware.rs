@@ -139,7 +139,7 @@ impl Hardware {
 
     /// This machine's RAM, as the native engine and vLLM's CPU backend see it.
     pub fn this_cpu() -> Result<Hardware, HardwareError> {
-        let memory = crate::native::host_memory().ok_or(HardwareError::NoMeminfo)?;
+        let memory = crate::host::total().ok_or(HardwareError::NoMeminfo)?;
         Ok(Hardware {
             name: "cpu".into(),
             description: "this machine's CPU and RAM".into(),

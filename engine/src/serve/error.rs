@@ -34,6 +34,34 @@ pub enum ServeError {
         /// The engine's own message.
         message: String,
     },
+    /// The host's memory cannot be read, and `memory.host_floor` needs it.
+    #[error(transparent)]
+    Host(crate::host::HostError),
+    /// `memory.host_floor` cannot hold on this machine.
+    #[error(
+        "`memory.host_floor` is {}, and this machine has {} of memory, {} of it available now",
+        crate::size::gib(*floor),
+        crate::size::gib(*total),
+        crate::size::gib(*available)
+    )]
+    HostFloor {
+        /// The floor.
+        floor: u64,
+        /// `MemTotal`.
+        total: u64,
+        /// `MemAvailable`.
+        available: u64,
+        /// The page cache.
+        cached: u64,
+    },
+    /// The host's memory fell below `memory.host_floor` at every fraction.
+    #[error("stopped the engine at every memory fraction tried ({tried}): {crossing}")]
+    FloorExhausted {
+        /// The fractions tried.
+        tried: String,
+        /// The last crossing, described.
+        crossing: String,
+    },
     /// The engine exited before it was ready.
     #[error("the engine exited with code {code} before it was ready; last lines:\n{tail}")]
     ExitedEarly {
@@ -109,6 +137,13 @@ impl Diagnose for ServeError {
                 "set another `server.port` (or `--set server.port=N`), or stop what listens there".into(),
             ),
             ServeError::GaveUp { log, .. } => Some(format!("read {}", log.display())),
+            ServeError::Host(e) => e.hint(),
+            ServeError::HostFloor {
+                floor, total, cached, ..
+            } => Some(super::floor::hint(*floor, *total, *cached)),
+            ServeError::FloorExhausted { .. } => Some(
+                "lower `memory.gpu_utilization` or add values to `memory.oom_fallback`; a smaller `serving.max_model_len` or `serving.max_num_seqs` also needs less memory; or lower `memory.host_floor` if the host can spare it".into(),
+            ),
             _ => None,
         }
     }

@@ -5,6 +5,7 @@
 //!
 //! - `supervise`: the supervisor (OOM fallback at start-up, restarts with backoff,
 //!   replacing a running instance).
+//! - `floor`: the host-memory floor the supervisor keeps (`memory.host_floor`).
 //! - `ready`: what "ready" means, the only readiness check in sous.
 //! - `process`: one engine process, and the only stop sequence in sous.
 //! - [`instance`]: the record of a running instance (`instance.json`) and what
@@ -16,6 +17,7 @@
 //! (the supervisor reports through a [`Reporter`]).
 
 mod error;
+mod floor;
 pub mod instance;
 pub mod logscan;
 mod process;
@@ -28,6 +30,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use error::ServeError;
+pub use floor::check as check_host_floor;
 pub use instance::InstanceState;
 pub use logscan::Capacity;
 pub use ready::{HEALTH_PATH, health_timeout};

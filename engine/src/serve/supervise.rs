@@ -1,8 +1,9 @@
 //! The supervisor of one instance: launch exactly the rendered command, wait for
 //! readiness, fall back to a lower memory fraction when the engine dies of OOM at
 //! start-up, record the instance and stop the one it replaces once ready, restart the
-//! engine with backoff when it crashes later, and stop it (and everything it forked)
-//! when asked.
+//! engine with backoff when it crashes later, stop it before the host's available
+//! memory falls below `memory.host_floor` (then fall back as after an OOM), and stop
+//! it (and everything it forked) when asked.
 //!
 //! It runs as a task of its own; [`super::Instance`] is its handle. What it does is
 //! told through the [`Reporter`].
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use super::error::ServeError;
+use super::floor::{self, Crossing};
 use super::instance::{self, InstanceState};
 use super::logscan::{self, Capacity};
 use super::process;
@@ -58,6 +60,7 @@ pub(super) async fn supervise(
     {
         return Err(ServeError::PortInUse(port));
     }
+    floor::check(recipe.memory.host_floor)?;
     let io = |action: &'static str, path: PathBuf| move |source| ServeError::Io { action, path, source };
     std::fs::create_dir_all(&ctx.instance_dir).map_err(io("creating", ctx.instance_dir.clone()))?;
     let log_path = ctx.instance_dir.join("engine.log");
@@ -105,8 +108,12 @@ pub(super) async fn supervise(
 
         // Start-up: ready, dead, too slow, or asked to stop.
         let came_up = tokio::select! {
-            code = engine.wait() => Err(code),
+            code = engine.wait() => Err(Down::Exited(code)),
             url = wait_ready(&served, own_group) => Ok(url),
+            crossing = floor::crossed(recipe.memory.host_floor) => {
+                engine.stop(recipe.server.stop_grace).await;
+                Err(Down::Floor(crossing))
+            }
             _ = tokio::time::sleep(recipe.server.startup_timeout) => {
                 engine.stop(recipe.server.stop_grace).await;
                 return Err(ServeError::StartupTimeout(recipe.server.startup_timeout));
@@ -118,7 +125,12 @@ pub(super) async fn supervise(
             }
         };
         match came_up {
-            Err(code) => {
+            Err(Down::Floor(crossing)) => {
+                let _ = pump.await;
+                next_after_floor(&crossing, &fractions, &mut fraction, reporter.as_ref())?;
+                continue;
+            }
+            Err(Down::Exited(code)) => {
                 let _ = pump.await;
                 let seen = watch.lock().map(|w| w.clone()).unwrap_or_default();
                 // The native engine's start-up refusals carry their own numbers and
@@ -136,12 +148,10 @@ pub(super) async fn supervise(
                         }
                         continue;
                     }
-                    let tried = fractions
-                        .iter()
-                        .map(|f| f.map_or("the engine's default".to_owned(), |f| f.to_string()))
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    return Err(ServeError::OomExhausted { tried, message });
+                    return Err(ServeError::OomExhausted {
+                        tried: tried(&fractions),
+                        message,
+                    });
                 }
                 return Err(ServeError::ExitedEarly {
                     code,
@@ -205,9 +215,17 @@ pub(super) async fn supervise(
             }
         }
 
-        // Serving: until it crashes or the instance is asked to stop.
+        // Serving: until it crashes, the host's memory runs low, or the instance is
+        // asked to stop.
         let code = tokio::select! {
             code = engine.wait() => code,
+            crossing = floor::crossed(recipe.memory.host_floor) => {
+                engine.stop(recipe.server.stop_grace).await;
+                let _ = pump.await;
+                instance::remove_own(&ctx.instance_dir);
+                next_after_floor(&crossing, &fractions, &mut fraction, reporter.as_ref())?;
+                continue;
+            }
             _ = &mut stop => {
                 stopping(reporter.as_ref(), recipe.server.stop_grace);
                 engine.stop(recipe.server.stop_grace).await;
@@ -248,6 +266,46 @@ pub(super) async fn supervise(
             }
         }
     }
+}
+
+/// Why the engine went down before it was ready.
+enum Down {
+    /// It exited with this code.
+    Exited(i32),
+    /// The supervisor stopped it: the host's memory fell below the floor.
+    Floor(Crossing),
+}
+
+/// After the engine was stopped at the host-memory floor: on to the next fraction of
+/// `memory.oom_fallback`, as after an out-of-memory start, or the error when none is
+/// left.
+fn next_after_floor(
+    crossing: &Crossing,
+    fractions: &[Option<f64>],
+    fraction: &mut usize,
+    reporter: &dyn Reporter,
+) -> Result<(), ServeError> {
+    let what = crossing.describe();
+    if let Some(Some(next)) = fractions.get(*fraction + 1) {
+        *fraction += 1;
+        reporter.warn(&format!(
+            "{what}: stopped the engine; starting it again with `memory.gpu_utilization = {next}`"
+        ));
+        return Ok(());
+    }
+    Err(ServeError::FloorExhausted {
+        tried: tried(fractions),
+        crossing: what,
+    })
+}
+
+/// The fractions tried, for an error: `0.9, 0.85`.
+fn tried(fractions: &[Option<f64>]) -> String {
+    fractions
+        .iter()
+        .map(|f| f.map_or("the engine's default".to_owned(), |f| f.to_string()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The recipe's model as its file names it, for the instance record: `org/name`,

@@ -25,12 +25,15 @@
 //!
 //! Controlled by the environment:
 //! - `FAKE_RECORD=FILE`: write `{"argv": [...], "env": {...}, "pid": N}` there at start.
-//! - `FAKE_LAUNCH_LOG=FILE`: append one line `{"argv": [...]}` per start (how many
-//!   launches a command made, and with what).
+//! - `FAKE_LAUNCH_LOG=FILE`: append one line `{"argv": [...], "pid": N}` per start (how
+//!   many launches a command made, and with what).
 //! - `FAKE_LOAD_SECS` (default 0.3): time before listening; `FAKE_WARMUP_SECS`
 //!   (SGLang, default 0.3): time answering 503.
 //! - `FAKE_OOM_ABOVE=F`: die of out-of-memory at start-up when the memory fraction is
 //!   above F.
+//! - `FAKE_HOG_ABOVE=F` with `FAKE_HOG_BYTES=N`: at start-up, when the memory fraction
+//!   is above F, allocate and touch N bytes of host memory, 64 MiB every 10 ms (an
+//!   engine overshooting its budget on unified memory), hold them, and start anyway.
 //! - `FAKE_CRASH_AFTER=SECS`, `FAKE_CRASH_CODE` (default 3): exit that long after
 //!   becoming ready; `FAKE_CRASH_TIMES=N` with `FAKE_COUNTER=FILE`: only the first N
 //!   launches crash.
@@ -89,7 +92,11 @@ async fn main() {
         && let Ok(mut log) = std::fs::OpenOptions::new().create(true).append(true).open(path)
     {
         use std::io::Write as _;
-        let _ = writeln!(log, "{}", json!({"argv": std::env::args().collect::<Vec<_>>()}));
+        let _ = writeln!(
+            log,
+            "{}",
+            json!({"argv": std::env::args().collect::<Vec<_>>(), "pid": std::process::id()})
+        );
     }
 
     let served = match kind {
@@ -187,6 +194,11 @@ async fn main() {
         }
         std::process::exit(1);
     }
+    // Held until the process ends.
+    let _hog = match (env_f64("FAKE_HOG_ABOVE"), std::env::var("FAKE_HOG_BYTES")) {
+        (Some(limit), Ok(bytes)) if fraction > limit => hog(bytes.parse().unwrap_or(0)).await,
+        _ => Vec::new(),
+    };
     match kind {
         Kind::Vllm => println!(
             "(EngineCore pid={pid}) INFO 11-29 23:22:19 [kv_cache_utils.py:2327] GPU KV cache size: {tokens} tokens, Maximum concurrency for {max_len} tokens per request: {:.2}x",
@@ -367,6 +379,21 @@ fn trt_fraction(parsed: &Parsed) -> Option<f64> {
         .values
         .get("--free_gpu_memory_fraction")
         .and_then(|v| v.parse().ok())
+}
+
+/// `bytes` of host memory, allocated and touched 64 MiB at a time, every 10 ms.
+async fn hog(bytes: u64) -> Vec<Vec<u8>> {
+    const CHUNK: usize = 64 << 20;
+    let mut held = Vec::new();
+    let mut left = bytes as usize;
+    while left > 0 {
+        let n = left.min(CHUNK);
+        // Non-zero bytes: every page is written, not left to the zero page.
+        held.push(vec![1u8; n]);
+        left -= n;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held
 }
 
 /// With `FAKE_CRASH_TIMES=N` and `FAKE_COUNTER=FILE`, only the first N launches crash.

@@ -52,6 +52,15 @@ pub struct MemorySection {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_weights: Vec<String>,
 
+    /// Host memory that must stay available while the engine starts and runs, as a
+    /// size (`8GiB`). `sous serve` watches the host's available memory (`MemAvailable`)
+    /// and stops the engine (SIGTERM, then SIGKILL after `server.stop_grace`) when it
+    /// falls below this, then starts it again at the next `oom_fallback` value, as after
+    /// an out-of-memory start. For unified memory (a DGX Spark), where an engine that
+    /// overshoots its budget can wedge the whole machine. Unset: not watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_floor: Option<ByteSize>,
+
     /// Native engine only: how the token embedding and a float output projection
     /// (`lm_head`, or the embedding where they are tied) are held in memory. `auto`: as
     /// the other float weights. `q8_0`: llama.cpp's Q8_0, quantized at load (8 bits a

@@ -23,6 +23,8 @@ pub struct Memory {
     pub host_weights: Vec<String>,
     /// How the native engine holds embeddings.
     pub embedding_dtype: Option<EmbeddingDtype>,
+    /// Host memory `sous serve` keeps available, in bytes.
+    pub host_floor: Option<u64>,
 }
 
 pub(super) fn resolve_memory(
@@ -102,6 +104,13 @@ pub(super) fn resolve_memory(
             None,
         ));
     }
+    if raw.host_floor.is_some_and(|b| b.bytes() == 0) {
+        return Err(invalid(
+            &["memory", "host_floor"],
+            "a floor of 0 bytes is never crossed".into(),
+            Some("give the host memory to keep free (`8GiB`), or remove the key"),
+        ));
+    }
     for glob in &raw.host_weights {
         if let Err(e) = host_weight_glob(glob) {
             return Err(invalid(
@@ -119,6 +128,7 @@ pub(super) fn resolve_memory(
         kv_offload_bytes: raw.kv_offload_bytes.map(|b| b.bytes()),
         host_weights: raw.host_weights,
         embedding_dtype: raw.embedding_dtype,
+        host_floor: raw.host_floor.map(|b| b.bytes()),
     })
 }
 

@@ -231,6 +231,7 @@ impl Recipe {
                 kv_offload_bytes: self.memory.kv_offload_bytes.map(crate::size::ByteSize),
                 host_weights: self.memory.host_weights.clone(),
                 embedding_dtype: self.memory.embedding_dtype,
+                host_floor: self.memory.host_floor.map(crate::size::ByteSize),
             },
             serving: self.serving.clone(),
             server: ServerSection {
