@@ -330,6 +330,7 @@ mod tests {
             stop_grace_ms: None,
             model: None,
             weights: None,
+            phases: Vec::new(),
             ready_unix: None,
         }
     }

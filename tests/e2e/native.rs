@@ -45,6 +45,13 @@ pub(crate) fn serve(model: &Path, extra: &str, server_extra: &str, envs: &[(&str
         "the native engine did not become ready:\n{}",
         running.stderr()
     );
+    // The ready line gives the phases the engine logged (`Model loading took`, `init
+    // engine ... took`).
+    let stderr = running.stderr();
+    assert!(
+        stderr.contains(" s (model loading ") && stderr.contains(" s, engine init "),
+        "{stderr}"
+    );
     Server {
         running,
         url: format!("http://127.0.0.1:{port}"),

@@ -129,6 +129,18 @@ fn vllm_gets_the_dry_run_argv_is_reported_ready_and_stops_on_sigterm() {
     )
     .expect("json");
     assert_eq!(state["url"], format!("http://127.0.0.1:{}", s.port));
+    // The phases of the start, as the engine logged them.
+    assert!(
+        stderr.contains("(weights 0.3 s, engine init 0.1 s), memory fraction 0.9"),
+        "{stderr}"
+    );
+    assert_eq!(
+        state["phases"],
+        serde_json::json!([
+            {"phase": "weights", "seconds": 0.3},
+            {"phase": "engine_init", "seconds": 0.12},
+        ])
+    );
 
     sous.signal("TERM");
     assert_eq!(sous.wait(Duration::from_secs(10)), Some(0), "{}", sous.stderr());

@@ -161,6 +161,7 @@ fn row(entry: &Entry, probe: Option<&Probe>, now: u64) -> Value {
         "engine_pid": s.engine_pid,
         "started_unix": started,
         "uptime_seconds": started.map(|t| now.saturating_sub(t)),
+        "start_phases": s.phases,
         "health": probe.map_or(if status == "stale" { "stale" } else { "unknown" }, |p| p.health.as_str()),
         "running_requests": probe.and_then(|p| p.running),
         "waiting_requests": probe.and_then(|p| p.waiting),

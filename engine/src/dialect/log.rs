@@ -148,6 +148,35 @@ pub mod vllm {
         }
     }
 
+    /// The start-up phases vLLM logs with the seconds each took, in the order they
+    /// come (the native engine logs the same lines for its own phases).
+    pub mod phase {
+        /// `Loading weights took 0.58 seconds` (`vllm/model_executor/model_loader/
+        /// default_loader.py`; the real 0.32 log in `tests/fixtures/vllm-logs/` has it).
+        pub const WEIGHTS: &str = "Loading weights took ";
+        /// `Model loading took 14.2500 GiB and 20.312345 seconds`
+        /// (`vllm/v1/worker/gpu_model_runner.py`, `load_model`; later releases write
+        /// `55.22 GiB memory and 20.3s`, as the native engine does): the weights and the
+        /// model's construction; the seconds follow [`MODEL_LOADING_SECONDS`].
+        pub const MODEL_LOADING: &str = "Model loading took ";
+        /// What comes before the seconds of [`MODEL_LOADING`].
+        pub const MODEL_LOADING_SECONDS: &str = " and ";
+        /// `torch.compile takes 42.18 s in total` (`vllm/compilation/monitor.py`).
+        pub const COMPILE: &str = "torch.compile takes ";
+        /// `Graph capturing finished in 18 secs, took 0.96 GiB`
+        /// (`vllm/v1/worker/gpu_model_runner.py`, `capture_model`).
+        pub const GRAPHS: &str = "Graph capturing finished in ";
+        /// `init engine (profile, create kv cache, warmup model) took 2.58 seconds`
+        /// (`vllm/v1/engine/core.py`, `_initialize_kv_caches`; some releases write `s`,
+        /// later ones add `(compilation: 30.08 s)`): profiling, the KV cache's
+        /// allocation and the warm-up, compilation and graph capture included.
+        pub const INIT_ENGINE: &str = "init engine";
+        /// What comes before the seconds of [`INIT_ENGINE`].
+        pub const TOOK: &str = " took ";
+        /// What comes before the compilation's seconds within [`INIT_ENGINE`]'s line.
+        pub const COMPILATION: &str = "(compilation: ";
+    }
+
     /// Marks the capacity line and comes before its token count.
     pub const KV_CACHE_SIZE: &str = "KV cache size:";
     /// Comes before the capacity line's concurrency (`22.75x`).

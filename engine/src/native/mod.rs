@@ -355,10 +355,11 @@ impl Engine {
             )),
         }
         let weights = model.weight_bytes();
+        let loaded = Instant::now();
         log(format!(
             "Model loading took {:.4} GiB memory and {:.6} seconds ({}, weights {:?}, {:?}, embeddings {}, f32 compute, {} kernels)",
             weights as f64 / (1u64 << 30) as f64,
-            started.elapsed().as_secs_f64(),
+            loaded.duration_since(started).as_secs_f64(),
             model.config().architecture,
             quantization,
             settings.precision,
@@ -468,6 +469,12 @@ impl Engine {
             log_interval: settings.log_interval,
         };
         let cache = model::KvCache::with_dtype(&model, blocks, BLOCK_SIZE, settings.kv_dtype);
+        // As vLLM's engine core logs it (`crate::dialect::log::vllm::phase::INIT_ENGINE`):
+        // here the kernels' calibration, the bandwidth probe and the KV cache.
+        log(format!(
+            "init engine (profile, create kv cache, warmup model) took {:.2} seconds",
+            loaded.elapsed().as_secs_f64()
+        ));
         let core = core::Core::new(
             model,
             cache,

@@ -140,7 +140,15 @@ impl Diagnose for ServeError {
             ServeError::Host(e) => e.hint(),
             ServeError::HostFloor {
                 floor, total, cached, ..
-            } => Some(super::floor::hint(*floor, *total, *cached)),
+            } => Some(if floor >= total {
+                "`memory.host_floor` is memory to keep free, not the machine's size: give a few GiB (`8GiB`)".into()
+            } else {
+                format!(
+                    "free memory first (the page cache holds {}: `{}`), or lower `memory.host_floor`",
+                    crate::size::gib(*cached),
+                    crate::host::DROP_CACHES
+                )
+            }),
             ServeError::FloorExhausted { .. } => Some(
                 "lower `memory.gpu_utilization` or add values to `memory.oom_fallback`; a smaller `serving.max_model_len` or `serving.max_num_seqs` also needs less memory; or lower `memory.host_floor` if the host can spare it".into(),
             ),

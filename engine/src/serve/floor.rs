@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use super::error::ServeError;
-use crate::host::{self, Meminfo, Pressure};
+use crate::host::{Meminfo, Pressure};
 use crate::size::gib;
 
 /// How often the available memory is read while the floor is watched: reading
@@ -85,19 +85,6 @@ pub fn check(floor: Option<u64>) -> Result<(), ServeError> {
         });
     }
     Ok(())
-}
-
-/// The hint of [`ServeError::HostFloor`].
-pub(super) fn hint(floor: u64, total: u64, cached: u64) -> String {
-    if floor >= total {
-        "`memory.host_floor` is memory to keep free, not the machine's size: give a few GiB (`8GiB`)".into()
-    } else {
-        format!(
-            "free memory first (the page cache holds {}: `{}`), or lower `memory.host_floor`",
-            gib(cached),
-            host::DROP_CACHES
-        )
-    }
 }
 
 #[cfg(test)]

@@ -65,6 +65,9 @@ pub struct InstanceState {
     /// when the engine was given a repository id and reads the Hub cache itself.
     #[serde(default)]
     pub weights: Option<PathBuf>,
+    /// The phases of its start the engine reported (`Loading weights took ...`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<super::logscan::PhaseTime>,
     /// When it became ready, in seconds since the Unix epoch.
     #[serde(default)]
     pub ready_unix: Option<u64>,
@@ -346,6 +349,7 @@ mod tests {
             stop_grace_ms: None,
             model: Some("org/name".into()),
             weights: None,
+            phases: Vec::new(),
             ready_unix: Some(1),
         }
     }

@@ -1,5 +1,6 @@
 //! Reading an engine's output for what sous needs to know: that it ran out of memory at
-//! start-up, and how many tokens of KV cache it got.
+//! start-up, how many tokens of KV cache it got, and how long each phase of its start
+//! took.
 //!
 //! What the lines look like, and which upstream file each comes from, is in
 //! [`crate::dialect::log`]; here is only how a line is searched for them. Not here:
@@ -76,6 +77,89 @@ pub fn capacity(kind: EngineKind, line: &str) -> Option<Capacity> {
     }
 }
 
+/// A phase of an engine's start, as the engine reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Reading the weights.
+    Weights,
+    /// The weights and the model's construction.
+    ModelLoading,
+    /// torch.compile.
+    Compile,
+    /// CUDA graph capture.
+    Graphs,
+    /// Profiling, the KV cache's allocation and the warm-up (compilation and graph
+    /// capture included).
+    EngineInit,
+}
+
+impl Phase {
+    /// How the phase is named in sous's output.
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Weights => "weights",
+            Phase::ModelLoading => "model loading",
+            Phase::Compile => "torch.compile",
+            Phase::Graphs => "graph capture",
+            Phase::EngineInit => "engine init",
+        }
+    }
+}
+
+/// One phase and the seconds it took.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+pub struct PhaseTime {
+    /// The phase.
+    pub phase: Phase,
+    /// Its seconds.
+    pub seconds: f64,
+}
+
+/// The start-up phases a line of vLLM-format output reports (vLLM's and the native
+/// engine's): none, one, or two for an `init engine` line that gives its compilation.
+pub fn phases(line: &str) -> Vec<PhaseTime> {
+    use vllm::phase;
+    let seconds_after = |text: &str, marker: &str| -> Option<f64> {
+        let rest = &text[text.find(marker)? + marker.len()..];
+        let number: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        number.parse().ok()
+    };
+    let one = |phase: Phase, seconds: Option<f64>| {
+        seconds
+            .map(|seconds| PhaseTime { phase, seconds })
+            .into_iter()
+            .collect()
+    };
+    if let Some(at) = line.find(phase::WEIGHTS) {
+        one(Phase::Weights, seconds_after(&line[at..], phase::WEIGHTS))
+    } else if let Some(at) = line.find(phase::MODEL_LOADING) {
+        one(
+            Phase::ModelLoading,
+            seconds_after(&line[at..], phase::MODEL_LOADING_SECONDS),
+        )
+    } else if let Some(at) = line.find(phase::COMPILE) {
+        one(Phase::Compile, seconds_after(&line[at..], phase::COMPILE))
+    } else if let Some(at) = line.find(phase::GRAPHS) {
+        one(Phase::Graphs, seconds_after(&line[at..], phase::GRAPHS))
+    } else if let Some(at) = line.find(phase::INIT_ENGINE) {
+        let rest = &line[at..];
+        let mut found: Vec<PhaseTime> = one(Phase::EngineInit, seconds_after(rest, phase::TOOK));
+        if let Some(seconds) = seconds_after(rest, phase::COMPILATION) {
+            found.push(PhaseTime {
+                phase: Phase::Compile,
+                seconds,
+            });
+        }
+        found
+    } else {
+        Vec::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +197,46 @@ mod tests {
         let trt = "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 1.01 GiB for max tokens in paged KV cache (8256).";
         assert_eq!(capacity(EngineKind::Trtllm, trt).map(|c| c.tokens), Some(8256));
         assert!(capacity(EngineKind::Vllm, "Starting vLLM server on http://0.0.0.0:8013").is_none());
+    }
+
+    #[test]
+    fn reads_the_phases_of_a_start() {
+        // The real vLLM 0.32 log: its weights and its engine's initialization.
+        let log = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/vllm-logs/vllm-0.32-cpu-serve.log"
+        ))
+        .expect("the vLLM 0.32 sample log");
+        let found: Vec<PhaseTime> = log.lines().flat_map(phases).collect();
+        let at = |phase, seconds| PhaseTime { phase, seconds };
+        assert_eq!(found, [at(Phase::Weights, 0.58), at(Phase::EngineInit, 2.58)]);
+        // GPU lines, in the formats of vLLM's sources (`dialect::log::vllm::phase`),
+        // as vLLM 0.11 and later print them.
+        for (line, want) in [
+            (
+                "(EngineCore_DP0 pid=212) INFO 10-06 12:00:20 [gpu_model_runner.py:2602] Model loading took 14.2500 GiB and 20.312345 seconds",
+                vec![at(Phase::ModelLoading, 20.312345)],
+            ),
+            (
+                "Model loading took 55.22 GiB memory and 20.3s",
+                vec![at(Phase::ModelLoading, 20.3)],
+            ),
+            (
+                "(EngineCore_DP0 pid=212) INFO 10-06 12:00:29 [monitor.py:34] torch.compile takes 42.18 s in total",
+                vec![at(Phase::Compile, 42.18)],
+            ),
+            (
+                "(EngineCore_DP0 pid=212) INFO 10-06 12:00:40 [gpu_model_runner.py:3480] Graph capturing finished in 8 secs, took 0.31 GiB",
+                vec![at(Phase::Graphs, 8.0)],
+            ),
+            (
+                "(EngineCore pid=594) INFO 08-04 13:16:52 [core.py:306] init engine (profile, create kv cache, warmup model) took 60.86 s (compilation: 30.08 s)",
+                vec![at(Phase::EngineInit, 60.86), at(Phase::Compile, 30.08)],
+            ),
+            ("INFO Application startup complete.", vec![]),
+        ] {
+            assert_eq!(phases(line), want, "{line}");
+        }
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub struct Ready {
     pub url: String,
     /// Seconds from the last launch to readiness.
     pub seconds: f64,
+    /// The phases of that start the engine reported, in order.
+    pub phases: Vec<logscan::PhaseTime>,
     /// The memory fraction it runs with.
     pub utilization: Option<f64>,
     /// The KV capacity the engine reported at start-up.

@@ -199,6 +199,13 @@ async fn main() {
         (Some(limit), Ok(bytes)) if fraction > limit => hog(bytes.parse().unwrap_or(0)).await,
         _ => Vec::new(),
     };
+    let load = env_f64("FAKE_LOAD_SECS").unwrap_or(0.3);
+    if kind == Kind::Vllm {
+        // vLLM's format (`vllm/model_executor/model_loader/default_loader.py`).
+        println!(
+            "(Worker pid={pid}) INFO 11-29 23:22:17 [default_loader.py:501] Loading weights took {load:.2} seconds"
+        );
+    }
     match kind {
         Kind::Vllm => println!(
             "(EngineCore pid={pid}) INFO 11-29 23:22:19 [kv_cache_utils.py:2327] GPU KV cache size: {tokens} tokens, Maximum concurrency for {max_len} tokens per request: {:.2}x",
@@ -210,6 +217,12 @@ async fn main() {
         Kind::Trtllm => println!(
             "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 1.01 GiB for max tokens in paged KV cache ({tokens})."
         ),
+    }
+    if kind == Kind::Vllm {
+        // vLLM's format (`vllm/v1/engine/core.py`, `_initialize_kv_caches`).
+        println!(
+            "(EngineCore pid={pid}) INFO 11-29 23:22:22 [core.py:402] init engine (profile, create kv cache, warmup model) took 0.12 seconds"
+        );
     }
 
     let warming = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(kind == Kind::Sglang));
