@@ -20,6 +20,17 @@ pub(crate) struct Server {
 
 /// `sous serve` on a recipe serving `model` with `extra` TOML, ready.
 pub(crate) fn serve(model: &Path, extra: &str, server_extra: &str, envs: &[(&str, &str)]) -> Server {
+    serve_with_memory(model, "kv_cache_bytes = \"256MiB\"", extra, server_extra, envs)
+}
+
+/// [`serve`] with `memory` as the recipe's `[memory]` table.
+fn serve_with_memory(
+    model: &Path,
+    memory: &str,
+    extra: &str,
+    server_extra: &str,
+    envs: &[(&str, &str)],
+) -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let recipe = dir.path().join("native.toml");
@@ -27,7 +38,7 @@ pub(crate) fn serve(model: &Path, extra: &str, server_extra: &str, envs: &[(&str
         &recipe,
         format!(
             "name = \"native-test\"\n[model]\npath = \"{}\"\nserved_name = \"smollm2\"\n\n[engine]\nkind = \"native\"\n\n\
-             [memory]\nkv_cache_bytes = \"256MiB\"\n\n[server]\nhost = \"127.0.0.1\"\nport = {port}\nstop_grace = \"3s\"\n{server_extra}\n\n{extra}\n",
+             [memory]\n{memory}\n\n[server]\nhost = \"127.0.0.1\"\nport = {port}\nstop_grace = \"3s\"\n{server_extra}\n\n{extra}\n",
             model.display()
         ),
     )
@@ -749,5 +760,33 @@ fn a_folder_saved_by_transformers_5_is_served_chat() {
     assert_ne!(
         rendered_tokens("named", false, json!({})),
         rendered_tokens("named", true, json!({}))
+    );
+}
+
+/// The native engine's memory fraction is of the host's memory: one the host does not
+/// have available is passed over before the start, for the first fallback it has.
+#[test]
+fn a_fraction_of_more_memory_than_is_available_is_passed_over_up_front() {
+    let Some(model) = smollm2() else { return };
+    let _cpu = cpu_exclusive();
+    let server = serve_with_memory(
+        &model,
+        "gpu_utilization = 1.0\noom_fallback = [0.05]",
+        "",
+        "",
+        &[],
+    );
+    let stderr = server.running.stderr();
+    assert!(
+        stderr.contains("`memory.gpu_utilization = 1` asks for ")
+            && stderr.contains("is available (page cache ")
+            && stderr.contains("starting at 0.05 from `memory.oom_fallback`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("memory fraction 0.05"), "{stderr}");
+    assert_eq!(
+        stderr.matches("starting native").count(),
+        1,
+        "one start, no out-of-memory first: {stderr}"
     );
 }

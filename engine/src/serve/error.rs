@@ -54,6 +54,23 @@ pub enum ServeError {
         /// The page cache.
         cached: u64,
     },
+    /// No memory fraction of the recipe's asks for no more host memory than is
+    /// available (the native engine's fractions are of the host's memory).
+    #[error(
+        "every memory fraction asks for more host memory than is available: {asked}; this machine has {} and {} available",
+        crate::size::gib(*total),
+        crate::size::gib(*available)
+    )]
+    NoFractionFits {
+        /// The fractions and what each asks for.
+        asked: String,
+        /// `MemTotal`.
+        total: u64,
+        /// `MemAvailable`.
+        available: u64,
+        /// The page cache.
+        cached: u64,
+    },
     /// The host's memory fell below `memory.host_floor` at every fraction.
     #[error("stopped the engine at every memory fraction tried ({tried}): {crossing}")]
     FloorExhausted {
@@ -149,6 +166,11 @@ impl Diagnose for ServeError {
                     crate::host::DROP_CACHES
                 )
             }),
+            ServeError::NoFractionFits { cached, .. } => Some(format!(
+                "lower `memory.gpu_utilization` or add a lower value to `memory.oom_fallback`; or free memory first (the page cache holds {}: `{}`)",
+                crate::size::gib(*cached),
+                crate::host::DROP_CACHES
+            )),
             ServeError::FloorExhausted { .. } => Some(
                 "lower `memory.gpu_utilization` or add values to `memory.oom_fallback`; a smaller `serving.max_model_len` or `serving.max_num_seqs` also needs less memory; or lower `memory.host_floor` if the host can spare it".into(),
             ),

@@ -5,6 +5,10 @@
 //! and vLLM's users there report hosts that had to be power-cycled; the kernel's own
 //! OOM killer comes too late for them. The memory pressure (PSI) is read at the same
 //! moment and reported beside the numbers.
+//!
+//! Before the first start, [`fitting`] chooses the first memory fraction whose budget
+//! the host has available, for an engine whose fraction is one of the host's memory
+//! (the native engine), instead of learning it from an engine that died.
 
 use std::time::Duration;
 
@@ -87,9 +91,75 @@ pub fn check(floor: Option<u64>) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// Where the first start begins: the index of the first of `fractions` (the recipe's
+/// `memory.gpu_utilization`, then its `memory.oom_fallback`) whose share of the host's
+/// memory is available now, with the warning to give when it is not the first. `None`
+/// (the engine's default) always fits. An error names the numbers when none does.
+pub(super) fn fitting(
+    fractions: &[Option<f64>],
+    meminfo: &Meminfo,
+) -> Result<(usize, Option<String>), ServeError> {
+    let fits = |f: &Option<f64>| f.is_none_or(|f| f * meminfo.total as f64 <= meminfo.available as f64);
+    let asks = |f: f64| gib((f * meminfo.total as f64) as u64);
+    match fractions.iter().position(fits) {
+        Some(0) => Ok((0, None)),
+        Some(i) => {
+            let first = fractions[0].unwrap_or(1.0);
+            let chosen = fractions[i].map_or("the engine's default".to_owned(), |f| f.to_string());
+            Ok((
+                i,
+                Some(format!(
+                    "`memory.gpu_utilization = {first}` asks for {} of this host's {}, and {} is available (page cache {}): starting at {chosen} from `memory.oom_fallback`",
+                    asks(first),
+                    gib(meminfo.total),
+                    gib(meminfo.available),
+                    gib(meminfo.cached)
+                )),
+            ))
+        }
+        None => Err(ServeError::NoFractionFits {
+            asked: fractions
+                .iter()
+                .flatten()
+                .map(|&f| format!("{f} ({})", asks(f)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            total: meminfo.total,
+            available: meminfo.available,
+            cached: meminfo.cached,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_fraction_the_host_has_available_is_chosen_up_front() {
+        const GIB: u64 = 1 << 30;
+        let host = Meminfo {
+            total: 100 * GIB,
+            available: 60 * GIB,
+            free: 10 * GIB,
+            cached: 40 * GIB,
+        };
+        assert_eq!(fitting(&[Some(0.5)], &host).expect("fits").0, 0);
+        assert_eq!(fitting(&[None], &host).expect("default").0, 0);
+        let (i, warning) = fitting(&[Some(0.9), Some(0.7), Some(0.6), Some(0.5)], &host).expect("0.6 fits");
+        assert_eq!(i, 2);
+        let warning = warning.expect("a warning");
+        assert!(
+            warning.starts_with("`memory.gpu_utilization = 0.9` asks for 90.00 GiB of this host's 100.00 GiB, and 60.00 GiB is available (page cache 40.00 GiB): starting at 0.6"),
+            "{warning}"
+        );
+        let err = fitting(&[Some(0.9), Some(0.8)], &host).expect_err("none fits");
+        let text = err.to_string();
+        assert!(
+            text.contains("0.9 (90.00 GiB), 0.8 (80.00 GiB)") && text.contains("60.00 GiB"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn floors_the_host_cannot_keep_are_refused_before_the_start() {

@@ -68,7 +68,17 @@ pub(super) async fn supervise(
     let fractions: Vec<Option<f64>> = std::iter::once(recipe.memory.gpu_utilization)
         .chain(recipe.memory.oom_fallback.iter().copied().map(Some))
         .collect();
+    // The native engine's fractions are of the host's memory: the first one it has
+    // available is chosen before any start.
     let mut fraction = 0;
+    if recipe.engine.kind == EngineKind::Native && recipe.memory.gpu_utilization.is_some() {
+        let meminfo = crate::host::Meminfo::read().map_err(ServeError::Host)?;
+        let (first, warning) = floor::fitting(&fractions, &meminfo)?;
+        if let Some(warning) = warning {
+            reporter.warn(&warning);
+        }
+        fraction = first;
+    }
     let mut attempt = 0;
     let mut crashes: VecDeque<Instant> = VecDeque::new();
     loop {
@@ -76,6 +86,9 @@ pub(super) async fn supervise(
         let utilization = fractions[fraction];
         let mut current = recipe.clone();
         current.memory.gpu_utilization = utilization;
+        // The fallbacks still to come: the native engine reads its recipe back, and a
+        // fallback not below the fraction it starts with is invalid there.
+        current.memory.oom_fallback = fractions[fraction + 1..].iter().flatten().copied().collect();
         let launch = launch::render(&current, &ctx)?;
         write_files(&launch)?;
         let (argv, env) = resolve(&launch)?;
