@@ -416,6 +416,37 @@ fn killing_sous_takes_the_engine_down_too() {
     assert!(!alive(engine), "the engine died with sous");
 }
 
+/// `sous bench coldstart`: three starts of the fake vLLM, each phase it logs with its
+/// median and spread, the engine gone after each.
+#[test]
+fn bench_coldstart_reports_each_phase_over_the_starts() {
+    let s = setup("vllm", "");
+    let launches = s.dir.path().join("launches.jsonl");
+    let (k, v) = state_env(&s);
+    let (code, stdout, stderr) = run(sous()
+        .env(k, v)
+        .env("FAKE_LOAD_SECS", "0.2")
+        .env("FAKE_LAUNCH_LOG", &launches)
+        .args(["bench", "coldstart", "--starts", "3", "--json", "--recipe"])
+        .arg(&s.recipe));
+    assert_eq!(code, 0, "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(report["starts"].as_array().map(Vec::len), Some(3), "{report}");
+    let spreads = report["spreads"].as_array().expect("spreads");
+    let names: Vec<&str> = spreads
+        .iter()
+        .map(|s| s["what"].as_str().expect("what"))
+        .collect();
+    assert_eq!(names, ["ready", "weights", "engine init"]);
+    assert_eq!(spreads[1]["median"], 0.2);
+    assert_eq!(spreads[2]["count"], 3);
+    assert!(spreads[0]["min"].as_f64().expect("min") >= 0.2, "{report}");
+    let pids = launch_pids(&launches);
+    assert_eq!(pids.len(), 3);
+    assert!(pids.iter().all(|&p| !alive(p)), "{pids:?} still running");
+    assert_eq!(stderr.matches("ready after").count(), 3, "{stderr}");
+}
+
 #[test]
 fn sglang_and_trtllm_run_their_own_command_lines() {
     for (kind, extra) in [

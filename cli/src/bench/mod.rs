@@ -7,13 +7,14 @@
 //! [`workload`], their prompts in [`prompts`], when open-loop requests arrive in
 //! [`arrivals`], the report in
 //! [`report`]); the passive ones are [`logs`] and [`scrape`]; [`compare`] puts two
-//! reports of any kind side by side; engines' metric names
+//! reports of any kind side by side; [`coldstart`] summarizes repeated starts; engines' metric names
 //! and log lines come from `sous_engine::dialect`. Nothing here prints: progress and
 //! warnings go to a `Reporter`, and the command prints the rest.
 
 pub mod arrivals;
 pub mod charts;
 pub mod client;
+pub mod coldstart;
 pub mod compare;
 pub mod discover;
 mod error;

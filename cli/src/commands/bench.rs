@@ -51,6 +51,27 @@ pub enum BenchCommand {
     /// Two reports side by side, matched by concurrency, with ratios (or two `sous eval`
     /// reports: perplexity, KL divergence, agreement and task metrics).
     Compare(CompareArgs),
+    /// Start a recipe's engine several times (build it first, as `sous serve` does) and
+    /// stop it once ready: time to ready and each phase the engine logs (weights,
+    /// torch.compile, graph capture, engine init), median and spread.
+    Coldstart(ColdstartArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  sous bench coldstart --recipe recipes/local/smollm2-135m.toml\n  sous bench coldstart --recipe my.toml --starts 5 --json"
+)]
+pub struct ColdstartArgs {
+    #[command(flatten)]
+    recipe: super::RecipeArg,
+    #[command(flatten)]
+    overrides: super::OverrideArgs,
+    /// How many starts.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    starts: u32,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -371,6 +392,7 @@ pub struct CompareArgs {
 pub fn exec(cmd: BenchCommand, shell: &Shell) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Compare(args) => compare(&args, shell),
+        BenchCommand::Coldstart(args) => coldstart(&args, shell),
         BenchCommand::Logs(args) => passive::logs(&args, shell),
         BenchCommand::Scrape(args) => passive::watch(&args, shell),
         BenchCommand::Probe(a) => {
@@ -441,5 +463,36 @@ fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let table = sous::bench::compare::compare((&args.a, a), (&args.b, b))
         .map_err(|e| UserError::new(e.message, Some(e.hint)))?;
     shell.data(&table)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sous bench coldstart`: the recipe served and stopped `--starts` times, then the
+/// report.
+fn coldstart(args: &ColdstartArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
+    use sous::bench::coldstart::{Report, Start};
+    let recipe = super::load_recipe(&args.recipe.recipe, &args.overrides)?.recipe;
+    let runtime = super::runtime()?;
+    let mut starts = Vec::new();
+    for n in 1..=args.starts {
+        shell.status("starting", &format!("{} ({n} of {})", recipe.name, args.starts));
+        let start = runtime.block_on(async {
+            let (mut instance, _) = super::serve::session(&recipe, shell, false).await?;
+            let ready = instance.ready().await?;
+            let start = Start {
+                ready_seconds: ready.seconds,
+                phases: ready.phases.clone(),
+            };
+            instance.stop().await?;
+            anyhow::Ok(start)
+        })?;
+        shell.status("ready", &format!("after {:.1} s", start.ready_seconds));
+        starts.push(start);
+    }
+    let report = Report::of(&recipe.name, starts);
+    if args.json {
+        shell.data(&serde_json::to_string_pretty(&report)?)?;
+    } else {
+        shell.data(&report.render())?;
+    }
     Ok(ExitCode::SUCCESS)
 }
