@@ -15,6 +15,8 @@
 //!   vLLM log analysis, with reports as tables, JSON, CSV and SVG.
 //! - [`deploy`]: a recipe rendered for Kubernetes, compose or systemd, and a rendered
 //!   directory written or compared.
+//! - [`devices`]: the GPUs' memory as the CUDA driver reports it now, which `serve`
+//!   checks a memory fraction against before the launch and `plan` plans against.
 //! - [`doctor`]: what this machine can run: GPUs, engines, container runtimes, the
 //!   Hub, free space, and which recipes can be served here.
 //! - [`instances`]: the instances `sous serve` runs here (records, health, logs), for
@@ -34,6 +36,7 @@
 
 pub mod bench;
 pub mod deploy;
+pub mod devices;
 pub mod doctor;
 pub mod error;
 pub mod eval;

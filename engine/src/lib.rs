@@ -7,6 +7,8 @@
 //!   validation, and the generated schema and reference.
 //! - [`diagnose`]: the exit class and hint of every error type.
 //! - [`host`]: the host's memory and memory pressure, as Linux reports them.
+//! - [`device`]: the GPU memory an engine starts against, and whether a memory
+//!   fraction fits it before the launch.
 //! - [`dialect`]: what vLLM, SGLang and TensorRT-LLM call their metrics, and the log
 //!   lines sous writes as vLLM does or reads from an engine.
 //! - [`chat`]: chat templates rendered as transformers renders them (minijinja).
@@ -27,6 +29,7 @@
 pub mod atomic;
 pub mod chat;
 pub mod checkpoint;
+pub mod device;
 pub mod diagnose;
 pub mod dialect;
 pub mod env;

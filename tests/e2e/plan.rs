@@ -355,6 +355,12 @@ fn what_the_plan_cannot_know_is_asked_for() {
         stderr.contains("which machine?") && stderr.contains("--gpu NAME"),
         "{stderr}"
     );
+    if !sous_kernels::cuda::driver_present() {
+        assert!(
+            stderr.contains("this one's GPU cannot be asked (no CUDA driver (libcuda.so) on this machine)"),
+            "{stderr}"
+        );
+    }
     // SGLang's pool: 0.88 (assumed) of 80 GB less 0.25 GiB of weights and 1 GiB; a
     // token is 30 × 2 × 3 × 64 × 2 = 23,040 B.
     let work = tempfile::tempdir().expect("tempdir");
@@ -731,4 +737,55 @@ fn on_a_dgx_spark_0_90_of_the_gpu_holds_far_more_than_0_45() {
     ] {
         assert!(out.contains(fix), "no {fix:?} in {out}");
     }
+}
+
+/// Planned for this machine, the memory fraction is checked against what the host has
+/// available now, as `sous serve` checks it before a start: the native engine's
+/// fraction is of the host's memory.
+#[test]
+fn the_fraction_is_checked_against_the_memory_there_is_now() {
+    let Some(mirror) = mirror() else { return };
+    let (code, stdout, stderr) = plan(
+        &mirror,
+        &[
+            "--recipe",
+            SMOLLM2,
+            "--set",
+            "memory.gpu_utilization=0.01",
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let p = &v["preflight"];
+    assert_eq!(p["fraction"], 0.01);
+    assert_eq!(p["fits"], true, "{p}");
+    assert_eq!(p["pool"]["whose"], "this host's");
+    let total = p["pool"]["total_bytes"].as_u64().expect("total");
+    assert_eq!(
+        p["asks_bytes"].as_u64(),
+        Some((total as f64 * 0.01).ceil() as u64)
+    );
+    assert_eq!(v["devices"], serde_json::json!([]));
+    // All of the host's memory is never available: `sous serve` would refuse, and so
+    // does the plan, saying why.
+    let (code, stdout, stderr) = plan(
+        &mirror,
+        &["--recipe", SMOLLM2, "--set", "memory.gpu_utilization=1.0"],
+    );
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("memory now"))
+        .unwrap_or_else(|| panic!("no preflight line: {stdout}"));
+    assert!(
+        line.contains("1 asks for")
+            && line.contains("of this host's")
+            && line.ends_with("does not fit, and no `memory.oom_fallback` value does"),
+        "{line}"
+    );
+    // Planned for another machine, this one's memory is not asked.
+    let (_, stdout, _) = plan(&mirror, &["--recipe", SMOLLM2, "--gpu", "h100", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert!(v["preflight"].is_null(), "{}", v["preflight"]);
 }

@@ -120,12 +120,15 @@ fn render(report: &Report) -> String {
     // what it can use is the machine's RAM, less what the OS and the rest take.
     let ram = m.engines.native.cpu.memory_bytes;
     for g in &m.gpus {
-        let memory = match (g.memory_bytes, g.unified_memory, ram) {
+        let mut memory = match (g.memory_bytes, g.unified_memory, ram) {
             (Some(bytes), false, _) => gib(bytes),
             (Some(bytes), true, _) => format!("{} unified", gib(bytes)),
             (None, _, Some(ram)) => format!("unified memory: shares the {} of RAM", gib(ram)),
             (None, _, None) => "unified memory".to_owned(),
         };
+        if let Some(free) = g.memory_free_bytes {
+            memory.push_str(&format!(", {} free", gib(free)));
+        }
         rows.push(vec![
             OK.to_owned(),
             format!("cuda:{}", g.index),

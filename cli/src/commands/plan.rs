@@ -2,7 +2,9 @@
 //! recipe fits the machine, the KV cache its engine will size (tokens and concurrency,
 //! as the engine's start-up line will print them), and a ceiling on single-stream
 //! decode, from the model's config and safetensors headers, without a GPU and without
-//! the weights.
+//! the weights. Planned for this machine (no `--gpu`), the GPU is the one the driver
+//! reports, and the memory fraction is checked against what is free now, as `sous
+//! serve` checks it before a launch.
 
 use std::process::ExitCode;
 
@@ -10,6 +12,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use sous::hub::config::HubConfig;
+use sous_engine::device::Preflight;
 use sous_engine::plan::{self, Hardware, Plan};
 use sous_engine::recipe::EngineKind;
 use sous_engine::size::{ByteSize, gib};
@@ -26,7 +29,8 @@ pub struct PlanArgs {
     #[command(flatten)]
     recipe: RecipeArg,
     /// The machine, by name: gb10 (dgx-spark), rtx-pro-6000, rtx-5090, h100, h200, b200,
-    /// gb200, or cpu (this machine's RAM). Default for the native engine: cpu.
+    /// gb200, or cpu (this machine's RAM). Default: this machine, its GPU as the driver
+    /// reports it now (free memory included), or cpu for the native engine.
     #[arg(long, value_name = "NAME", conflicts_with = "gpu_memory")]
     gpu: Option<String>,
     /// A GPU sous has no entry for, by its memory: `48GiB`, `80GB`.
@@ -62,20 +66,42 @@ pub fn exec(args: PlanArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         shell.warn(&w.message);
     }
     let recipe = loaded.recipe;
+    // Planned for this machine (no --gpu, no --gpu-memory): its GPUs as the driver
+    // reports them now, and the memory fraction checked against what is free.
+    let mut devices = Vec::new();
+    let this_machine = args.gpu.is_none() && args.gpu_memory.is_none();
     let hardware = match (&args.gpu, args.gpu_memory) {
         (Some(name), _) => measured(Hardware::named(name)?),
         (None, Some(size)) => Hardware::with_memory(size.0),
         (None, None) if recipe.engine.kind == EngineKind::Native => measured(Hardware::this_cpu()?),
         (None, None) => {
-            return Err(UserError::new(
-                "which machine? a plan needs its memory",
-                Some(&format!(
-                    "pass --gpu NAME ({}) or --gpu-memory SIZE",
-                    plan::hardware::names().join(", ")
-                )),
-            )
-            .into());
+            let why = match sous::devices::for_recipe(&recipe) {
+                Ok(found) if !found.is_empty() => {
+                    devices = found;
+                    String::new()
+                }
+                Ok(_) => "the driver lists no GPU here".to_owned(),
+                Err(why) => why,
+            };
+            match devices.iter().min_by_key(|d| d.free_bytes) {
+                Some(device) => Hardware::from_device(device),
+                None => {
+                    return Err(UserError::new(
+                        format!("which machine? a plan needs its memory, and this one's GPU cannot be asked ({why})"),
+                        Some(&format!(
+                            "pass --gpu NAME ({}) or --gpu-memory SIZE",
+                            plan::hardware::names().join(", ")
+                        )),
+                    )
+                    .into());
+                }
+            }
         }
+    };
+    let preflight = if this_machine {
+        sous_engine::serve::preflight::preflight(&recipe, &devices)?
+    } else {
+        None
     };
     let hardware = match args.host_memory {
         Some(size) => hardware.with_host_memory(size.0),
@@ -92,14 +118,26 @@ pub fn exec(args: PlanArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         let mut value = serde_json::to_value(&plan)?;
         value["recipe"] = json!(recipe.name);
         value["model"] = json!(files.from);
+        value["devices"] = json!(devices);
+        value["preflight"] = json!(preflight);
         shell.data(&serde_json::to_string_pretty(&value)?)?;
     } else {
-        shell.data(&render(&recipe.name, &files.from, &hardware, &plan))?;
+        shell.data(&render(
+            &recipe.name,
+            &files.from,
+            &hardware,
+            &plan,
+            preflight.as_ref(),
+        ))?;
     }
     for w in &plan.warnings {
         shell.warn(w);
     }
-    Ok(if plan.fits {
+    // `sous serve` would refuse to start: no fraction fits what is free now.
+    let refused = preflight
+        .as_ref()
+        .is_some_and(|p| !p.fits && p.fallback.is_none());
+    Ok(if plan.fits && !refused {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -107,7 +145,13 @@ pub fn exec(args: PlanArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
 }
 
 /// The plan as a table and a sentence.
-fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String {
+fn render(
+    recipe: &str,
+    from: &str,
+    hardware: &Hardware,
+    plan: &Plan,
+    preflight: Option<&Preflight>,
+) -> String {
     let mut rows: Vec<(String, String)> = vec![
         ("recipe".into(), format!("{recipe}, {}", plan.engine)),
         (
@@ -149,6 +193,9 @@ fn render(recipe: &str, from: &str, hardware: &Hardware, plan: &Plan) -> String 
             ),
         ),
     ];
+    if let Some(p) = preflight {
+        rows.push(("memory now".into(), p.describe()));
+    }
     let budget = if plan.budget.exact { "" } else { " (estimated)" };
     rows.push((
         "KV budget".into(),

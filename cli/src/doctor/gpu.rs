@@ -79,6 +79,9 @@ pub struct Gpu {
     pub name: String,
     /// Device memory; `None` where the driver does not report it (unified memory).
     pub memory_bytes: Option<u64>,
+    /// Free memory now as the CUDA driver reports it (`cuMemGetInfo`, which answers on
+    /// unified memory too); `None` where it was not asked or did not answer.
+    pub memory_free_bytes: Option<u64>,
     /// e.g. `9.0`.
     pub compute_capability: Capability,
     /// FP4 tensor cores (compute capability 10.0 or later).
@@ -93,6 +96,7 @@ impl Gpu {
             index,
             name,
             memory_bytes,
+            memory_free_bytes: None,
             compute_capability: cc,
             native_fp4: cc.native_fp4(),
             unified_memory: integrated || memory_bytes.is_none() || cc.integrated(),
@@ -166,8 +170,31 @@ pub fn parse_proc_version(text: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The GPUs and the driver, by `nvidia-smi` on `search`, else the driver library.
+/// The GPUs and the driver, by `nvidia-smi` on `search`, else the driver library; each
+/// GPU's free memory from the driver where it answers.
 pub async fn probe(search: &SearchPath) -> (Vec<Gpu>, Driver) {
+    let (mut gpus, driver) = listed(search).await;
+    if !gpus.is_empty() && sous_kernels::cuda::driver_present() {
+        let free = tokio::task::spawn_blocking(crate::devices::all).await;
+        if let Ok(Ok(devices)) = free {
+            with_free_memory(&mut gpus, &devices);
+        }
+    }
+    (gpus, driver)
+}
+
+/// Sets each GPU's free memory from the driver's device of the same ordinal, when the
+/// names agree (`nvidia-smi` orders GPUs by bus, CUDA by default fastest first).
+pub fn with_free_memory(gpus: &mut [Gpu], devices: &[sous_engine::device::DeviceMemory]) {
+    for gpu in gpus {
+        gpu.memory_free_bytes = devices
+            .iter()
+            .find(|d| d.ordinal == gpu.index && d.name == gpu.name)
+            .map(|d| d.free_bytes);
+    }
+}
+
+async fn listed(search: &SearchPath) -> (Vec<Gpu>, Driver) {
     let mut notes = Vec::new();
     if let Some(smi) = search.which("nvidia-smi") {
         match from_nvidia_smi(&smi).await {
@@ -305,6 +332,7 @@ mod tests {
                 index: 0,
                 name: "NVIDIA H200".into(),
                 memory_bytes: Some(143_771 * 1024 * 1024),
+                memory_free_bytes: None,
                 compute_capability: Capability { major: 9, minor: 0 },
                 native_fp4: false,
                 unified_memory: false,
@@ -323,6 +351,22 @@ mod tests {
         let json = serde_json::to_value(gpu).expect("serializes");
         assert_eq!(json["compute_capability"], "12.1");
         assert!(json["memory_bytes"].is_null());
+    }
+
+    #[test]
+    fn free_memory_is_taken_from_the_driver_device_of_the_same_name() {
+        let (mut gpus, _) = parse_query(GB10).expect("parses");
+        let device = |name: &str| sous_engine::device::DeviceMemory {
+            ordinal: 0,
+            name: name.into(),
+            free_bytes: 109_000_000_000,
+            total_bytes: 130_662_109_184,
+            unified: true,
+        };
+        with_free_memory(&mut gpus, &[device("NVIDIA H100 80GB HBM3")]);
+        assert_eq!(gpus[0].memory_free_bytes, None, "another GPU at the same ordinal");
+        with_free_memory(&mut gpus, &[device("NVIDIA GB10")]);
+        assert_eq!(gpus[0].memory_free_bytes, Some(109_000_000_000));
     }
 
     #[test]

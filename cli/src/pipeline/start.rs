@@ -110,6 +110,20 @@ pub fn launch(
 ) -> Result<Instance, PipelineError> {
     let ctx = built.render_context(setup);
     let hash = built.hash(setup)?;
+    // The GPUs' memory now, after any instance that had to stop first has stopped.
+    let devices = match crate::devices::for_recipe(&built.recipe) {
+        Ok(devices) => devices,
+        Err(why) => {
+            // No driver at all is a CPU machine (vLLM's CPU backend, a test double):
+            // nothing to check. A driver that does not answer is worth a word.
+            if sous_kernels::cuda::driver_present() {
+                reporter.warn(&format!(
+                    "the GPUs' memory was not checked before the start: {why}"
+                ));
+            }
+            Vec::new()
+        }
+    };
     Ok(Instance::start(
         &built.recipe,
         &ctx,
@@ -117,5 +131,6 @@ pub fn launch(
         replacing,
         reporter,
         built.planned_kv_tokens,
+        devices,
     ))
 }

@@ -152,6 +152,50 @@ impl Hardware {
         })
     }
 
+    /// The GPU the driver reports (`cuda:N`, its name and total memory), with the
+    /// bandwidth and features of the table's entry its name matches (`NVIDIA H100 80GB
+    /// HBM3` is `h100`, `NVIDIA GB10` is `gb10`), and the driver's memory rather than
+    /// the table's nominal figure.
+    pub fn from_device(device: &crate::device::DeviceMemory) -> Hardware {
+        let known = table().unwrap_or_default();
+        let spelled = device
+            .name
+            .to_ascii_lowercase()
+            .trim_start_matches("nvidia ")
+            .replace(' ', "-");
+        // The longest table name or alias the driver's name contains.
+        let entry = known
+            .into_iter()
+            .filter_map(|d| {
+                let longest = std::iter::once(&d.name)
+                    .chain(&d.aliases)
+                    .filter(|n| spelled.contains(n.as_str()))
+                    .map(String::len)
+                    .max()?;
+                Some((longest, d))
+            })
+            .max_by_key(|(len, _)| *len)
+            .map(|(_, d)| d);
+        let description = match &entry {
+            Some(d) => format!("{}, as the table's `{}`", device.name, d.name),
+            None => format!("{}, not in sous's table", device.name),
+        };
+        Hardware {
+            name: format!("cuda:{}", device.ordinal),
+            description,
+            memory: device.total_bytes,
+            bandwidth_gbs: entry.as_ref().map(|d| d.bandwidth_gbs),
+            unified: device.unified || entry.as_ref().is_some_and(|d| d.unified),
+            native_fp4: entry.as_ref().is_some_and(|d| d.native_fp4),
+            cpu: false,
+            host_memory: if device.unified {
+                Some(device.total_bytes)
+            } else {
+                entry.and_then(|d| d.host_memory.map(|b| b.0))
+            },
+        }
+    }
+
     /// A GPU known only by its memory (`--gpu-memory`).
     pub fn with_memory(memory: u64) -> Hardware {
         Hardware {
@@ -188,6 +232,33 @@ mod tests {
         assert_eq!(Hardware::named("rtx-pro-6000").expect("card").host_memory, None);
         assert_eq!(Hardware::named("H200").expect("case").bandwidth_gbs, Some(4800.0));
         assert!(!Hardware::named("h100").expect("h100").native_fp4);
+        let driver = |name: &str, unified| crate::device::DeviceMemory {
+            ordinal: 0,
+            name: name.into(),
+            free_bytes: 1 << 30,
+            total_bytes: 85_045_231_616,
+            unified,
+        };
+        let h100 = Hardware::from_device(&driver("NVIDIA H100 80GB HBM3", false));
+        assert_eq!((h100.name.as_str(), h100.bandwidth_gbs), ("cuda:0", Some(3350.0)));
+        assert_eq!(
+            h100.memory, 85_045_231_616,
+            "the driver's figure, not the table's"
+        );
+        let gb10 = Hardware::from_device(&driver("NVIDIA GB10", true));
+        assert!(gb10.unified && gb10.native_fp4 && gb10.host_memory == Some(gb10.memory));
+        let pro = Hardware::from_device(&driver(
+            "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+            false,
+        ));
+        assert!(
+            pro.description.ends_with("as the table's `rtx-pro-6000`"),
+            "{}",
+            pro.description
+        );
+        let unknown = Hardware::from_device(&driver("NVIDIA A10", false));
+        assert_eq!(unknown.bandwidth_gbs, None);
+        assert!(unknown.description.ends_with("not in sous's table"));
         match Hardware::named("h300") {
             Err(HardwareError::Unknown { known, .. }) => assert!(known.contains(&"h200".to_owned())),
             other => panic!("{other:?}"),

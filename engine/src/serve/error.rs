@@ -54,22 +54,15 @@ pub enum ServeError {
         /// The page cache.
         cached: u64,
     },
-    /// No memory fraction of the recipe's asks for no more host memory than is
-    /// available (the native engine's fractions are of the host's memory).
-    #[error(
-        "every memory fraction asks for more host memory than is available: {asked}; this machine has {} and {} available",
-        crate::size::gib(*total),
-        crate::size::gib(*available)
-    )]
+    /// No memory fraction of the recipe's asks for no more memory than can be had now
+    /// (the GPU's free memory for vLLM, the host's available memory for the native
+    /// engine).
+    #[error("every memory fraction asks for more memory than is {}: {asked}; {}", pool.free_word(), pool.describe())]
     NoFractionFits {
         /// The fractions and what each asks for.
         asked: String,
-        /// `MemTotal`.
-        total: u64,
-        /// `MemAvailable`.
-        available: u64,
-        /// The page cache.
-        cached: u64,
+        /// The memory they were checked against.
+        pool: Box<crate::device::Pool>,
     },
     /// The host's memory fell below `memory.host_floor` at every fraction.
     #[error("stopped the engine at every memory fraction tried ({tried}): {crossing}")]
@@ -166,11 +159,20 @@ impl Diagnose for ServeError {
                     crate::host::DROP_CACHES
                 )
             }),
-            ServeError::NoFractionFits { cached, .. } => Some(format!(
-                "lower `memory.gpu_utilization` or add a lower value to `memory.oom_fallback`; or free memory first (the page cache holds {}: `{}`)",
-                crate::size::gib(*cached),
-                crate::host::DROP_CACHES
-            )),
+            ServeError::NoFractionFits { pool, .. } => {
+                let lower = "lower `memory.gpu_utilization` or add a lower value to `memory.oom_fallback`";
+                Some(match pool.page_cache_bytes {
+                    Some(cached) => format!(
+                        "{lower}; or free memory first (the page cache holds {}: `{}`)",
+                        crate::size::gib(cached),
+                        crate::host::DROP_CACHES
+                    ),
+                    None => format!(
+                        "{lower}; or stop what holds the GPU's memory ({} of it is in use: `nvidia-smi` lists the processes)",
+                        crate::size::gib(pool.total_bytes.saturating_sub(pool.available_bytes))
+                    ),
+                })
+            }
             ServeError::FloorExhausted { .. } => Some(
                 "lower `memory.gpu_utilization` or add values to `memory.oom_fallback`; a smaller `serving.max_model_len` or `serving.max_num_seqs` also needs less memory; or lower `memory.host_floor` if the host can spare it".into(),
             ),

@@ -7,12 +7,13 @@
 //! moment and reported beside the numbers.
 //!
 //! Before the first start, [`fitting`] chooses the first memory fraction whose budget
-//! the host has available, for an engine whose fraction is one of the host's memory
-//! (the native engine), instead of learning it from an engine that died.
+//! can be had now (the host's available memory for the native engine, the GPU's free
+//! memory for vLLM: [`crate::device`]), instead of learning it from an engine that died.
 
 use std::time::Duration;
 
 use super::error::ServeError;
+use crate::device::Pool;
 use crate::host::{Meminfo, Pressure};
 use crate::size::gib;
 
@@ -92,41 +93,50 @@ pub fn check(floor: Option<u64>) -> Result<(), ServeError> {
 }
 
 /// Where the first start begins: the index of the first of `fractions` (the recipe's
-/// `memory.gpu_utilization`, then its `memory.oom_fallback`) whose share of the host's
-/// memory is available now, with the warning to give when it is not the first. `None`
-/// (the engine's default) always fits. An error names the numbers when none does.
+/// `memory.gpu_utilization`, then its `memory.oom_fallback`) whose share of `pool` can
+/// be had now, with the warning to give when it is not the first. `None` stands for
+/// `default`, the engine's own fraction; with no default to check it always fits. An
+/// error names the numbers when none fits.
 pub(super) fn fitting(
     fractions: &[Option<f64>],
-    meminfo: &Meminfo,
+    default: Option<f64>,
+    pool: &Pool,
 ) -> Result<(usize, Option<String>), ServeError> {
-    let fits = |f: &Option<f64>| f.is_none_or(|f| f * meminfo.total as f64 <= meminfo.available as f64);
-    let asks = |f: f64| gib((f * meminfo.total as f64) as u64);
+    let fits = |f: &Option<f64>| f.or(default).is_none_or(|f| pool.fits(f));
+    let asks = |f: f64| gib(pool.asks(f));
+    let name = |f: &Option<f64>| match f {
+        Some(f) => f.to_string(),
+        None => default.map_or("the engine's default".to_owned(), |d| {
+            format!("the engine's default ({d})")
+        }),
+    };
     match fractions.iter().position(fits) {
         Some(0) => Ok((0, None)),
         Some(i) => {
-            let first = fractions[0].unwrap_or(1.0);
-            let chosen = fractions[i].map_or("the engine's default".to_owned(), |f| f.to_string());
+            let first = fractions[0].or(default).unwrap_or(1.0);
+            let cache = pool
+                .page_cache_bytes
+                .map_or(String::new(), |c| format!(" (page cache {})", gib(c)));
             Ok((
                 i,
                 Some(format!(
-                    "`memory.gpu_utilization = {first}` asks for {} of this host's {}, and {} is available (page cache {}): starting at {chosen} from `memory.oom_fallback`",
+                    "`memory.gpu_utilization = {first}` asks for {} of {} {}, and {} is {}{cache}: starting at {} from `memory.oom_fallback`",
                     asks(first),
-                    gib(meminfo.total),
-                    gib(meminfo.available),
-                    gib(meminfo.cached)
+                    pool.whose,
+                    gib(pool.total_bytes),
+                    gib(pool.available_bytes),
+                    pool.free_word(),
+                    name(&fractions[i]),
                 )),
             ))
         }
         None => Err(ServeError::NoFractionFits {
             asked: fractions
                 .iter()
-                .flatten()
-                .map(|&f| format!("{f} ({})", asks(f)))
+                .filter_map(|f| f.or(default).map(|v| format!("{} ({})", name(f), asks(v))))
                 .collect::<Vec<_>>()
                 .join(", "),
-            total: meminfo.total,
-            available: meminfo.available,
-            cached: meminfo.cached,
+            pool: Box::new(pool.clone()),
         }),
     }
 }
@@ -144,21 +154,50 @@ mod tests {
             free: 10 * GIB,
             cached: 40 * GIB,
         };
-        assert_eq!(fitting(&[Some(0.5)], &host).expect("fits").0, 0);
-        assert_eq!(fitting(&[None], &host).expect("default").0, 0);
-        let (i, warning) = fitting(&[Some(0.9), Some(0.7), Some(0.6), Some(0.5)], &host).expect("0.6 fits");
+        let host = Pool::host(&host);
+        assert_eq!(fitting(&[Some(0.5)], None, &host).expect("fits").0, 0);
+        assert_eq!(fitting(&[None], None, &host).expect("default").0, 0);
+        let (i, warning) =
+            fitting(&[Some(0.9), Some(0.7), Some(0.6), Some(0.5)], None, &host).expect("0.6 fits");
         assert_eq!(i, 2);
         let warning = warning.expect("a warning");
         assert!(
             warning.starts_with("`memory.gpu_utilization = 0.9` asks for 90.00 GiB of this host's 100.00 GiB, and 60.00 GiB is available (page cache 40.00 GiB): starting at 0.6"),
             "{warning}"
         );
-        let err = fitting(&[Some(0.9), Some(0.8)], &host).expect_err("none fits");
+        let err = fitting(&[Some(0.9), Some(0.8)], None, &host).expect_err("none fits");
         let text = err.to_string();
         assert!(
             text.contains("0.9 (90.00 GiB), 0.8 (80.00 GiB)") && text.contains("60.00 GiB"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn an_engine_default_that_does_not_fit_a_gpu_is_named() {
+        const GIB: u64 = 1 << 30;
+        let spark = crate::device::DeviceMemory {
+            ordinal: 0,
+            name: "NVIDIA GB10".into(),
+            free_bytes: 85 * GIB,
+            total_bytes: 121 * GIB,
+            unified: true,
+        };
+        let pool = Pool::device(&[spark], None).expect("a pool");
+        let err = fitting(&[None], Some(0.92), &pool).expect_err("0.92 of 121 GiB is more than 85");
+        assert_eq!(
+            err.to_string(),
+            "every memory fraction asks for more memory than is free: the engine's default (0.92) (111.32 GiB); cuda:0's (NVIDIA GB10, unified memory) 121.00 GiB, 85.00 GiB free"
+        );
+        let (i, warning) = fitting(&[None, Some(0.6)], Some(0.92), &pool).expect("0.6 fits");
+        assert_eq!(i, 1);
+        assert!(
+            warning
+                .expect("a warning")
+                .contains("asks for 111.32 GiB of cuda:0's")
+        );
+        // Without a default to check, the engine's own fraction is left to it.
+        assert_eq!(fitting(&[None], None, &pool).expect("unchecked").0, 0);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - `supervise`: the supervisor (OOM fallback at start-up, restarts with backoff,
 //!   replacing a running instance).
 //! - `floor`: the host-memory floor the supervisor keeps (`memory.host_floor`).
+//! - [`preflight`]: the memory a recipe's fraction is checked against before a start.
 //! - `ready`: what "ready" means, the only readiness check in sous.
 //! - `process`: one engine process, and the only stop sequence in sous.
 //! - [`instance`]: the record of a running instance (`instance.json`) and what
@@ -20,6 +21,7 @@ mod error;
 mod floor;
 pub mod instance;
 pub mod logscan;
+pub mod preflight;
 mod process;
 mod ready;
 mod supervise;
@@ -35,6 +37,7 @@ pub use instance::InstanceState;
 pub use logscan::Capacity;
 pub use ready::{HEALTH_PATH, health_timeout};
 
+use crate::device::DeviceMemory;
 use crate::launch::RenderContext;
 use crate::recipe::Recipe;
 use crate::reporter::Reporter;
@@ -47,6 +50,7 @@ struct Launched {
     replacing: Option<InstanceState>,
     reporter: Arc<dyn Reporter>,
     planned_kv_tokens: Option<u64>,
+    devices: Vec<DeviceMemory>,
 }
 
 /// An instance that answered.
@@ -81,7 +85,11 @@ impl Instance {
     /// [`instance`]) and the old one is stopped once the new one is ready. If the new
     /// one fails to start, the old one goes on serving. With `planned_kv_tokens` (what
     /// `sous plan` predicts), the ready line shows the prediction beside the engine's
-    /// own figure, and a difference is a warning.
+    /// own figure, and a difference is a warning. `devices` are the GPUs the engine
+    /// will use, as their driver reports them now (none for the native engine, or where
+    /// no driver answers): the memory fraction is checked against them before the
+    /// launch ([`crate::device`]), and on unified memory the host's memory is watched
+    /// as with `memory.host_floor`.
     pub fn start(
         recipe: &Recipe,
         ctx: &RenderContext,
@@ -89,6 +97,7 @@ impl Instance {
         replacing: Option<InstanceState>,
         reporter: Arc<dyn Reporter>,
         planned_kv_tokens: Option<u64>,
+        devices: Vec<DeviceMemory>,
     ) -> Instance {
         let (stop, stop_rx) = oneshot::channel();
         let (ready_tx, ready_rx) = oneshot::channel();
@@ -99,6 +108,7 @@ impl Instance {
             replacing,
             reporter,
             planned_kv_tokens,
+            devices,
         };
         let task = tokio::spawn(supervise::supervise(job, stop_rx, ready_tx));
         Instance {

@@ -22,6 +22,7 @@ use super::logscan::{self, Capacity, PhaseTime};
 use super::process;
 use super::ready::wait_ready;
 use super::{Launched, Ready};
+use crate::device::DeviceMemory;
 use crate::launch::{self, Arg, Launch};
 use crate::recipe::{EngineKind, RESTART_WINDOW, Recipe};
 use crate::reporter::Reporter;
@@ -40,6 +41,7 @@ pub(super) async fn supervise(
         replacing,
         reporter,
         planned_kv_tokens,
+        devices,
     } = job;
     let mut ready = Some(ready);
     let mut replacing = replacing;
@@ -61,6 +63,7 @@ pub(super) async fn supervise(
         return Err(ServeError::PortInUse(port));
     }
     floor::check(recipe.memory.host_floor)?;
+    let host_floor = host_floor(&recipe, &devices, reporter.as_ref());
     let io = |action: &'static str, path: PathBuf| move |source| ServeError::Io { action, path, source };
     std::fs::create_dir_all(&ctx.instance_dir).map_err(io("creating", ctx.instance_dir.clone()))?;
     let log_path = ctx.instance_dir.join("engine.log");
@@ -68,12 +71,13 @@ pub(super) async fn supervise(
     let fractions: Vec<Option<f64>> = std::iter::once(recipe.memory.gpu_utilization)
         .chain(recipe.memory.oom_fallback.iter().copied().map(Some))
         .collect();
-    // The native engine's fractions are of the host's memory: the first one it has
-    // available is chosen before any start.
+    // The first fraction whose memory can be had now is chosen before any start.
     let mut fraction = 0;
-    if recipe.engine.kind == EngineKind::Native && recipe.memory.gpu_utilization.is_some() {
-        let meminfo = crate::host::Meminfo::read().map_err(ServeError::Host)?;
-        let (first, warning) = floor::fitting(&fractions, &meminfo)?;
+    if let Some((pool, default)) = super::preflight::pool_for(&recipe, &devices)? {
+        if pool.device {
+            reporter.status("memory", &pool.describe());
+        }
+        let (first, warning) = floor::fitting(&fractions, default, &pool)?;
         if let Some(warning) = warning {
             reporter.warn(&warning);
         }
@@ -123,7 +127,7 @@ pub(super) async fn supervise(
         let came_up = tokio::select! {
             code = engine.wait() => Err(Down::Exited(code)),
             url = wait_ready(&served, own_group) => Ok(url),
-            crossing = floor::crossed(recipe.memory.host_floor) => {
+            crossing = floor::crossed(host_floor) => {
                 engine.stop(recipe.server.stop_grace).await;
                 Err(Down::Floor(crossing))
             }
@@ -244,7 +248,7 @@ pub(super) async fn supervise(
         // asked to stop.
         let code = tokio::select! {
             code = engine.wait() => code,
-            crossing = floor::crossed(recipe.memory.host_floor) => {
+            crossing = floor::crossed(host_floor) => {
                 engine.stop(recipe.server.stop_grace).await;
                 let _ = pump.await;
                 instance::remove_own(&ctx.instance_dir);
@@ -291,6 +295,36 @@ pub(super) async fn supervise(
             }
         }
     }
+}
+
+/// Where a unified-memory GPU's engine is stopped when `memory.host_floor` is unset: a
+/// thirty-second of the host's memory (3.8 GiB of a DGX Spark's 121.69 GiB), enough
+/// for the OS and sous to go on while the engine is stopped.
+const UNIFIED_FLOOR_SHARE: u64 = 32;
+
+/// The floor the supervisor keeps: the recipe's, or on unified memory a default
+/// (said once) when the host can keep it.
+fn host_floor(recipe: &Recipe, devices: &[DeviceMemory], reporter: &dyn Reporter) -> Option<u64> {
+    if recipe.memory.host_floor.is_some() || !devices.iter().any(|d| d.unified) {
+        return recipe.memory.host_floor;
+    }
+    let meminfo = crate::host::Meminfo::read().ok()?;
+    let floor = meminfo.total / UNIFIED_FLOOR_SHARE;
+    if floor >= meminfo.available {
+        reporter.warn(&format!(
+            "the GPU shares the host's memory, and only {} of it is available: not watching it (`memory.host_floor` sets a floor to keep)",
+            crate::size::gib(meminfo.available)
+        ));
+        return None;
+    }
+    reporter.status(
+        "watching",
+        &format!(
+            "the host's available memory: the engine is stopped below {} (unified memory; `memory.host_floor` sets another floor)",
+            crate::size::gib(floor)
+        ),
+    );
+    Some(floor)
 }
 
 /// Why the engine went down before it was ready.
