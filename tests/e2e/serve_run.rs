@@ -227,21 +227,24 @@ fn launch_pids(log: &Path) -> Vec<u64> {
 }
 
 /// `sous serve` on a recipe falling back from 0.9 to 0.85 with a floor 2 GiB under what
-/// is available, its engine taking 4 GiB of the host's memory at fractions above
-/// `hog_above`; and the log of the engine's launches.
+/// is available, its engine taking the host's memory at fractions above `hog_above`
+/// until half a GiB under the floor (at most 8 GiB, whatever other tests free or take
+/// meanwhile); and the log of the engine's launches.
 fn start_over_the_floor(hog_above: &str) -> (Setup, PathBuf, Running) {
     let floor = available_memory() - (2 << 30);
+    let until = (floor - (512 << 20)).to_string();
     let s = setup(
         "vllm",
         &format!("[memory]\ngpu_utilization = 0.90\noom_fallback = [0.85]\nhost_floor = {floor}\n"),
     );
     let launches = s.dir.path().join("launches.jsonl");
-    let hog = (4u64 << 30).to_string();
+    let hog = (8u64 << 30).to_string();
     let sous = start(
         &s,
         &[
             ("FAKE_HOG_ABOVE", hog_above),
             ("FAKE_HOG_BYTES", &hog),
+            ("FAKE_HOG_UNTIL", &until),
             ("FAKE_LAUNCH_LOG", launches.to_str().expect("utf-8")),
         ],
     );

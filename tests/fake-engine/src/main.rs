@@ -33,7 +33,9 @@
 //!   above F.
 //! - `FAKE_HOG_ABOVE=F` with `FAKE_HOG_BYTES=N`: at start-up, when the memory fraction
 //!   is above F, allocate and touch N bytes of host memory, 64 MiB every 10 ms (an
-//!   engine overshooting its budget on unified memory), hold them, and start anyway.
+//!   engine overshooting its budget on unified memory), hold them, and start anyway;
+//!   with `FAKE_HOG_UNTIL=M`, stop allocating once the host's `MemAvailable` is below M
+//!   bytes (the same overshoot whatever other processes free or take meanwhile).
 //! - `FAKE_CRASH_AFTER=SECS`, `FAKE_CRASH_CODE` (default 3): exit that long after
 //!   becoming ready; `FAKE_CRASH_TIMES=N` with `FAKE_COUNTER=FILE`: only the first N
 //!   launches crash.
@@ -196,7 +198,10 @@ async fn main() {
     }
     // Held until the process ends.
     let _hog = match (env_f64("FAKE_HOG_ABOVE"), std::env::var("FAKE_HOG_BYTES")) {
-        (Some(limit), Ok(bytes)) if fraction > limit => hog(bytes.parse().unwrap_or(0)).await,
+        (Some(limit), Ok(bytes)) if fraction > limit => {
+            let until = std::env::var("FAKE_HOG_UNTIL").ok().and_then(|u| u.parse().ok());
+            hog(bytes.parse().unwrap_or(0), until).await
+        }
         _ => Vec::new(),
     };
     let load = env_f64("FAKE_LOAD_SECS").unwrap_or(0.3);
@@ -395,11 +400,11 @@ fn trt_fraction(parsed: &Parsed) -> Option<f64> {
 }
 
 /// `bytes` of host memory, allocated and touched 64 MiB at a time, every 10 ms.
-async fn hog(bytes: u64) -> Vec<Vec<u8>> {
+async fn hog(bytes: u64, until: Option<u64>) -> Vec<Vec<u8>> {
     const CHUNK: usize = 64 << 20;
     let mut held = Vec::new();
     let mut left = bytes as usize;
-    while left > 0 {
+    while left > 0 && until.is_none_or(|u| mem_available().is_none_or(|a| a >= u)) {
         let n = left.min(CHUNK);
         // Non-zero bytes: every page is written, not left to the zero page.
         held.push(vec![1u8; n]);
@@ -407,6 +412,14 @@ async fn hog(bytes: u64) -> Vec<Vec<u8>> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     held
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes (the kernel writes kB).
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// With `FAKE_CRASH_TIMES=N` and `FAKE_COUNTER=FILE`, only the first N launches crash.
