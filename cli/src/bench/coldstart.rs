@@ -1,7 +1,8 @@
 //! `sous bench coldstart`: what one start of a recipe's engine costs, phase by phase,
 //! over several starts. Each start's total (launch to ready, as `sous serve` measures
-//! it) and the phases the engine logged (`sous_engine::serve::logscan::phases`: weights,
-//! model loading, torch.compile, graph capture, engine init) are kept; the report gives
+//! it), the build's phases (pull and quantize, finding them up to date included) and
+//! the phases the engine logged (`sous_engine::serve::logscan::phases`: weights, model
+//! loading, torch.compile, graph capture, engine init) are kept; the report gives
 //! each one's median and spread. The first start also pays whatever the caches do not
 //! hold yet (a compile cache, the page cache of the weights), which the spread shows.
 //!

@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use sous_engine::launch::{self, RenderContext};
@@ -18,6 +19,7 @@ use sous_engine::native::Settings;
 use sous_engine::native::config::ModelConfig;
 use sous_engine::recipe::{DEFAULT_REVISION, EngineKind, Recipe, Runtime};
 use sous_engine::reporter::Reporter;
+use sous_engine::serve::logscan::{Phase, PhaseTime};
 
 use super::{PipelineError, Setup};
 use crate::hub::api::HubClient;
@@ -37,6 +39,8 @@ pub struct Built {
     pub native: Option<Settings>,
     /// The KV tokens `sous plan` predicts, where it can (the native engine).
     pub planned_kv_tokens: Option<u64>,
+    /// How long the pull and the quantization took (finding them up to date included).
+    pub phases: Vec<PhaseTime>,
 }
 
 /// The model on disk after the build step.
@@ -80,7 +84,17 @@ pub async fn build(
     no_build: bool,
     reporter: &Arc<dyn Reporter>,
 ) -> Result<Built, PipelineError> {
+    let started = Instant::now();
     let (source, provenance) = fetch(recipe, setup, no_build, reporter.as_ref()).await?;
+    // A model on the Hub is pulled or found up to date; a local path is taken as it is.
+    let mut phases = Vec::new();
+    if recipe.model.repo.is_some() {
+        phases.push(PhaseTime {
+            phase: Phase::Pull,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    let started = Instant::now();
     let dir = match &recipe.quantize {
         None => source,
         Some(_) if no_build => {
@@ -139,6 +153,12 @@ pub async fn build(
             summary.output
         }
     };
+    if recipe.quantize.is_some() {
+        phases.push(PhaseTime {
+            phase: Phase::Quantize,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
     let native = match recipe.engine.kind {
         EngineKind::Native => {
             // What the engine process would refuse, refused before anything starts.
@@ -154,6 +174,7 @@ pub async fn build(
     Ok(Built {
         recipe: recipe.clone(),
         planned_kv_tokens,
+        phases,
         weights: Weights {
             dir,
             given_to_engine: recipe.quantize.is_some() || native.is_some(),

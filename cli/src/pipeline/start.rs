@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sous_engine::recipe::Recipe;
 use sous_engine::reporter::Reporter;
-use sous_engine::serve::{Instance, InstanceState, instance};
+use sous_engine::serve::{Instance, InstanceState, Prepared, instance};
 
 use super::{Built, PipelineError, Setup};
 
@@ -124,13 +124,17 @@ pub fn launch(
             Vec::new()
         }
     };
+    let prepared = Prepared {
+        planned_kv_tokens: built.planned_kv_tokens,
+        devices,
+        build_phases: built.phases.clone(),
+    };
     Ok(Instance::start(
         &built.recipe,
         &ctx,
         &hash,
         replacing,
         reporter,
-        built.planned_kv_tokens,
-        devices,
+        prepared,
     ))
 }

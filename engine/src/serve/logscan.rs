@@ -77,10 +77,15 @@ pub fn capacity(kind: EngineKind, line: &str) -> Option<Capacity> {
     }
 }
 
-/// A phase of an engine's start, as the engine reports it.
+/// A phase of a start: the build's, as sous times them, then the engine's, as the
+/// engine reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// Fetching the model, or finding it up to date (`sous pull`'s work).
+    Pull,
+    /// Quantizing it, or finding the checkpoint up to date (`sous quantize`'s work).
+    Quantize,
     /// Reading the weights.
     Weights,
     /// The weights and the model's construction.
@@ -98,6 +103,8 @@ impl Phase {
     /// How the phase is named in sous's output.
     pub fn label(self) -> &'static str {
         match self {
+            Phase::Pull => "pull",
+            Phase::Quantize => "quantize",
             Phase::Weights => "weights",
             Phase::ModelLoading => "model loading",
             Phase::Compile => "torch.compile",

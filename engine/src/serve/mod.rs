@@ -49,8 +49,23 @@ struct Launched {
     recipe_hash: String,
     replacing: Option<InstanceState>,
     reporter: Arc<dyn Reporter>,
-    planned_kv_tokens: Option<u64>,
-    devices: Vec<DeviceMemory>,
+    prepared: Prepared,
+}
+
+/// What the caller learned before the start, for the supervisor.
+#[derive(Debug, Clone, Default)]
+pub struct Prepared {
+    /// The KV tokens `sous plan` predicts: the ready line shows the prediction beside
+    /// the engine's own figure, and a difference is a warning.
+    pub planned_kv_tokens: Option<u64>,
+    /// The GPUs the engine will use, as their driver reports them now (none for the
+    /// native engine, or where no driver answers): the memory fraction is checked
+    /// against them before the launch ([`crate::device`]), and on unified memory the
+    /// host's memory is watched as with `memory.host_floor`.
+    pub devices: Vec<DeviceMemory>,
+    /// The build's phases (pull, quantize), reported before the engine's own in the
+    /// first start's phases.
+    pub build_phases: Vec<logscan::PhaseTime>,
 }
 
 /// An instance that answered.
@@ -83,21 +98,15 @@ impl Instance {
     /// `replacing`, another instance of the recipe still serves: the new engine
     /// starts beside it (on the same port when both engines allow it, see
     /// [`instance`]) and the old one is stopped once the new one is ready. If the new
-    /// one fails to start, the old one goes on serving. With `planned_kv_tokens` (what
-    /// `sous plan` predicts), the ready line shows the prediction beside the engine's
-    /// own figure, and a difference is a warning. `devices` are the GPUs the engine
-    /// will use, as their driver reports them now (none for the native engine, or where
-    /// no driver answers): the memory fraction is checked against them before the
-    /// launch ([`crate::device`]), and on unified memory the host's memory is watched
-    /// as with `memory.host_floor`.
+    /// one fails to start, the old one goes on serving. `prepared` is what the caller
+    /// learned before ([`Prepared`]).
     pub fn start(
         recipe: &Recipe,
         ctx: &RenderContext,
         recipe_hash: &str,
         replacing: Option<InstanceState>,
         reporter: Arc<dyn Reporter>,
-        planned_kv_tokens: Option<u64>,
-        devices: Vec<DeviceMemory>,
+        prepared: Prepared,
     ) -> Instance {
         let (stop, stop_rx) = oneshot::channel();
         let (ready_tx, ready_rx) = oneshot::channel();
@@ -107,8 +116,7 @@ impl Instance {
             recipe_hash: recipe_hash.to_owned(),
             replacing,
             reporter,
-            planned_kv_tokens,
-            devices,
+            prepared,
         };
         let task = tokio::spawn(supervise::supervise(job, stop_rx, ready_tx));
         Instance {

@@ -40,9 +40,15 @@ pub(super) async fn supervise(
         recipe_hash,
         replacing,
         reporter,
+        prepared,
+    } = job;
+    let super::Prepared {
         planned_kv_tokens,
         devices,
-    } = job;
+        build_phases,
+    } = prepared;
+    // The build's phases belong to the first start only.
+    let mut build_phases = Some(build_phases);
     let mut ready = Some(ready);
     let mut replacing = replacing;
     // What the engine is given: the built weights when there are some.
@@ -176,10 +182,16 @@ pub(super) async fn supervise(
                 });
             }
             Ok(url) => {
-                let (capacity, phases) = watch
+                let (capacity, logged) = watch
                     .lock()
                     .map(|w| (w.capacity.clone(), w.phases.clone()))
                     .unwrap_or_default();
+                let phases: Vec<PhaseTime> = build_phases
+                    .take()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .chain(logged)
+                    .collect();
                 let seconds = started.elapsed().as_secs_f64();
                 reporter.status(
                     "ready",
