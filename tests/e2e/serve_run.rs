@@ -667,3 +667,71 @@ fn a_port_in_use_by_another_server_is_refused() {
     assert!(stderr.contains("hint: set another `server.port`"), "{stderr}");
     drop(squatter);
 }
+
+/// A start `sous serve` saw become ready is recorded (`starts.jsonl`, kept after the
+/// instance stops), and a Kubernetes render of the recipe sizes its start-up probe from
+/// it, saying so in an annotation, instead of covering the whole start-up timeout.
+#[test]
+fn a_recorded_start_sizes_the_startup_probe_of_a_render() {
+    use serde::Deserialize;
+    let s = setup("vllm", "");
+    let (k, v) = state_env(&s);
+    let render = |state: &str| {
+        let recipe = s.dir.path().join("deployed.toml");
+        std::fs::write(
+            &recipe,
+            "name = \"fake-vllm\"\n[model]\nrepo = \"Qwen/Qwen3-0.6B\"\n[engine]\nkind = \"vllm\"\n[deploy.storage]\nsize = \"10Gi\"\n",
+        )
+        .expect("recipe");
+        let (code, stdout, stderr) = run(sous()
+            .env(&k, state)
+            .env("HF_HUB_OFFLINE", "1")
+            .args(["deploy", "render", "--target", "k8s", "--recipe"])
+            .arg(&recipe));
+        assert_eq!(code, 0, "{stderr}");
+        let workload = serde_yaml_ng::Deserializer::from_str(&stdout)
+            .map(|d| Value::deserialize(d).expect("a YAML document"))
+            .find(|d| d["kind"] == "Deployment")
+            .expect("a Deployment");
+        let probe = workload["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["failureThreshold"]
+            .as_u64()
+            .expect("failureThreshold");
+        let note = workload["metadata"]["annotations"]["sous.dev/startup-probe"]
+            .as_str()
+            .expect("the annotation")
+            .to_owned();
+        (probe, note)
+    };
+    // Nothing recorded: the probe covers the 30-minute start-up timeout.
+    let (probe, note) = render(&v);
+    assert_eq!(probe, 180, "{note}");
+    assert!(
+        note.contains("no start of this engine and release was recorded here"),
+        "{note}"
+    );
+
+    let mut sous = start(&s, &[]);
+    assert!(sous.wait_for("ready http://", READY), "{}", sous.stderr());
+    sous.signal("TERM");
+    assert_eq!(sous.wait(Duration::from_secs(10)), Some(0), "{}", sous.stderr());
+    let starts =
+        std::fs::read_to_string(s.dir.path().join("state/fake-vllm/starts.jsonl")).expect("starts.jsonl");
+    let start: Value = serde_json::from_str(starts.lines().next().expect("a line")).expect("json");
+    assert_eq!(
+        (start["engine"].as_str(), start["version"].as_str()),
+        (Some("vllm"), Some("0.33.0"))
+    );
+    assert!(start["seconds"].as_f64().expect("seconds") > 0.0, "{start}");
+    assert!(!s.dir.path().join("state/fake-vllm/instance.json").exists());
+
+    // A start of well under 20 s: three times it is under the one-minute floor, six
+    // probes 10 s apart.
+    let (probe, note) = render(&v);
+    assert_eq!(probe, 6, "{note}");
+    assert!(
+        note.starts_with(
+            "6 x 10s = 60s: 3 times the slowest of 1 start(s) of vllm 0.33.0 that sous serve recorded"
+        ),
+        "{note}"
+    );
+}

@@ -227,10 +227,12 @@ fn rendered(
     } else {
         None
     };
+    let starts = sous_engine::serve::starts::read(&sous_engine::paths::state_dir().join(&recipe.name));
     let options = Options {
         model_bytes,
         sous_bin: sous_bin.to_owned(),
         router_bin: router_bin.map(str::to_owned),
+        starts,
     };
     deploy::render(recipe, target, &options).with_context(|| format!("recipe {}", display(file)))
 }

@@ -51,7 +51,7 @@ impl Target {
 }
 
 /// What a rendering needs beside the recipe.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Options {
     /// The model's size on disk, when known (sizes the volume sous creates; without it
     /// `deploy.storage.size` must be set).
@@ -61,6 +61,9 @@ pub struct Options {
     /// Where the router's program is on that machine; default: its name, which
     /// systemd finds on its search path (`/usr/local/bin` first).
     pub router_bin: Option<String>,
+    /// The starts `sous serve` recorded for the recipe on this machine, which size the
+    /// Kubernetes start-up probe.
+    pub starts: Vec<sous_engine::serve::starts::Start>,
 }
 
 impl Default for Options {
@@ -69,6 +72,7 @@ impl Default for Options {
             model_bytes: None,
             sous_bin: pod::SOUS_IN_IMAGE.to_owned(),
             router_bin: None,
+            starts: Vec::new(),
         }
     }
 }
@@ -122,7 +126,7 @@ pub fn render(recipe: &Recipe, target: Target, options: &Options) -> Result<Rend
     let mut warnings = Vec::new();
     let files = match target {
         Target::K8s => {
-            let plan = Plan::new(recipe, false)?;
+            let plan = Plan::new(recipe, false)?.with_starts(&options.starts);
             warnings.extend(plan.warnings.iter().cloned());
             k8s::render(&plan, options, &mut warnings)?
         }

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use sous_engine::launch::{self, Arg, Launch, RenderContext};
 use sous_engine::paths;
 use sous_engine::recipe::{CalibrationText, EngineKind, QuantDevice, Recipe, Runtime};
+use sous_engine::serve::starts::{Start, slowest};
 use sous_engine::serve::{HEALTH_PATH, health_timeout};
 
 use super::DeployError;
@@ -33,6 +34,18 @@ pub const PRE_STOP_SECONDS: u64 = 5;
 /// The workload annotation that says how to apply the recipe's next
 /// `memory.oom_fallback` step, which nothing applies by itself off `sous serve`.
 pub const OOM_ANNOTATION: &str = "sous.dev/oom-fallback";
+
+/// The workload annotation that says where the start-up probe's budget comes from.
+pub const STARTUP_ANNOTATION: &str = "sous.dev/startup-probe";
+
+/// A measured start-up probe's budget: this many times the slowest start `sous serve`
+/// recorded for the engine and release, so that a slower node, a cold page cache or a
+/// compile cache to fill still fits, and an engine that hangs is restarted in minutes
+/// instead of after the whole `server.startup_timeout`.
+const MEASURED_FACTOR: f64 = 3.0;
+
+/// The least budget a measured start gives, seconds.
+const MEASURED_FLOOR: f64 = 60.0;
 /// The variable the Hub token is read from (huggingface_hub's).
 pub const HF_TOKEN: &str = "HF_TOKEN";
 
@@ -103,9 +116,27 @@ pub struct Plan {
     pub cache_env: BTreeMap<String, String>,
     /// Legal but risky settings, each with what to do.
     pub warnings: Vec<String>,
+    /// The slowest start of this engine and release that `sous serve` recorded on this
+    /// machine (seconds from launch to ready), how many there were, and the GPU of the
+    /// slowest; set by [`Plan::with_starts`].
+    pub measured_start: Option<(f64, usize, Option<String>)>,
 }
 
 impl Plan {
+    /// The plan with the starts `sous serve` recorded for the recipe on this machine
+    /// (`<state>/<name>/starts.jsonl`), which size the start-up probe.
+    pub fn with_starts(mut self, starts: &[Start]) -> Plan {
+        let (kind, version) = (self.recipe.engine.kind, self.engine.version.as_str());
+        self.measured_start = slowest(starts, kind, version).map(|(seconds, count)| {
+            let gpu = starts
+                .iter()
+                .find(|s| s.engine == kind && s.version == version && s.seconds == seconds)
+                .and_then(|s| s.gpu.clone());
+            (seconds, count, gpu)
+        });
+        self
+    }
+
     /// Decides what runs for `recipe`; `on_host` when the containers run on one
     /// machine whose directories they can bind (compose), not on a cluster.
     pub fn new(recipe: &Recipe, on_host: bool) -> Result<Plan, DeployError> {
@@ -380,6 +411,7 @@ impl Plan {
             model_mount,
             cache_env,
             warnings,
+            measured_start: None,
         })
     }
 
@@ -413,18 +445,43 @@ impl Plan {
         self.recipe.deploy.startup_period.as_secs().max(1)
     }
 
-    /// Failed start-up probes before a restart: the recipe's, or as many as cover
-    /// `server.startup_timeout` (180 for the default 30 minutes at 10 s).
+    /// Failed start-up probes before a restart: the recipe's; else [`MEASURED_FACTOR`]
+    /// times the slowest start of this engine and release `sous serve` recorded here (at
+    /// least [`MEASURED_FLOOR`] seconds); else as many as cover `server.startup_timeout`
+    /// (180 for the default 30 minutes at 10 s).
     pub fn startup_failure_threshold(&self) -> u64 {
-        match self.recipe.deploy.startup_failure_threshold {
-            Some(n) => u64::from(n),
-            None => self
+        let period = self.startup_period();
+        match (self.recipe.deploy.startup_failure_threshold, &self.measured_start) {
+            (Some(n), _) => u64::from(n),
+            (None, Some((slowest, _, _))) => {
+                ((slowest * MEASURED_FACTOR).max(MEASURED_FLOOR) / period as f64).ceil() as u64
+            }
+            (None, None) => self
                 .recipe
                 .server
                 .startup_timeout
                 .as_secs()
-                .div_ceil(self.startup_period())
+                .div_ceil(period)
                 .max(1),
+        }
+    }
+
+    /// Where the start-up probe's budget comes from, for [`STARTUP_ANNOTATION`].
+    pub fn startup_note(&self) -> String {
+        let period = self.startup_period();
+        let threshold = self.startup_failure_threshold();
+        let budget = format!("{threshold} x {period}s = {}s", threshold * period);
+        match (self.recipe.deploy.startup_failure_threshold, &self.measured_start) {
+            (Some(_), _) => format!("{budget}: deploy.startup_probe.failure_threshold"),
+            (None, Some((slowest, count, gpu))) => format!(
+                "{budget}: {MEASURED_FACTOR} times the slowest of {count} start(s) of {} {} that sous serve recorded on the machine that rendered this ({slowest:.1}s{})",
+                self.recipe.engine.kind.as_str(),
+                self.engine.version,
+                gpu.as_deref().map(|g| format!(", {g}")).unwrap_or_default()
+            ),
+            (None, None) => format!(
+                "{budget}: covers server.startup_timeout; no start of this engine and release was recorded here (serve the recipe once, or run sous bench coldstart, to size it from measured starts)"
+            ),
         }
     }
 

@@ -11,6 +11,8 @@
 //! - `process`: one engine process, and the only stop sequence in sous.
 //! - [`instance`]: the record of a running instance (`instance.json`) and what
 //!   `--replace` does with it.
+//! - [`starts`]: every start that became ready (`starts.jsonl`), kept after the
+//!   instance stops.
 //! - [`logscan`]: what the engine's output says (OOM, KV capacity).
 //! - `error`: [`ServeError`].
 //!
@@ -24,6 +26,7 @@ pub mod logscan;
 pub mod preflight;
 mod process;
 mod ready;
+pub mod starts;
 mod supervise;
 
 use std::sync::Arc;

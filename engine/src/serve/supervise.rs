@@ -21,6 +21,7 @@ use super::instance::{self, InstanceState};
 use super::logscan::{self, Capacity, PhaseTime};
 use super::process;
 use super::ready::wait_ready;
+use super::starts;
 use super::{Launched, Ready};
 use crate::device::DeviceMemory;
 use crate::launch::{self, Arg, Launch};
@@ -233,6 +234,20 @@ pub(super) async fn supervise(
                         .map(|d| d.as_secs()),
                 };
                 instance::write(&ctx.instance_dir, &state)?;
+                let start = starts::Start {
+                    ready_unix: state.ready_unix.unwrap_or_default(),
+                    engine: recipe.engine.kind,
+                    version: launch.version.clone(),
+                    gpu: devices.first().map(|d| d.name.clone()),
+                    seconds,
+                    phases: phases.clone(),
+                };
+                if let Err(e) = starts::record(&ctx.instance_dir, &start) {
+                    reporter.warn(&format!(
+                        "the start was not recorded in {}: {e}",
+                        ctx.instance_dir.join(starts::FILE).display()
+                    ));
+                }
                 if let Some(old) = replacing.take() {
                     let took = old.stop(old.grace()).await;
                     reporter.status(

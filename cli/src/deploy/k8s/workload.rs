@@ -194,8 +194,8 @@ pub(super) fn pod_parts(plan: &Plan, names: &Names, gpus: u32) -> PodParts {
             requests: (!requests.is_empty()).then_some(requests),
             ..Default::default()
         }),
-        // Covers `server.startup_timeout` unless the recipe sets the threshold: 180 ×
-        // 10 s for the default 30 minutes.
+        // The recipe's threshold, or sized from the starts `sous serve` recorded, or
+        // covering `server.startup_timeout` (`Plan::startup_failure_threshold`).
         startup_probe: Some(health(plan.startup_period(), plan.startup_failure_threshold())),
         readiness_probe: Some(health(10, 3)),
         liveness_probe: Some(health(30, 3)),
@@ -307,14 +307,15 @@ pub(super) fn deployment(plan: &Plan, names: &Names) -> Deployment {
     }
 }
 
-/// The workload's metadata: the shared one, and where the recipe has an OOM fallback,
-/// the one line that applies it ([`pod::OOM_ANNOTATION`]).
+/// The workload's metadata: the shared one, where the start-up probe's budget comes
+/// from ([`pod::STARTUP_ANNOTATION`]), and where the recipe has an OOM fallback, the one
+/// line that applies it ([`pod::OOM_ANNOTATION`]).
 pub(super) fn workload_meta(plan: &Plan, names: &Names) -> ObjectMeta {
     let mut meta = names.meta(&plan.name);
+    let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
     if let Some(note) = plan.oom_fallback_note() {
-        meta.annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(pod::OOM_ANNOTATION.into(), note);
+        annotations.insert(pod::OOM_ANNOTATION.into(), note);
     }
+    annotations.insert(pod::STARTUP_ANNOTATION.into(), plan.startup_note());
     meta
 }
