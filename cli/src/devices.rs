@@ -34,7 +34,7 @@ pub fn for_recipe(recipe: &Recipe) -> Result<Vec<DeviceMemory>, String> {
     let ordinals: Vec<u32> = match recipe.env.get(VISIBLE) {
         None => (0..wanted as u32).collect(),
         Some(list) => {
-            if std::env::var_os(VISIBLE).is_some() {
+            if sous_engine::env::lookup_os(sous_engine::env::CUDA_VISIBLE_DEVICES.name).is_some() {
                 return Err(format!(
                     "both sous's environment and the recipe's `[env]` set {VISIBLE}: which GPUs the engine gets cannot be told here"
                 ));

@@ -119,6 +119,8 @@ vars! {
     QUANTIZE_WINDOW = "SOUS_QUANTIZE_WINDOW", "bytes", "64 MiB", "how much of a tensor the quantizer maps at a time", "quantize";
     /// OpenAI's key.
     OPENAI_API_KEY = "OPENAI_API_KEY", "a key", "unset", "the key `sous run --url` sends", "run";
+    /// The GPUs a CUDA process sees.
+    CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES", "GPU indices or UUIDs", "every GPU", "which GPUs the engine sees; with the recipe's own in `[env]`, sous cannot tell which it checks the memory of", "serve, plan (the GPUs' memory)";
     /// vLLM's stats interval.
     VLLM_LOG_STATS_INTERVAL = "VLLM_LOG_STATS_INTERVAL", "seconds", "10", "how often the native engine prints vLLM's stats line", "the native engine";
     /// Write generated files.
