@@ -194,25 +194,6 @@ pub(super) async fn supervise(
                     .chain(logged)
                     .collect();
                 let seconds = started.elapsed().as_secs_f64();
-                reporter.status(
-                    "ready",
-                    &ready_line(
-                        &url,
-                        seconds,
-                        &phases,
-                        utilization,
-                        capacity.as_ref(),
-                        planned_kv_tokens,
-                    ),
-                );
-                if let (Some(c), Some(planned)) = (&capacity, planned_kv_tokens)
-                    && c.tokens != planned
-                {
-                    reporter.warn(&format!(
-                        "the engine's KV cache holds {} tokens, `sous plan` predicted {planned}: the engine sized its memory differently from the plan's model of it",
-                        c.tokens
-                    ));
-                }
                 let state = InstanceState {
                     name: recipe.name.clone(),
                     sous_pid: std::process::id(),
@@ -246,6 +227,25 @@ pub(super) async fn supervise(
                     reporter.warn(&format!(
                         "the start was not recorded in {}: {e}",
                         ctx.instance_dir.join(starts::FILE).display()
+                    ));
+                }
+                reporter.status(
+                    "ready",
+                    &ready_line(
+                        &url,
+                        seconds,
+                        &phases,
+                        utilization,
+                        capacity.as_ref(),
+                        planned_kv_tokens,
+                    ),
+                );
+                if let (Some(c), Some(planned)) = (&capacity, planned_kv_tokens)
+                    && c.tokens != planned
+                {
+                    reporter.warn(&format!(
+                        "the engine's KV cache holds {} tokens, `sous plan` predicted {planned}: the engine sized its memory differently from the plan's model of it",
+                        c.tokens
                     ));
                 }
                 if let Some(old) = replacing.take() {
