@@ -2,7 +2,7 @@
 //! (`sous::hub::download::xet`), one thread, on this CPU:
 //! `cargo run --example sha256_speed [MiB] [rounds] [FILE]` (with FILE, the Xet hash
 //! of that file too, read into memory first: to compare with `hf_xet.hash_files`). The figures in
-//! BENCHMARKS.md ("`sous pull` at line rate") come from here; compare them with
+//! benchmarks/pull.md ("`sous pull` at line rate") come from here; compare them with
 //! `openssl speed -bytes 1048576 sha256` (and with SHA-NI masked:
 //! `OPENSSL_ia32cap=:~0x20000000`), which runs the assembly `ring` shares.
 

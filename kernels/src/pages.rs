@@ -7,7 +7,7 @@
 //! hardware prefetchers stop at every page boundary. Most distributions set Linux's
 //! transparent huge pages to `madvise`, so memory from the allocator stays in 4 KiB
 //! pages unless asked otherwise. Huge pages made both a plain read of the weights and
-//! the native engine's decode steps faster, one stream and many (BENCHMARKS.md, "Figures that were in code comments").
+//! the native engine's decode steps faster, one stream and many (benchmarks/native.md, "Figures that were in code comments").
 //!
 //! A matrix of a layer (0.6–3.5 MB for SmolLM2) is too small to hold a 2 MiB-aligned
 //! page of its own, so [`place`] copies all of a model's weights into one anonymous

@@ -3,7 +3,7 @@
 # (interleaved rounds, so machine noise hits both alike). For a refactor or any
 # change near a hot path: `sous pull` of the SmolLM2 test model from a local mirror
 # into a cold cache, and `sous quantize` of it to NVFP4A16 into a fresh directory.
-# Results go to BENCHMARKS.md by hand, with the date, the machine and both commits.
+# Results go to benchmarks/build.md by hand, with the date, the machine and both commits.
 #
 #   scripts/bench/builds.sh OLD_SOUS NEW_SOUS [RUNS]     (default 10 runs each)
 #

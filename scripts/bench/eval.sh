@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark: what each SmolLM2 recipe costs in quality, by `sous eval` (BENCHMARKS.md,
+# Benchmark: what each SmolLM2 recipe costs in quality, by `sous eval` (benchmarks/eval.md,
 # "What a recipe costs in quality"). Every shipped variant of the quick-start model
 # against the bf16 recipe, served by the native engine one after the other over the same
 # windows of the built-in text (512-token windows, the second half scored, top-20

@@ -5,7 +5,7 @@ Uses PyTorch (on the GPU when there is one) and safetensors:
 
     python3 scripts/bench/gen_model.py OUT_DIR [--gb 8.5] [--shards 4] [--seed 0]
 
-The default shape is Llama-3-8B's. For decode at the memory wall (BENCHMARKS.md, issue 59)
+The default shape is Llama-3-8B's. For decode at the memory wall (benchmarks/native.md, issue 59)
 the Llama-3.2-1B-like and 3B-like shapes with SmolLM2's vocabulary and tied embeddings:
 
     python3 scripts/bench/gen_model.py OUT --shape 1b --shards 1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmark: how far the native engine's numbers move between the kernel paths of this CPU
-# (BENCHMARKS.md, "Numbers across kernel paths"; docs/numerics.md says what a path is).
+# (benchmarks/native.md, "Numbers across kernel paths"; docs/numerics.md says what a path is).
 # For every path `sous doctor --json` lists (AVX-512 with and without AVX512-BF16's dot
 # product, AVX2, ...), the test model served by the native engine in f32 and in bf16 (the
 # shipped recipe's arithmetic), one after the other:

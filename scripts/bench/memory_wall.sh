@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Single-stream decode against the memory wall (BENCHMARKS.md, "Decode at the memory
-# wall"): generated Llama-shaped models of 1B and 3B parameters (scripts/bench/gen_model.py,
+# Single-stream decode against the memory wall (benchmarks/native.md, "Decode at the
+# memory wall"): generated Llama-shaped models of 1B and 3B parameters (scripts/bench/gen_model.py,
 # SmolLM2's vocabulary, tied embeddings), in bf16, NVFP4A16 and W4A4 (`sous quantize`),
 # each decoded by engine/examples/decode_step.rs in bf16 arithmetic with a bf16 KV cache,
 # which prints the bytes a step reads (`Model::step_bytes`) and the fraction of the read

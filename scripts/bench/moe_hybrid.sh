@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Speed of the native engine's MoE and hybrid decoders against a dense model of the same
-# active size (BENCHMARKS.md, "MoE and hybrid decoders"):
+# active size (benchmarks/native.md, "MoE and hybrid decoders"):
 #
 #   PYTHON=/work/venv-ref/bin/python scripts/bench/moe_hybrid.sh [ROUNDS]
 #

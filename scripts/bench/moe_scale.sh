@@ -16,7 +16,7 @@
 #
 #   PYTHON=/path/to/python scripts/bench/moe_scale.sh [LAYERS] [WORK_DIR]
 #
-# Results go to BENCHMARKS.md by hand, with the date and machine.
+# Results go to benchmarks/quantize.md by hand, with the date and machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 layers="${1:-10}"

@@ -11,7 +11,7 @@
 # The servers run one after another, never together, each on the loopback. The client is
 # scripts/bench/native_client.py (standard library only); the table comes from
 # scripts/bench/native_compare.py. Results: target/bench/native/<UTC time>/ (one JSON and
-# one markdown table per server, and summary.md). BENCHMARKS.md is written by hand.
+# one markdown table per server, and summary.md). benchmarks/native.md is written by hand.
 #
 #   scripts/bench/native.sh [--precision f32|bf16|q4_0|q4_1] [--peer llama-server|llama-cpp-python|both|none]
 #                           [--no-sous] [--quick] [--threads N] [--wait-quiet SECONDS]

@@ -16,7 +16,7 @@
 # SOUS_VERIFY=sha256 under scripts/bench/no-sha-ni.c (LD_PRELOAD), which hides SHA-NI
 # from CPUID, so that every SHA-256 in the process takes the path of a CPU without it
 # (`ring`'s AVX code, which `sous` picks there) at this core's speed. Also peak RSS of
-# `sous pull`. Results go to BENCHMARKS.md by hand, with the date and machine.
+# `sous pull`. Results go to benchmarks/pull.md by hand, with the date and machine.
 #
 #   scripts/bench/pull.sh [ROUNDS] [BIG_GIB] [BIG_ROUNDS]
 #
@@ -104,7 +104,7 @@ bench() {
     # Each round runs the tools in another order of a Williams design, so that no tool
     # always runs first nor always after the same one: what ran before a pull moves its
     # time (a pull after huggingface_hub's, whose files were just deleted, ran up to
-    # 1.6 times as long on the Zen 5 of BENCHMARKS.md), and so do the host's minutes.
+    # 1.6 times as long on the Zen 5 of benchmarks/pull.md), and so do the host's minutes.
     local order=()
     for i in $(williams "$round" ${#variants[@]}); do order+=("${variants[$i]}"); done
     echo "$label round $((round + 1)): ${order[*]}" >&2

@@ -11,7 +11,7 @@
 #      floor (writing the same number of bytes with fsync) and llm-compressor's oneshot
 #      (load + quantize + save) once.
 #
-# Results go to BENCHMARKS.md by hand, with the date and machine.
+# Results go to benchmarks/quantize.md by hand, with the date and machine.
 #
 #   PYTHON=/path/to/venv/bin/python scripts/bench/quantize.sh [ROUNDS] [SECONDS]
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The native engine beside llama.cpp on the generated models of memory_wall.sh
-# (BENCHMARKS.md, "Decode at the memory wall"): single-stream decode (64 tokens) and a
+# (benchmarks/native.md, "Decode at the memory wall"): single-stream decode (64 tokens) and a
 # 512-token prompt, same machine, same threads, one after the other in each round.
 #
 #   CONVERT_PYTHON=/work/venv-llmc/bin/python scripts/bench/wall_llamacpp.sh [ROUNDS] [SIZES]

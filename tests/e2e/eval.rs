@@ -11,14 +11,14 @@ use serde_json::{Value, json};
 use crate::util::{Mirror, cpu_exclusive, free_port, python, root, run, smollm2, sous};
 
 /// The whole built-in text's perplexity under the test model in f32 arithmetic: the same
-/// bits on every kernel path of every CPU (BENCHMARKS.md, "Numbers across kernel paths").
+/// bits on every kernel path of every CPU (benchmarks/native.md, "Numbers across kernel paths").
 const F32_PERPLEXITY: f64 = 17.9858;
 
 /// How far (relative) the bf16 figure may be from [`F32_PERPLEXITY`]: bf16 arithmetic
 /// gives one figure with AVX512-BF16's dot product and another on every other path
 /// (AVX-512 without it, AVX2, portable), and which one a CPU takes is measured at load.
 /// This is 2.5 times the distance measured between the two, each of which is nearer
-/// the f32 figure than that distance (BENCHMARKS.md, "Numbers across kernel paths").
+/// the f32 figure than that distance (benchmarks/native.md, "Numbers across kernel paths").
 const BF16_SPREAD: f64 = 0.001;
 
 /// `sous serve` of the test model in bf16 (the shipped recipe's arithmetic), ready.
@@ -194,7 +194,7 @@ fn shipped_recipes_against_the_bf16_one() {
     // Both servers on one kernel path: each would otherwise measure at load whether bf16
     // products take AVX512-BF16's dot product, and on a CPU where both kernels run at
     // about the same speed two loads can choose differently, which moves the numbers
-    // by the spread between them (BENCHMARKS.md, "Numbers across kernel paths").
+    // by the spread between them (benchmarks/native.md, "Numbers across kernel paths").
     let path = sous_kernels::gemm::KernelPath::available()[0];
     let eval = |candidate: &str, extra: &[&str]| {
         let (code, stdout, stderr) = run(sous()

@@ -439,7 +439,7 @@ fn the_w4a4_recipe_calibrates_quantizes_and_answers() {
         let answer = capital_of_france(&port);
         // FP4 activations cost a 135M model a good deal (perplexity 22.6 with FP4
         // weights, 27.5 with FP4 activations too, as transformers gives for
-        // llm-compressor's own W4A4 checkpoint: BENCHMARKS.md): it still answers on
+        // llm-compressor's own W4A4 checkpoint: benchmarks/quantize.md): it still answers on
         // topic, not always right.
         assert!(
             answer.contains("France"),

@@ -796,7 +796,7 @@ fn watch_peak_rss(child: &mut std::process::Child, mut on_tick: impl FnMut() -> 
 /// at half way, resumed, both runs under 200 MB of resident memory, and less than
 /// 1 % of the bytes received twice (sent twice, less what sat unread in the kernel's
 /// socket buffers when the pull died). CI has no room for it; scripts/bench/pull.sh
-/// runs it and BENCHMARKS.md has its figures.
+/// runs it and benchmarks/pull.md has its figures.
 #[test]
 fn a_large_pull_survives_kill_9_in_bounded_memory() {
     let Some(gib) = std::env::var("SOUS_TEST_BIG_PULL")

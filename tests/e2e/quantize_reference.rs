@@ -335,7 +335,7 @@ fn smollm2_w4a4_beside_llm_compressor() {
     );
     // The scales are bf16 numbers (0.4-0.8 % apart); sous's bf16 pass and PyTorch's
     // sum in different orders, and a one-ulp difference in an early layer's bf16
-    // rounding grows through the residual stream (BENCHMARKS.md, issue 18). The
+    // rounding grows through the residual stream (benchmarks/quantize.md, issue 18). The
     // reference tool moves as much with the CPU's kernels: llm-compressor run again on
     // the same machine with AVX2 instead of AMX products
     // (`smollm2-135m-instruct.w4a4.llmcompressor-avx2.json`). sous must be no further

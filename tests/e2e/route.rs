@@ -245,11 +245,11 @@ fn cache_aware_routing_keeps_one_instances_prefix_hits() {
             .iter()
             .map(|(p, m)| report(&format!("vllm-router {p}"), m)),
     );
-    // The figures BENCHMARKS.md quotes.
+    // The figures benchmarks/bench.md quotes.
     eprintln!("{}", lines.join("\n"));
     let (_, round_robin) = &through[0];
     let (_, cache_aware) = &through[1];
-    // BENCHMARKS.md has the figures: cache-aware stays within a few points of one
+    // benchmarks/bench.md has the figures: cache-aware stays within a few points of one
     // instance (a session the router moves once loses its later hits), round-robin
     // loses about half of them.
     assert!(

@@ -19,9 +19,9 @@ use super::{
 
 /// How much each path computes: prompt tokens scored, greedy tokens decoded. The
 /// portable kernels (scalar fused multiply-adds, for CPUs with none of the vector sets)
-/// are tens of times slower than the vector ones (BENCHMARKS.md, "Numbers across kernel
-/// paths"), so they run the start of the same work: a row's numbers do not depend on
-/// the rows after it, so the start of a longer run gives them too.
+/// are tens of times slower than the vector ones (benchmarks/native.md, "Numbers
+/// across kernel paths"), so they run the start of the same work: a row's numbers do
+/// not depend on the rows after it, so the start of a longer run gives them too.
 fn budget(path: KernelPath) -> (usize, usize) {
     match path.isa {
         Isa::Portable => (16, 2),
@@ -31,14 +31,14 @@ fn budget(path: KernelPath) -> (usize, usize) {
 
 /// The largest mean |Δ logprob| between bf16 arithmetic with and without the dot
 /// product over the fixture's prompts, in nats: about twice what was measured
-/// (BENCHMARKS.md, "Numbers across kernel paths"). The dot product's bits are the
+/// (benchmarks/native.md, "Numbers across kernel paths"). The dot product's bits are the
 /// instruction's, the same on every CPU that has it, so the measured gap is the gap
 /// anywhere; a broken kernel moves it by far more.
 const DOT_MEAN_GAP: f64 = 0.04;
 
 /// The largest difference of the two bf16 paths' mean log-probabilities over the same
 /// text, in nats (the log of their perplexities' ratio): about 2.5 times what was
-/// measured (BENCHMARKS.md, "Numbers across kernel paths").
+/// measured (benchmarks/native.md, "Numbers across kernel paths").
 const DOT_MEAN_SHIFT: f64 = 0.005;
 
 /// What one path computed.

@@ -164,7 +164,7 @@ impl Gpu {
             },
             // Blocks of 256 threads, 32 per multiprocessor: the tail of the last wave
             // is shorter than with 8, which measured faster on an H200
-            // (BENCHMARKS.md, "Figures that were in code comments").
+            // (benchmarks/native.md, "Figures that were in code comments").
             grid: sms * 32,
             ctx,
         })

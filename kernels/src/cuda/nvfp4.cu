@@ -490,8 +490,8 @@ __device__ __forceinline__ u32 max_u16x2(u32 a, u32 b) {
 // 128, where the last mantissa bits are the count (128 + 15 is exact), so the counting
 // runs on the floating-point pipes; a binary search over the thresholds with integer
 // masks measured slower on an H200 (its selections and bit assembly are logic
-// operations, which issue at half the rate; BENCHMARKS.md, "Figures that were in code
-// comments").
+// operations, which issue at half the rate; benchmarks/native.md, "Figures that were in
+// code comments").
 __device__ __forceinline__ u32 codes_of_pair(u32 acc, u32 x, u32 a, int j, const uint4 ta, const uint4 tb) {
     const u32 one = 0x3F803F80u;
     u32 c = 0x43004300u; // 128.0 in both halves

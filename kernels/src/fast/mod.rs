@@ -38,7 +38,7 @@ pub enum Kernel {
     /// Plain Rust over `[f32; 16]` blocks, vectorized by the compiler for the baseline
     /// target. Runs everywhere; on aarch64 it is the kernel, compiled to NEON (the
     /// widening, the divisions, the comparisons of the FP4 rounding, four lanes at a
-    /// time: the generated code is examined in `BENCHMARKS.md`, issue 46).
+    /// time: the generated code is examined in `benchmarks/aarch64.md`, issue 46).
     Portable,
     /// x86-64 AVX2 intrinsics (and F16C for fp16 sources).
     Avx2,

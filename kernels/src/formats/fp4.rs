@@ -135,8 +135,9 @@ mod tests {
     }
 
     /// Every f32, in parallel: the GPU's encoders are the CPU's. Under an emulator (the
-    /// aarch64 job runs its tests in qemu) every f32 is too slow for CI (BENCHMARKS.md,
-    /// "aarch64"): `SOUS_TEST_F32_STRIDE=N` takes every N-th low half of each high half
+    /// aarch64 job runs its tests in qemu) every f32 is too slow for CI
+    /// (benchmarks/aarch64.md, "Under qemu, the job of `scripts/test.sh`"):
+    /// `SOUS_TEST_F32_STRIDE=N` takes every N-th low half of each high half
     /// instead, which still meets every exponent and sign; the 4,096 f32s around each
     /// rounding boundary of the FP4 grid are always tested.
     #[test]

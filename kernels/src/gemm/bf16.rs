@@ -69,7 +69,7 @@ impl Tuning {
                 // of up to `DP_MR` rows. With one panel a tile, one row's output was a
                 // single chain of dot products, each waiting on the one before, and a
                 // few rows' chains still left the products short of the memory's pace
-                // (BENCHMARKS.md, "Decode at the memory wall").
+                // (benchmarks/native.md, "Decode at the memory wall").
                 let mr = rows.min(x86::DP_MR);
                 let a = x86::pack_bf16_pairs(x, rows, k, mr);
                 by_columns(rows, w, x86::DP_NP, out, |first, count, c| {
@@ -165,7 +165,7 @@ impl Tuning {
     /// Why measure: the instruction does two products per lane, but not at the same rate
     /// on every CPU: on one Sapphire-Rapids-class Xeon it doubled a layer's speed, on
     /// another of the same class it was slower than the f32 kernels, issuing one `vdpbf16ps`
-    /// every two cycles (BENCHMARKS.md, "Figures that were in code comments").
+    /// every two cycles (benchmarks/native.md, "Figures that were in code comments").
     pub fn calibrate_bf16_dot(&mut self, w: &Packed, choice: Option<bool>) -> Option<Bf16DotCalibration> {
         #[cfg(target_arch = "x86_64")]
         {

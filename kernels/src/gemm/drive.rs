@@ -21,7 +21,7 @@ use super::{Isa, NR, Packed, Tuning};
 /// Measured, one pass beat passes of 256 for nearly every product of SmolLM2's matrices
 /// and for deeper ones up to `k` = 8192 with bf16 and f32 weights; NVFP4 weights at 8192,
 /// whose pass is widened into a buffer (`widen`) that then outgrows L2, were fastest in
-/// passes of 2048 (BENCHMARKS.md, "Figures that were in code comments").
+/// passes of 2048 (benchmarks/native.md, "Figures that were in code comments").
 pub(super) const KC: usize = 2048;
 
 /// The depth of each pass over `k` values of `kk` for a product of many rows (see
@@ -37,7 +37,7 @@ pub(super) fn pass_depth(k: usize) -> usize {
 /// Most rows a product splits by columns among tasks (every weight read once, by one
 /// task); past it, the rows are split (each task then reads every weight, and keeps
 /// its own rows' inputs in L2). Up to it the weights cost more than the rows; from 192
-/// rows on, the rows' split measured faster (BENCHMARKS.md, "Figures that were in code comments").
+/// rows on, the rows' split measured faster (benchmarks/native.md, "Figures that were in code comments").
 pub(super) const BY_COLUMNS_MAX: usize = 128;
 
 /// Rows per pass over a column panel: their packed inputs (`MC` rows of one pass's

@@ -166,7 +166,7 @@ fn stacked_nvfp4_members_keep_their_own_factors_in_bf16_arithmetic() -> Result {
 /// The bits of NVFP4 products in bf16 arithmetic on each side of the dot product, over
 /// fixed inputs: the same on every path of every CPU, as
 /// `every_path_gives_the_bits_recorded_on_other_machines` holds for bf16 weights
-/// (recorded on a Zen 4; BENCHMARKS.md, "Decode at the memory wall", lists the CPUs
+/// (recorded on a Zen 4; benchmarks/native.md, "Decode at the memory wall", lists the CPUs
 /// checked).
 #[test]
 fn nvfp4_bf16_products_give_the_bits_recorded_on_other_machines() -> Result {

@@ -66,7 +66,7 @@ impl Isa {
     /// stream per task, measured fastest; on a Sapphire-Rapids-class Xeon four panels.
     /// `quantized` weights (NVFP4, Q8_0) always take four: a panel's chain of fused
     /// multiply-adds waits on itself (four cycles a step) long before the packed weights
-    /// run out (BENCHMARKS.md, "Figures that were in code comments").
+    /// run out (benchmarks/native.md, "Figures that were in code comments").
     /// Products of 9 to 16 rows take `batch_tile`, also measured at load
     /// ([`super::Tuning::calibrate_batch_tile`]).
     pub(super) fn tile(
@@ -84,7 +84,7 @@ impl Isa {
             // means every weight is widened once; three panels give each row three
             // chains of fused multiply-adds and three weight streams. A block of 16
             // rows × 1 panel left five rows five chains, too few to hide the FMA's
-            // latency, and measured slowest of the three shapes tried (BENCHMARKS.md,
+            // latency, and measured slowest of the three shapes tried (benchmarks/native.md,
             // "Figures that were in code comments"). NVFP4 and Q8_0 weights, whose
             // widening takes more registers, take 8 × 2 (6 × 3 measured no better).
             Isa::Avx512 if rows <= 6 && !quantized => (6, 3),

@@ -18,7 +18,7 @@
 //! AVX-512 kernels need a nightly compiler, its stable AVX2 kernel is several times
 //! slower than ours, and it multiplies f32 by f32 only, so bf16 weights had to be widened
 //! in memory before every product and NVFP4 weights dequantized at load (the memory of
-//! bf16). The numbers: `BENCHMARKS.md`, issue 16.
+//! bf16). The numbers: `benchmarks/native.md`, issue 16.
 //!
 //! The arithmetic is the same on every path (AVX-512, AVX2, NEON, portable): each output is
 //! one chain of fused multiply-adds over `kk` in order, starting from zero, so a row's

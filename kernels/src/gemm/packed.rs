@@ -66,7 +66,7 @@ impl Nvfp4 {
 ///
 /// Why: the AVX-512 and AVX2 kernels otherwise gather sixteen entries of the 256-entry
 /// table per block and panel, and a gather costs more on AMD's Zen 4 and Zen 5 than the
-/// shift and two arithmetic instructions that replace it (BENCHMARKS.md, "Figures that were in code comments").
+/// shift and two arithmetic instructions that replace it (benchmarks/native.md, "Figures that were in code comments").
 /// A form is kept only where it gives the table's bits for every scale byte the tensor
 /// holds ([`Form::matches`]): negative bytes and the NaN byte 0x7F fall outside it, and
 /// such a tensor keeps the table.

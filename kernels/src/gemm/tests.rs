@@ -784,7 +784,7 @@ pub(super) fn fingerprint(v: &[f32]) -> u64 {
 /// The bits of f32 products, and of bf16 products on each side of the dot product, over
 /// fixed inputs: the same on every path of every CPU (x86-64 and aarch64), which the
 /// constants below hold, recorded on a Zen 4 (`scripts/bench/kernel_paths.sh` records a
-/// machine; BENCHMARKS.md, "Numbers across kernel paths", lists those checked). Within
+/// machine; benchmarks/native.md, "Numbers across kernel paths", lists those checked). Within
 /// one run the paths are compared with each other by the tests above; this one compares
 /// them with the paths of other machines, so that a CPU computing other bits (another
 /// vendor's AVX512-BF16, another libm) shows wherever the suite runs.

@@ -136,7 +136,7 @@ pub(super) fn run_tile(isa: Isa, tile: &mut Tile) {
 ///
 /// bf16 with AVX-512 is not widened: its tiles read half the bytes of f32 ones and widen
 /// in two instructions per 48 multiply-adds, and measured no faster from the buffer
-/// (BENCHMARKS.md, "Figures that were in code comments").
+/// (benchmarks/native.md, "Figures that were in code comments").
 pub(super) fn widen(isa: Isa, panels: Panels, np: usize, kc: usize, wide: &mut Vec<f32>) -> bool {
     match panels {
         Panels::F32 { .. } => return false,

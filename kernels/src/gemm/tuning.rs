@@ -15,7 +15,7 @@ use super::{Isa, Packed};
 /// The register tiles a product of 9 to 16 rows (a batch of decode steps) may take with
 /// AVX-512: one block of up to 16 rows, so that every weight is widened once (fastest on
 /// a Zen 4), or blocks of 8 rows with two panels side by side (fastest on a
-/// Sapphire-Rapids-class Xeon; BENCHMARKS.md, "Figures that were in code comments").
+/// Sapphire-Rapids-class Xeon; benchmarks/native.md, "Figures that were in code comments").
 pub(super) const BATCH_TILES: [(usize, usize); 2] = [(16, 1), (8, 2)];
 
 /// The choices products run with ([`Tuning::matmul`], [`Tuning::matmul_bf16`]).

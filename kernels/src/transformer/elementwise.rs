@@ -40,7 +40,7 @@ const NORM_ROWS: usize = 8;
 /// matching row of `out`, each sum [`sum_of_squares`]'s chain. One row's chain waits
 /// on itself at every addition; [`NORM_ROWS`] rows' chains are interleaved here, so the
 /// processor overlaps them, and every row keeps its own order, so its bits (nearly
-/// twice as fast as the rows one after another: BENCHMARKS.md, "Figures that were in code comments").
+/// twice as fast as the rows one after another: benchmarks/native.md, "Figures that were in code comments").
 #[inline(always)]
 pub(super) fn by_norm_groups(
     x: &[f32],

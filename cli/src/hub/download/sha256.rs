@@ -5,7 +5,7 @@
 //! provider of our TLS stack. Both use the SHA extensions (SHA-NI) where the CPU has
 //! them, at about the same speed. Without them they differ: `sha2` falls back to
 //! portable Rust, `ring` to the AVX or SSSE3 assembly it shares with OpenSSL, which
-//! is the faster of the two (BENCHMARKS.md, "`sous pull` at line rate"). So
+//! is the faster of the two (benchmarks/pull.md, "`sous pull` at line rate"). So
 //! [`Backend::auto`] picks `sha2` on a CPU with SHA-NI and `ring` on one without, and
 //! `ring` on aarch64, where it is the one of the two that uses the Arm SHA-2
 //! instructions.

@@ -87,7 +87,7 @@ impl KvCache {
     /// llama.cpp (`ggml_backend_buffer_clear`) do with theirs. Left to the OS to fault in
     /// page by page, a fresh block's first write zeroed its pages inside the request, in
     /// the kernel's `clear_page_erms`, until the whole budget had been used once, which
-    /// with prefix caching (fresh blocks first) is hundreds of requests (BENCHMARKS.md,
+    /// with prefix caching (fresh blocks first) is hundreds of requests (benchmarks/native.md,
     /// "Figures that were in code comments"). A budget larger than the machine can hold also fails here, at start-up,
     /// rather than in the middle of serving.
     pub fn new(model: &Model, blocks: usize, block_size: usize) -> KvCache {

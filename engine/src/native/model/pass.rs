@@ -232,7 +232,7 @@ impl Model {
                     // out for attention while the row is in cache, on the pool for a
                     // prompt chunk (every row alone, so the same bits wherever it runs):
                     // a quarter of the time of one thread copying them after the
-                    // rotation (BENCHMARKS.md, "Figures that were in code comments").
+                    // rotation (benchmarks/native.md, "Figures that were in code comments").
                     let partial = c.rotary_dim < hd;
                     let rotate = |((row, &position), q): ((&mut [f32], &usize), &mut [f32])| {
                         let (qr, rest) = row.split_at_mut(q_width);

@@ -5,8 +5,8 @@
 //! Why a loop of its own: `super::tile` instantiated at AVX2, and this loop written over
 //! `super::lanes::Avx2`'s methods, compute the same values in the same order, but both
 //! compiled to code that keeps fewer of the twelve accumulators in registers around the
-//! NVFP4 lookups, and ran slower with NVFP4 weights (BENCHMARKS.md, "One SIMD body per
-//! width (issue 49)"). This is the loop and the steps as they were measured.
+//! NVFP4 lookups, and ran slower with NVFP4 weights (benchmarks/native.md, "One SIMD body
+//! per width (issue 49)"). This is the loop and the steps as they were measured.
 
 use std::arch::x86_64::*;
 

@@ -14,8 +14,8 @@ pub(in crate::gemm) const DP_MR: usize = 8;
 /// Panels side by side in a tile of the bf16 dot-product kernel for many rows: each
 /// broadcast pair of inputs feeds three dot products, and the rows' packed inputs
 /// stream past the weights a third as often as with one panel. 8 × 3 measured fastest
-/// of the shapes tried, for 512 rows and for 64 (BENCHMARKS.md, "Figures that were in
-/// code comments").
+/// of the shapes tried, for 512 rows and for 64 (benchmarks/native.md, "Figures that
+/// were in code comments").
 pub(in crate::gemm) const DP_NP: usize = 3;
 
 // `dot_bf16` dispatches tiles of `DP_MR` rows × `DP_NP` panels by literals.

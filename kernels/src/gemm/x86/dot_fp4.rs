@@ -5,12 +5,13 @@
 //! output (one fused multiply-add per block). Where the factors are computed from the
 //! scale bytes ([`crate::gemm::packed::Form`]), the block's factor is its E4M3 scale
 //! alone and the output is divided by (or multiplied by) the global scale once at the
-//! end: a division per block was a large part of the kernel's time (BENCHMARKS.md).
+//! end: a division per block was a large part of the kernel's time (benchmarks/native.md,
+//! "Decode at the memory wall").
 //!
 //! Why: the f32 kernels widen every weight to f32 before multiplying (a lookup, a
 //! multiply by the block's factor and a shift per sixteen weights, beside the
 //! multiply-add), which made a decode step's NVFP4 products compute-bound, well short of
-//! the read bandwidth (BENCHMARKS.md, "Decode at the memory wall"). Here thirty-two
+//! the read bandwidth (benchmarks/native.md, "Decode at the memory wall"). Here thirty-two
 //! weights take a lookup, a dot product and most of a shift, and the factor is applied
 //! once per block instead of once per weight.
 //!
@@ -41,7 +42,7 @@ use crate::gemm::tile::{Panels, panel_slice, run_length};
 /// [`FP4_NP`] panels side by side: twelve chains of block sums and twelve outputs. Four
 /// rows of three panels measured faster than twelve rows of one (each lookup feeds
 /// four dot products instead of one row's, and each broadcast input three), and as fast
-/// as six rows (BENCHMARKS.md, "Decode at the memory wall").
+/// as six rows (benchmarks/native.md, "Decode at the memory wall").
 pub(in crate::gemm) const FP4_MR: usize = 4;
 
 /// Panels side by side in a tile of [`FP4_MR`] rows.

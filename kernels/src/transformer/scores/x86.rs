@@ -201,7 +201,7 @@ pub(super) unsafe fn rows512<const C: usize, const R: usize, const G: usize, T: 
 ///
 /// Every broadcast key value and value feeds one multiply-add per vector, where with
 /// one vector each multiply-add had a load of its own, which measured slower
-/// (BENCHMARKS.md, "Figures that were in code comments"). Per lane the
+/// (benchmarks/native.md, "Figures that were in code comments"). Per lane the
 /// operations and their order do not depend on `V`, so neither do the bits.
 ///
 /// # Safety
