@@ -310,7 +310,8 @@ impl Model {
     /// The pass runs on a thread of rayon's pool, so that the hundred-odd parallel
     /// products of a decode step are shared with a worker that is already awake: called
     /// from outside the pool, every product would put the caller to sleep and wake the
-    /// workers (a futex round trip each), which cost a decode step 15–30 % here.
+    /// workers (a futex round trip each), which measured a sizeable share of a decode
+    /// step (benchmarks/native.md, "Figures that were in code comments").
     pub fn forward(&self, batch: &[BatchSeq], cache: &mut KvCache) -> Result<Vec<f32>, NativeError> {
         let route = Route::Decoder { hidden: false };
         rayon::scope(|_| self.pass(batch, cache, None, route)).map(|p| p.logits)

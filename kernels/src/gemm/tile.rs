@@ -126,9 +126,10 @@ pub(super) fn run_tile(isa: Isa, tile: &mut Tile) {
 ///
 /// Why: a pass over many rows runs every row tile of the pass over the same slice of
 /// weights, and in registers each tile widened it again: for NVFP4 a lookup, a
-/// multiply and a shift per sixteen values (a quarter of a 12-row AVX-512 tile's
+/// multiply and a shift per sixteen values (a large share of a 12-row AVX-512 tile's
 /// vector instructions; more on AVX2, which looks up magnitude and sign apart), for
-/// bf16 on AVX2 two integer instructions (14 % of a 6-row tile's). Widened once into a
+/// bf16 on AVX2 two integer instructions (the shares: benchmarks/native.md, "Figures
+/// that were in code comments"). Widened once into a
 /// buffer that stays in L2 (`np · depth · 16` f32: 72 KiB for two panels at SmolLM2's
 /// depth of 576, at most 512 KiB for four at [`KC`]), the cost is paid once
 /// per pass instead of once per tile, as BLIS packs its B panels. The weights stay in

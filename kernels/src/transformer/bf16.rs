@@ -66,8 +66,8 @@ pub fn round_bf16_all(x: &mut [f32]) {
 /// times the scale, softmax in f32 rounded to bf16, `p @ v` rounded to bf16 (each
 /// product accumulating in f32). Calibration only: rows in parallel, plain loops. It
 /// lives here, built optimized, rather than in the engine's crate (opt-level 1): with
-/// the eight-key sums of `dots_in_order` and the vectorized bf16 SiLU, calibrating
-/// 16 samples of 256 tokens went from 9.9–11.6 to 8.0–9.0 s on a 2-core Xeon.
+/// the eight-key sums of `dots_in_order` and the vectorized bf16 SiLU, calibration
+/// measured faster (benchmarks/quantize.md, "Figures that were in code comments").
 pub fn attention_eager_bf16(
     q: &[f32],
     spans: &[Span],
@@ -157,7 +157,8 @@ pub(super) struct Keys<'a> {
 
 /// `q · key` summed in order, for each of `keys`, appended to `out`. Eight keys at a
 /// time: eight independent chains of additions, each key's still in order (one key at a
-/// time waited on every addition: calibration took a quarter longer).
+/// time waited on every addition, and calibration measured slower: benchmarks/quantize.md,
+/// "Figures that were in code comments").
 pub(super) fn dots_in_order(q: &[f32], keys: &Keys, out: &mut Vec<f32>) {
     let Keys {
         cache,
@@ -186,8 +187,9 @@ pub(super) fn dots_in_order(q: &[f32], keys: &Keys, out: &mut Vec<f32>) {
 }
 
 /// A dot product summed in order. (Eight interleaved sums vectorize and run faster,
-/// but move more of SmolLM2's scales away from llm-compressor's: 135 of 210 equal
-/// instead of 150. PyTorch's order is oneDNN's and unknown; in order is closer.)
+/// but moved more of SmolLM2's scales away from llm-compressor's: benchmarks/quantize.md,
+/// "Figures that were in code comments". PyTorch's order is oneDNN's and unknown; in
+/// order is closer.)
 pub(super) fn dot_in_order(a: &[f32], b: impl Iterator<Item = f32>) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }

@@ -10,9 +10,10 @@
 //! blocks of [`BLOCK`] bytes and written with `O_DIRECT`: the disk takes the bytes
 //! from our buffer. The hashing thread reads the blocks back the same way. The last
 //! partial page of a file (a size is rarely a multiple of [`ALIGN`]) goes through the
-//! page cache. On the 2-core machine of BENCHMARKS.md, four parallel downloads of 2 GiB
-//! took 14–15 s written through the page cache and 5.4–6.0 s written this way. The
-//! cost: a model served right after its pull is read from the disk, not from memory.
+//! page cache. Parallel downloads of large shards measured much faster written this
+//! way than through the page cache (benchmarks/pull.md, "Figures that were in code
+//! comments"). The cost: a model served right after its pull is read from the disk,
+//! not from memory.
 //!
 //! `SOUS_PULL_IO` chooses: `auto` (the default: direct from [`DIRECT_MIN`] bytes),
 //! `direct` (every file) or `buffered` (none). Where the filesystem refuses `O_DIRECT`
@@ -34,8 +35,9 @@ pub const IO_ENV: &str = sous_engine::env::PULL_IO.name;
 /// Files at least this large are written with `O_DIRECT` under `auto`: the shards of a
 /// large model. A smaller file fits well within the dirty pages the kernel lets a writer
 /// keep, so the page cache takes it at memory speed and the hash reads it back from
-/// memory: the 269 MB SmolLM2 pulled in 0.29 s so and in 0.36 s past the page cache, its
-/// hash waiting on the disk (BENCHMARKS.md).
+/// memory: SmolLM2's one file of 269 MB measured faster through the page cache than
+/// past it, where its hash waited on the disk (benchmarks/pull.md, "Figures that were
+/// in code comments").
 pub const DIRECT_MIN: u64 = 1 << 30;
 
 /// Offsets, lengths and buffer addresses of direct I/O are multiples of this: the

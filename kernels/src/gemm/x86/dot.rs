@@ -46,9 +46,9 @@ pub(in crate::gemm) fn pack_bf16_pairs(x: &[f32], rows: usize, k: usize, mr: usi
 /// values past the last sixteen one by one. The same bits as the scalar steps, which a
 /// test holds it to.
 ///
-/// Why vectorized: done one value at a time, the packing took a tenth of a bf16 prefill
-/// of SmolLM2 (11 % of the samples of a 512-token prefill on a Zen 5, against 57 % in
-/// the dot products themselves).
+/// Why vectorized: done one value at a time, the packing was a measurable share of a
+/// bf16 prefill of SmolLM2 beside the dot products themselves (benchmarks/native.md,
+/// "Figures that were in code comments").
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn pack_row(row: &[f32], block: &mut [u32], m: usize, width: usize) {
     let pairs = row.len().div_ceil(2);
