@@ -156,7 +156,10 @@ pub fn schedule(seed: u64, count: usize, rate: f64, burstiness: f64) -> Result<V
 }
 
 #[cfg(test)]
-#[allow(clippy::print_stderr, reason = "the statistics are printed for BENCHMARKS.md")]
+#[allow(
+    clippy::print_stderr,
+    reason = "the statistics are printed for benchmarks/bench.md"
+)]
 mod tests {
     use super::*;
 

@@ -39,7 +39,7 @@ pub struct EvalArgs {
     url: Option<String>,
     #[command(flatten)]
     overrides: super::OverrideArgs,
-    /// The baseline recipe, served after the candidate is stopped, over the same
+    /// The baseline recipe, served and stopped before the candidate, over the same
     /// windows: adds Δ perplexity, KL divergence and top-token agreement.
     #[arg(long, value_name = "FILE", conflicts_with = "baseline_url")]
     baseline: Option<PathBuf>,

@@ -313,7 +313,7 @@ pub fn unhonoured(recipe: &Recipe) -> Option<Unhonoured> {
     if s.expert_parallel == Some(true) {
         return refuse(
             "serving.expert_parallel",
-            "the native engine serves dense Llama-family models, which have no experts",
+            "the native engine is one process on the CPU: it holds all the experts itself, with no devices to spread them over",
             "remove `serving.expert_parallel`",
         );
     }
