@@ -51,6 +51,7 @@ fn render(path: &Path, kind: EngineKind) -> String {
             "--recipe".into(),
         ],
         weights: None,
+        compile_cache: None,
     };
     match launch::render(&recipe, &ctx) {
         Ok(launch) => {
@@ -91,6 +92,7 @@ fn render_local_native(sets: &[&str]) -> Result<launch::Launch, launch::RenderEr
         hub_cache: PathBuf::from("/hub"),
         native_command: vec!["sous".into()],
         weights: None,
+        compile_cache: None,
     };
     launch::render(&recipe, &ctx)
 }

@@ -56,6 +56,31 @@ fn render_ok(args: &[&str]) -> (String, String) {
     (stdout, stderr)
 }
 
+/// A recipe that pins its nodes' GPU model (GPU Feature Discovery's label) keys the kept
+/// compile caches by it, so that pods on another model never read them.
+#[test]
+fn the_compile_caches_are_keyed_by_the_gpu_model_the_recipe_pins() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recipe = dir.path().join("pinned.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "extends = \"{}\"\n[deploy]\nnode_selector = {{ \"nvidia.com/gpu.product\" = \"NVIDIA-GB10\" }}\n",
+            root().join(DGX).display()
+        ),
+    )
+    .expect("recipe");
+    let (stream, stderr) = render_ok(&["--recipe", recipe.to_str().expect("utf-8")]);
+    let d: Deployment = kind(&documents(&stream), "Deployment");
+    let env = pod_spec(&d).containers[0].env.clone().expect("env");
+    let root_of = |name: &str| env.iter().find(|e| e.name == name).and_then(|e| e.value.clone());
+    assert_eq!(
+        root_of("VLLM_CACHE_ROOT").as_deref(),
+        Some("/var/lib/sous/engines/vllm-0.27.1/nvidia-gb10/vllm"),
+        "{stderr}"
+    );
+}
+
 /// The documents of a YAML stream, by kind.
 fn documents(stream: &str) -> Vec<Value> {
     stream
@@ -192,7 +217,16 @@ fn the_dgx_spark_recipe_renders_the_reports_system() {
             .find(|e| e.name == name)
             .and_then(|e| e.value)
     };
-    assert_eq!(env_of("VLLM_CACHE_ROOT").as_deref(), Some("/var/lib/sous/vllm"));
+    // The compile caches on the data volume, keyed by the release; the nodes' GPU model
+    // is not pinned, so by no GPU.
+    assert_eq!(
+        env_of("VLLM_CACHE_ROOT").as_deref(),
+        Some("/var/lib/sous/engines/vllm-0.27.1/any-gpu/vllm")
+    );
+    assert_eq!(
+        env_of("TRITON_CACHE_DIR").as_deref(),
+        Some("/var/lib/sous/engines/vllm-0.27.1/any-gpu/triton")
+    );
     assert_eq!(env_of("HF_HOME").as_deref(), Some("/var/lib/sous/huggingface"));
     // One rendering code path: the container runs exactly what `sous serve --dry-run` prints.
     let (code, dry, dry_err) = run(sous().args(["serve", "--dry-run", "--json", "--recipe", DGX]));

@@ -450,6 +450,95 @@ fn bench_coldstart_reports_each_phase_over_the_starts() {
     assert_eq!(stderr.matches("ready after").count(), 3, "{stderr}");
 }
 
+/// The kept compile caches: the fake vLLM compiles for 1.5 s when its
+/// `VLLM_CACHE_ROOT` is empty and reads the graphs back in a tenth of that. The first
+/// start of `bench coldstart` is cold and fills sous's keyed directory, the next ones
+/// are warm and compile faster; with `--cold-cache` every start is cold again.
+#[test]
+fn a_start_reads_back_the_compile_cache_an_earlier_start_filled() {
+    let s = setup("vllm", "");
+    let cache = s.dir.path().join("cache");
+    let (k, v) = state_env(&s);
+    let coldstart = |extra: &[&str]| {
+        let (code, stdout, stderr) = run(sous()
+            .env(&k, &v)
+            .env("SOUS_CACHE_DIR", &cache)
+            .env("FAKE_LOAD_SECS", "0.1")
+            .env("FAKE_COMPILE_SECS", "1.5")
+            .env("FAKE_RECORD", &s.record)
+            .args(["bench", "coldstart", "--starts", "2", "--json"])
+            .args(extra)
+            .arg("--recipe")
+            .arg(&s.recipe));
+        assert_eq!(code, 0, "{stderr}");
+        let report: Value = serde_json::from_str(&stdout).expect("json");
+        (report, stderr)
+    };
+    let compile = |start: &Value| {
+        start["phases"]
+            .as_array()
+            .expect("phases")
+            .iter()
+            .find(|p| p["phase"] == "compile")
+            .and_then(|p| p["seconds"].as_f64())
+            .unwrap_or_else(|| panic!("no compile phase in {start}"))
+    };
+
+    let (kept, stderr) = coldstart(&[]);
+    let starts = kept["starts"].as_array().expect("starts");
+    assert_eq!(starts[0]["compile_cache"]["files"], 0, "{kept}");
+    assert!(starts[1]["compile_cache"]["files"].as_u64() > Some(0), "{kept}");
+    assert_eq!((compile(&starts[0]), compile(&starts[1])), (1.5, 0.15), "{kept}");
+    assert_eq!(stderr.matches("ready after").count(), 2, "{stderr}");
+
+    // The engine was pointed into sous's cache, under the release and the device.
+    let env = &record(&s.record)["env"];
+    let root = env["VLLM_CACHE_ROOT"].as_str().expect("VLLM_CACHE_ROOT set");
+    let keyed = std::path::Path::new(root).parent().expect("keyed directory");
+    assert!(keyed.starts_with(cache.join("engines")), "{root}");
+    assert_eq!(keyed.file_name().and_then(|n| n.to_str()), Some("cpu"), "{root}");
+    assert!(keyed.join("key.json").is_file() && keyed.join("vllm/torch_compile_cache").is_dir());
+    for name in [
+        "TRITON_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "FLASHINFER_WORKSPACE_BASE",
+    ] {
+        let dir = env[name].as_str().unwrap_or_else(|| panic!("{name} set"));
+        assert!(std::path::Path::new(dir).starts_with(keyed), "{name}={dir}");
+    }
+    // `serve --dry-run` shows the same directory.
+    let (code, stdout, stderr) = run(sous()
+        .env(&k, &v)
+        .env("SOUS_CACHE_DIR", &cache)
+        .args(["serve", "--dry-run", "--json", "--recipe"])
+        .arg(&s.recipe));
+    assert_eq!(code, 0, "{stderr}");
+    let launch: Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(launch["env"]["VLLM_CACHE_ROOT"], root);
+
+    let (cold, stderr) = coldstart(&["--cold-cache"]);
+    for start in cold["starts"].as_array().expect("starts") {
+        assert_eq!(start["compile_cache"]["files"], 0, "{cold}");
+        assert_eq!(compile(start), 1.5, "{cold}");
+    }
+    assert_eq!(stderr.matches("emptied").count(), 2, "{stderr}");
+
+    // `sous serve` says which directory it gives the engine and that it is warm.
+    let cache_dir = cache.display().to_string();
+    let mut sous = start(
+        &s,
+        &[("SOUS_CACHE_DIR", &cache_dir), ("FAKE_COMPILE_SECS", "0.5")],
+    );
+    assert!(sous.wait_for("ready http://", READY), "{}", sous.stderr());
+    let said = sous.stderr();
+    assert!(
+        said.contains(&format!("cache {} (warm: 1 files", keyed.display())),
+        "{said}"
+    );
+    sous.signal("TERM");
+    assert_eq!(sous.wait(Duration::from_secs(10)), Some(0), "{said}");
+}
+
 #[test]
 fn sglang_and_trtllm_run_their_own_command_lines() {
     for (kind, extra) in [

@@ -14,6 +14,12 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// sous's cache for the tests that set none (`SOUS_CACHE_DIR`): under `target/`, never
+/// the user's `~/.cache/sous`.
+pub fn test_cache() -> std::path::PathBuf {
+    root().join("target/e2e-cache")
+}
+
 /// `sous` with a clean environment, run from the workspace root.
 pub fn sous() -> Command {
     clean(Command::cargo_bin("sous").expect("the sous binary is built"))
@@ -28,7 +34,8 @@ pub fn clean(mut cmd: Command) -> Command {
     }
     cmd.current_dir(root())
         .env("NO_COLOR", "1")
-        .env("SOUS_STATE_DIR", "/state");
+        .env("SOUS_STATE_DIR", "/state")
+        .env("SOUS_CACHE_DIR", test_cache());
     cmd
 }
 
@@ -307,6 +314,7 @@ impl Running {
         }
         cmd.current_dir(root())
             .env("NO_COLOR", "1")
+            .env("SOUS_CACHE_DIR", test_cache())
             .args(args)
             .envs(envs.iter().copied())
             .stdout(std::process::Stdio::null())

@@ -10,6 +10,7 @@
 //! pipeline, as `sous serve` does).
 
 use serde::Serialize;
+use sous_engine::launch::caches::Contents;
 use sous_engine::serve::logscan::{Phase, PhaseTime};
 
 use super::stats::percentile;
@@ -21,6 +22,9 @@ pub struct Start {
     pub ready_seconds: f64,
     /// The phases the engine logged, in order.
     pub phases: Vec<PhaseTime>,
+    /// What the engine's kept compile caches held as it began (`None` where none are
+    /// kept: the native engine).
+    pub compile_cache: Option<Contents>,
 }
 
 /// One quantity over the starts.
@@ -112,6 +116,19 @@ impl Report {
                 s.what, s.count, s.median, s.min, s.max
             ));
         }
+        if self.starts.iter().any(|s| s.compile_cache.is_some()) {
+            out.push_str("\nstart  ready s  compile cache at the start\n");
+            for (n, s) in self.starts.iter().enumerate() {
+                let cache = match s.compile_cache {
+                    None => "none kept".to_owned(),
+                    Some(c) if c.is_warm() => {
+                        format!("warm ({} files, {})", c.files, sous_engine::size::human(c.bytes))
+                    }
+                    Some(_) => "cold".to_owned(),
+                };
+                out.push_str(&format!("{:>5} {:>8.2}  {cache}\n", n + 1, s.ready_seconds));
+            }
+        }
         out
     }
 }
@@ -127,14 +144,20 @@ mod tests {
             Start {
                 ready_seconds: 30.0,
                 phases: vec![at(Phase::Weights, 10.0), at(Phase::Compile, 12.0)],
+                compile_cache: Some(Contents::default()),
             },
             Start {
                 ready_seconds: 12.0,
                 phases: vec![at(Phase::Weights, 4.0), at(Phase::Weights, 1.0)],
+                compile_cache: Some(Contents {
+                    files: 40,
+                    bytes: 2_500_000,
+                }),
             },
             Start {
                 ready_seconds: 14.0,
                 phases: vec![at(Phase::Weights, 6.0)],
+                compile_cache: None,
             },
         ];
         let report = Report::of("r", starts);
@@ -166,6 +189,12 @@ mod tests {
         assert!(table.starts_with("3 starts of r\n"), "{table}");
         assert!(
             table.contains("ready                 3     14.00     12.00     30.00"),
+            "{table}"
+        );
+        assert!(
+            table.ends_with(
+                "    1    30.00  cold\n    2    12.00  warm (40 files, 2.5 MB)\n    3    14.00  none kept\n"
+            ),
             "{table}"
         );
     }

@@ -69,6 +69,11 @@ pub struct ColdstartArgs {
     /// How many starts.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     starts: u32,
+    /// Empty the engine's kept compile caches (torch.compile, Triton, FlashInfer)
+    /// before every start, so that each one compiles everything: with a run without
+    /// it, what the kept caches save.
+    #[arg(long)]
+    cold_cache: bool,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -472,8 +477,33 @@ fn coldstart(args: &ColdstartArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     use sous::bench::coldstart::{Report, Start};
     let recipe = super::load_recipe(&args.recipe.recipe, &args.overrides)?.recipe;
     let runtime = super::runtime()?;
+    let cache_dir = if args.cold_cache {
+        let gpus: Vec<String> = sous::devices::for_recipe(&recipe)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        let Some((_, dir)) = super::serve::setup().compile_cache(&recipe, &gpus) else {
+            return Err(UserError::new(
+                "--cold-cache: the native engine keeps no compile caches",
+                Some("leave it out: every start of the native engine is the same"),
+            )
+            .into());
+        };
+        Some(dir)
+    } else {
+        None
+    };
     let mut starts = Vec::new();
     for n in 1..=args.starts {
+        if let Some(dir) = &cache_dir
+            && dir.exists()
+        {
+            anyhow::Context::with_context(std::fs::remove_dir_all(dir), || {
+                format!("emptying {}", dir.display())
+            })?;
+            shell.status("emptied", &format!("the compile caches in {}", dir.display()));
+        }
         shell.status("starting", &format!("{} ({n} of {})", recipe.name, args.starts));
         let start = runtime.block_on(async {
             let (mut instance, _) = super::serve::session(&recipe, shell, false).await?;
@@ -481,6 +511,7 @@ fn coldstart(args: &ColdstartArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             let start = Start {
                 ready_seconds: ready.seconds,
                 phases: ready.phases.clone(),
+                compile_cache: ready.compile_cache,
             };
             instance.stop().await?;
             anyhow::Ok(start)

@@ -76,8 +76,18 @@ pub fn exec(args: ServeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         return engine_process(&recipe, shell);
     }
     let setup = setup();
-    let rendered = launch::render(&recipe, &setup.render_context(&recipe, None))
-        .with_context(|| format!("recipe {}", display(&args.recipe.recipe)))?;
+    let mut ctx = setup.render_context(&recipe, None);
+    if args.dry_run {
+        // The caches' directory as a start would key it now (it is created then).
+        let gpus: Vec<String> = sous::devices::for_recipe(&recipe)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        ctx.compile_cache = setup.compile_cache(&recipe, &gpus).map(|(_, dir)| dir);
+    }
+    let rendered =
+        launch::render(&recipe, &ctx).with_context(|| format!("recipe {}", display(&args.recipe.recipe)))?;
     for w in &rendered.warnings {
         shell.warn(&w.message);
     }

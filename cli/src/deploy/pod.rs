@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use sous_engine::launch::caches::CacheKey;
 use sous_engine::launch::{self, Arg, Launch, RenderContext};
 use sous_engine::paths;
 use sous_engine::recipe::{CalibrationText, EngineKind, QuantDevice, Recipe, Runtime};
@@ -46,6 +47,15 @@ const MEASURED_FACTOR: f64 = 3.0;
 
 /// The least budget a measured start gives, seconds.
 const MEASURED_FLOOR: f64 = 60.0;
+/// The node label that names the GPU model (NVIDIA GPU Feature Discovery's, e.g.
+/// `NVIDIA-H100-80GB-HBM3`): where `deploy.node_selector` pins it, the kept compile
+/// caches are keyed by it.
+pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+
+/// The device part of the compile caches' key where the nodes' GPU model is not
+/// pinned: which GPU a pod lands on is not known when it is rendered.
+const ANY_GPU: &str = "any GPU";
+
 /// The variable the Hub token is read from (huggingface_hub's).
 pub const HF_TOKEN: &str = "HF_TOKEN";
 
@@ -341,6 +351,17 @@ impl Plan {
                 "--recipe".into(),
             ],
             weights,
+            // Kept on the data volume across restarts, keyed by the release and, where
+            // the recipe pins the nodes' GPU model, by it.
+            compile_cache: (deployed.engine.kind != EngineKind::Native).then(|| {
+                let gpu = deploy
+                    .node_selector
+                    .get(GPU_PRODUCT_LABEL)
+                    .cloned()
+                    .unwrap_or_else(|| ANY_GPU.to_owned());
+                CacheKey::new(deployed.engine.kind, &launch::cache_release(recipe), &[gpu])
+                    .dir_in(&Path::new(DATA_DIR).join(launch::caches::DIR))
+            }),
         };
         let engine = launch::render(&deployed, &ctx)?;
         warnings.extend(engine.warnings.iter().map(|w| w.message.clone()));
@@ -386,7 +407,7 @@ impl Plan {
         let gpus = recipe.gpus();
 
         let data = |sub: &str| format!("{DATA_DIR}/{sub}");
-        let mut cache_env = BTreeMap::from([
+        let cache_env = BTreeMap::from([
             ("HOME".to_owned(), data("home")),
             ("HF_HOME".to_owned(), data("huggingface")),
             ("HF_HUB_CACHE".to_owned(), ctx.hub_cache.display().to_string()),
@@ -394,10 +415,6 @@ impl Plan {
             ("SOUS_STATE_DIR".to_owned(), data("state")),
             ("XDG_CACHE_HOME".to_owned(), data("home/.cache")),
         ]);
-        if recipe.engine.kind == EngineKind::Vllm {
-            // torch.compile and CUDA-graph artifacts: minutes saved on every restart.
-            cache_env.insert("VLLM_CACHE_ROOT".into(), data("vllm"));
-        }
 
         Ok(Plan {
             recipe: deployed,

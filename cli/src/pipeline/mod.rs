@@ -21,6 +21,7 @@
 //! [`Reporter`]: sous_engine::reporter::Reporter
 
 mod build;
+pub mod caches;
 mod error;
 mod start;
 
@@ -31,9 +32,11 @@ pub use start::{Started, launch, running, start};
 use std::path::PathBuf;
 
 use sous_engine::launch::RenderContext;
+use sous_engine::launch::caches::CacheKey;
 use sous_engine::paths;
 use sous_engine::recipe::Recipe;
 
+use crate::doctor::exec::SearchPath;
 use crate::hub::config::HubConfig;
 
 /// What the pipeline takes from its surroundings: the Hub's settings, where sous keeps
@@ -76,6 +79,15 @@ impl Setup {
         paths::quantized_dir_in(&self.cache_dir, &recipe.name)
     }
 
+    /// Where `recipe`'s engine keeps its compile caches on the GPUs named `gpus` (none:
+    /// the CPU): the key and the directory, not created yet. `None` for the native
+    /// engine.
+    pub fn compile_cache(&self, recipe: &Recipe, gpus: &[String]) -> Option<(CacheKey, PathBuf)> {
+        let key = caches::key(recipe, gpus, &SearchPath::from_env())?;
+        let dir = key.dir_in(&self.cache_dir.join(sous_engine::launch::caches::DIR));
+        Some((key, dir))
+    }
+
     /// Where the engine of `recipe` keeps its files and what it serves: `weights`
     /// when the build step made them, else the recipe's model as written (a dry run).
     pub fn render_context(&self, recipe: &Recipe, weights: Option<PathBuf>) -> RenderContext {
@@ -84,6 +96,7 @@ impl Setup {
             hub_cache: self.hub.cache_dir.clone(),
             native_command: self.native_command.clone(),
             weights,
+            compile_cache: None,
         }
     }
 }

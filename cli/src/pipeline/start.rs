@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use sous_engine::launch::caches::Contents;
 use sous_engine::recipe::Recipe;
 use sous_engine::reporter::Reporter;
 use sous_engine::serve::{Instance, InstanceState, Prepared, instance};
@@ -108,7 +109,7 @@ pub fn launch(
     replacing: Option<InstanceState>,
     reporter: Arc<dyn Reporter>,
 ) -> Result<Instance, PipelineError> {
-    let ctx = built.render_context(setup);
+    let mut ctx = built.render_context(setup);
     let hash = built.hash(setup)?;
     // The GPUs' memory now, after any instance that had to stop first has stopped.
     let devices = match crate::devices::for_recipe(&built.recipe) {
@@ -124,6 +125,29 @@ pub fn launch(
             Vec::new()
         }
     };
+    let gpus: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
+    if let Some((key, dir)) = setup.compile_cache(&built.recipe, &gpus) {
+        match sous_engine::launch::caches::prepare(&dir, &key) {
+            Ok(()) => {
+                let held = Contents::of(&dir);
+                let state = if held.is_warm() {
+                    format!(
+                        "warm: {} files, {} kept from an earlier start",
+                        held.files,
+                        sous_engine::size::human(held.bytes)
+                    )
+                } else {
+                    "cold: this start fills it".to_owned()
+                };
+                reporter.status("cache", &format!("{} ({state})", dir.display()));
+                ctx.compile_cache = Some(dir);
+            }
+            Err(e) => reporter.warn(&format!(
+                "the engine's compile caches stay where it puts them by default: cannot create {}: {e}",
+                dir.display()
+            )),
+        }
+    }
     let prepared = Prepared {
         planned_kv_tokens: built.planned_kv_tokens,
         devices,

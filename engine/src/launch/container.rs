@@ -1,6 +1,7 @@
 //! Running the rendered command in a container (`engine.runtime = "docker"` or
 //! `"podman"`): the same argv after `--entrypoint`, with the GPUs, the Hub cache, the
-//! model directory, the instance directory (option files) and the port.
+//! model directory, the instance directory (option files), the kept compile caches
+//! and the port.
 //!
 //! Environment values are passed by name (`-e NAME`) with the value set on the
 //! container CLI's own environment, so they never appear in `ps` or in a rendering.
@@ -51,6 +52,10 @@ pub(super) fn wrap(launch: &mut Launch, recipe: &Recipe, ctx: &super::RenderCont
     );
     if let Some(path) = &recipe.model.path {
         mount(path.clone(), path.clone(), true);
+    }
+    if let Some(dir) = &ctx.compile_cache {
+        let dir = dir.display().to_string();
+        mount(dir.clone(), dir, false);
     }
     if !launch.files.is_empty() {
         let dir = ctx.instance_dir.display().to_string();

@@ -6,6 +6,7 @@
 //! Nothing here starts a process: `sous serve --dry-run` prints a [`Launch`] and
 //! `sous serve` runs exactly that.
 
+pub mod caches;
 mod container;
 pub mod image;
 pub mod memory;
@@ -115,6 +116,10 @@ pub struct RenderContext {
     /// checkpoint, or the pulled model the native engine loads). `None` renders the
     /// recipe's model as written, which is what a dry run shows.
     pub weights: Option<PathBuf>,
+    /// The directory the engine's compile caches are kept in between starts
+    /// ([`caches`]: one per engine release and GPU). `None` leaves them where the
+    /// engine puts them by default.
+    pub compile_cache: Option<PathBuf>,
 }
 
 /// The recipe as the engine serves it: with [`RenderContext::weights`], its model is
@@ -222,6 +227,19 @@ fn newest(engine: EngineKind) -> Option<Version> {
     }
 }
 
+/// The release `recipe`'s compile caches are kept for when the installed one cannot
+/// be read: its `engine.version`, else its `engine.image`, else the release sous
+/// renders for (sous's own version for the native engine).
+pub fn cache_release(recipe: &Recipe) -> String {
+    match (&recipe.engine.version, &recipe.engine.image) {
+        (Some(version), _) => version.to_string(),
+        (None, Some(image)) => image.clone(),
+        (None, None) => newest(recipe.engine.kind)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned()),
+    }
+}
+
 /// The official images of `engine` (at `version`, where the entrypoint changed between
 /// releases), each with what it runs by itself.
 fn official_images(engine: EngineKind, version: Option<&Version>) -> Vec<image::ImageDefaults> {
@@ -251,6 +269,14 @@ pub fn render(recipe: &Recipe, ctx: &RenderContext) -> Result<Launch, RenderErro
     launch
         .argv
         .extend(recipe.engine.extra_args.iter().map(|a| Arg::Lit(a.clone())));
+    // The kept caches first, so that the recipe's `[env]` can point one elsewhere.
+    if let Some(dir) = &ctx.compile_cache {
+        for (name, path) in caches::variables(recipe.engine.kind, dir) {
+            launch
+                .env
+                .insert(name.to_owned(), Arg::Lit(path.display().to_string()));
+        }
+    }
     for (name, value) in &recipe.env {
         launch.env.insert(name.clone(), Arg::Lit(value.clone()));
     }

@@ -84,6 +84,9 @@ pub struct Ready {
     pub utilization: Option<f64>,
     /// The KV capacity the engine reported at start-up.
     pub capacity: Option<Capacity>,
+    /// What the kept compile caches held when that start began (`None` where none
+    /// are kept: the native engine).
+    pub compile_cache: Option<crate::launch::caches::Contents>,
 }
 
 /// The handle of a supervised instance. Dropping it stops the instance (SIGKILL to

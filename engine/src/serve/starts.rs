@@ -35,6 +35,9 @@ pub struct Start {
     pub seconds: f64,
     /// The phases (the build's on a first start, then the engine's).
     pub phases: Vec<PhaseTime>,
+    /// What the kept compile caches held when it began: empty for a cold start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_cache: Option<crate::launch::caches::Contents>,
 }
 
 /// Appends `start` to the record in `instance_dir`, cutting the file back to the newest
@@ -100,6 +103,7 @@ mod tests {
                 phase: Phase::Weights,
                 seconds: 1.5,
             }],
+            compile_cache: None,
         }
     }
 

@@ -24,7 +24,7 @@ use super::ready::wait_ready;
 use super::starts;
 use super::{Launched, Ready};
 use crate::device::DeviceMemory;
-use crate::launch::{self, Arg, Launch};
+use crate::launch::{self, Arg, Launch, caches};
 use crate::recipe::{EngineKind, RESTART_WINDOW, Recipe};
 use crate::reporter::Reporter;
 
@@ -113,6 +113,9 @@ pub(super) async fn supervise(
             "starting",
             &format!("{prefix}{at}{again}; log: {}", log_path.display()),
         );
+        // What the kept compile caches hold as this launch begins: a warm start reads
+        // them back, a cold one fills them.
+        let compile_cache = ctx.compile_cache.as_deref().map(caches::Contents::of);
         let (tx, rx) = mpsc::unbounded_channel();
         let mut engine = process::spawn(&argv, &env, tx).map_err(|source| ServeError::Spawn {
             program: argv.first().cloned().unwrap_or_default(),
@@ -222,6 +225,7 @@ pub(super) async fn supervise(
                     gpu: devices.first().map(|d| d.name.clone()),
                     seconds,
                     phases: phases.clone(),
+                    compile_cache,
                 };
                 if let Err(e) = starts::record(&ctx.instance_dir, &start) {
                     reporter.warn(&format!(
@@ -266,6 +270,7 @@ pub(super) async fn supervise(
                         phases,
                         utilization,
                         capacity,
+                        compile_cache,
                     });
                 }
             }

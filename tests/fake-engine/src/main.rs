@@ -39,6 +39,9 @@
 //! - `FAKE_CRASH_AFTER=SECS`, `FAKE_CRASH_CODE` (default 3): exit that long after
 //!   becoming ready; `FAKE_CRASH_TIMES=N` with `FAKE_COUNTER=FILE`: only the first N
 //!   launches crash.
+//! - `FAKE_COMPILE_SECS=S` (vLLM): compile graphs for S seconds at start-up, or read
+//!   them back from `$VLLM_CACHE_ROOT` in a tenth of that when an earlier start left
+//!   them there.
 //! - `FAKE_IGNORE_SIGTERM=1`: ignore SIGTERM.
 //! - `FAKE_TTFT_MS`, `FAKE_ITL_MS`, `FAKE_JITTER_MS`, `FAKE_SEED`, `FAKE_DELAYS_LOG`:
 //!   streamed completions with known delays (see `stream.rs`); `FAKE_TTFT_MS_PER_SEQ`
@@ -210,6 +213,11 @@ async fn main() {
         println!(
             "(Worker pid={pid}) INFO 11-29 23:22:17 [default_loader.py:501] Loading weights took {load:.2} seconds"
         );
+    }
+    if kind == Kind::Vllm
+        && let Some(compile) = env_f64("FAKE_COMPILE_SECS")
+    {
+        compile_graphs(pid, compile, max_len).await;
     }
     match kind {
         Kind::Vllm => println!(
@@ -420,6 +428,45 @@ fn mem_available() -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// vLLM's torch.compile step and its cache (`vllm/compilation/backends.py`): graphs
+/// compiled once are written under `$VLLM_CACHE_ROOT/torch_compile_cache/` and read
+/// back by the next start in a fraction of the time; `monitor.py` then logs the total.
+/// Without `VLLM_CACHE_ROOT` every start compiles.
+async fn compile_graphs(pid: u32, seconds: f64, max_len: u64) {
+    let graph = std::env::var_os("VLLM_CACHE_ROOT")
+        .map(|root| std::path::PathBuf::from(root).join("torch_compile_cache/fake/rank_0_0/backbone/graph"));
+    let took = match &graph {
+        Some(graph) if graph.is_file() => {
+            let took = seconds / 10.0;
+            tokio::time::sleep(Duration::from_secs_f64(took)).await;
+            println!(
+                "(EngineCore pid={pid}) INFO 11-29 23:22:18 [backends.py:252] Directly load the compiled graph(s) for compile range (1, {max_len}) from the cache, took {took:.3} s"
+            );
+            took
+        }
+        _ => {
+            tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+            if let Some(graph) = &graph {
+                let written = graph
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::write(graph, b"compiled"));
+                if let Err(e) = written {
+                    eprintln!("fake engine: cannot write {}: {e}", graph.display());
+                    std::process::exit(1);
+                }
+            }
+            println!(
+                "(EngineCore pid={pid}) INFO 11-29 23:22:18 [backends.py:283] Compiling a graph for compile range (1, {max_len}) takes {seconds:.2} s"
+            );
+            seconds
+        }
+    };
+    println!(
+        "(EngineCore pid={pid}) INFO 11-29 23:22:18 [monitor.py:34] torch.compile takes {took:.2} s in total"
+    );
 }
 
 /// With `FAKE_CRASH_TIMES=N` and `FAKE_COUNTER=FILE`, only the first N launches crash.
