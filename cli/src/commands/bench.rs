@@ -12,6 +12,7 @@ mod passive;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
@@ -483,7 +484,7 @@ fn coldstart(args: &ColdstartArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             .into_iter()
             .map(|d| d.name)
             .collect();
-        let Some((_, dir)) = super::serve::setup().compile_cache(&recipe, &gpus) else {
+        let Some((_, dir)) = sous::pipeline::session::setup().compile_cache(&recipe, &gpus) else {
             return Err(UserError::new(
                 "--cold-cache: the native engine keeps no compile caches",
                 Some("leave it out: every start of the native engine is the same"),
@@ -506,7 +507,8 @@ fn coldstart(args: &ColdstartArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
         }
         shell.status("starting", &format!("{} ({n} of {})", recipe.name, args.starts));
         let start = runtime.block_on(async {
-            let (mut instance, _) = super::serve::session(&recipe, shell, false).await?;
+            let (mut instance, _) =
+                sous::pipeline::session::session(&recipe, Arc::new(shell.clone()), false).await?;
             let ready = instance.ready().await?;
             let start = Start {
                 ready_seconds: ready.seconds,

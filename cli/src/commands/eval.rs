@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{ArgGroup, Args};
@@ -332,7 +333,8 @@ impl Eval<'_> {
             Side::Recipe { file, overrides } => {
                 let recipe = super::load_recipe(file, overrides)?.recipe;
                 let key = super::recipe_api_key(&recipe);
-                let (instance, url) = super::serve::for_session(&recipe, self.shell).await?;
+                let (instance, url) =
+                    sous::pipeline::session::for_session(&recipe, Arc::new(self.shell.clone())).await?;
                 let measured = self
                     .measure(
                         url,

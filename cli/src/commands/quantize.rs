@@ -317,7 +317,7 @@ fn from_recipe(
 ) -> anyhow::Result<Request> {
     let recipe = load_recipe(file, &args.overrides)?.recipe;
     // Where `sous serve` looks for the checkpoint, and the cache it pulls into.
-    let setup = super::serve::setup();
+    let setup = sous::pipeline::session::setup();
     let default_out = setup.quantized_dir(&recipe);
     let quantize = recipe.quantize.ok_or_else(|| {
         UserError::new(

@@ -145,7 +145,7 @@ fn check_one(file: &std::path::Path, overrides: &OverrideArgs) -> anyhow::Result
     sous_engine::serve::check_host_floor(loaded.recipe.memory.host_floor)
         .with_context(|| format!("recipe {}", display(file)))?;
     if loaded.recipe.engine.kind != EngineKind::Native {
-        let ctx = super::serve::setup().render_context(&loaded.recipe, None);
+        let ctx = sous::pipeline::session::setup().render_context(&loaded.recipe, None);
         let rendered =
             launch::render(&loaded.recipe, &ctx).with_context(|| format!("recipe {}", display(file)))?;
         warnings.extend(rendered.warnings.into_iter().map(|w| w.message));

@@ -7,6 +7,7 @@
 use std::io::{BufRead, IsTerminal, Read};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -97,7 +98,8 @@ async fn chat(args: RunArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
                     state.url
                 }
                 _ => {
-                    let (instance, url) = super::serve::for_session(&recipe, shell).await?;
+                    let (instance, url) =
+                        sous::pipeline::session::for_session(&recipe, Arc::new(shell.clone())).await?;
                     session = Some(instance);
                     url
                 }

@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use sous::pipeline::{self, Setup, Started};
+use sous::pipeline::session::{ENGINE_PROCESS, setup};
+use sous::pipeline::{self, Started};
 use sous_engine::launch;
 use sous_engine::recipe::{EngineKind, Recipe};
 use sous_engine::reporter::Reporter;
@@ -21,9 +22,6 @@ use sous_engine::reporter::Reporter;
 use super::{OverrideArgs, RecipeArg, display, load_recipe, shutdown_signal};
 use crate::failure::UserError;
 use crate::shell::Shell;
-
-/// The hidden flag that makes `sous serve` the native engine's process.
-const ENGINE_PROCESS: &str = "engine-process";
 
 #[derive(Debug, Args)]
 #[command(
@@ -52,18 +50,6 @@ pub struct ServeArgs {
     engine_process: bool,
     #[command(flatten)]
     overrides: OverrideArgs,
-}
-
-/// The pipeline's surroundings, with the command that runs a native recipe's engine:
-/// this binary, `serve --engine-process --recipe`.
-pub fn setup() -> Setup {
-    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sous"));
-    Setup::from_env(vec![
-        exe.display().to_string(),
-        "serve".into(),
-        format!("--{ENGINE_PROCESS}"),
-        "--recipe".into(),
-    ])
 }
 
 pub fn exec(args: ServeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
@@ -156,62 +142,4 @@ fn serve_native(
     runtime.block_on(http::serve(engine, reporter, shutdown_signal()))?;
     shell.status("stopped", &recipe.name);
     Ok(ExitCode::SUCCESS)
-}
-
-/// Serves `recipe` through the pipeline (build, start, readiness) for the length of one
-/// command (`sous bench --recipe`, `sous run`): the engine's output goes to its log only.
-/// Returns the instance (stop it when done) and its base URL.
-pub async fn for_session(
-    recipe: &Recipe,
-    shell: &Shell,
-) -> anyhow::Result<(sous_engine::serve::Instance, String)> {
-    session(recipe, shell, true).await
-}
-
-/// [`for_session`], saying nothing but warnings when `statuses` is false (`sous tune`
-/// serves one trial after another and says what each is itself).
-pub async fn session(
-    recipe: &Recipe,
-    shell: &Shell,
-    statuses: bool,
-) -> anyhow::Result<(sous_engine::serve::Instance, String)> {
-    let setup = setup();
-    let running = pipeline::running(recipe, &setup, false, shell)?;
-    if statuses {
-        shell.status(
-            "serving",
-            &format!(
-                "{} (log: {})",
-                recipe.name,
-                setup.instance_dir(recipe).join("engine.log").display()
-            ),
-        );
-    }
-    let reporter: Arc<dyn Reporter> = Arc::new(WithoutOutput(shell.clone(), statuses));
-    let built = pipeline::build(recipe, &setup, false, &reporter).await?;
-    let mut instance = pipeline::launch(&built, &setup, running, reporter)?;
-    let url = instance.ready().await?.url.clone();
-    Ok((instance, url))
-}
-
-/// The shell without the engine's output lines (they stay in the engine log), and
-/// without statuses when the flag is false.
-struct WithoutOutput(Shell, bool);
-
-impl Reporter for WithoutOutput {
-    fn status(&self, word: &str, message: &str) {
-        if self.1 {
-            self.0.status(word, message);
-        }
-    }
-
-    fn warn(&self, message: &str) {
-        self.0.warn(message);
-    }
-
-    fn output(&self, _: Option<&str>, _: &str) {}
-
-    fn progress(&self, task: sous_engine::reporter::Task) -> Box<dyn sous_engine::reporter::Progress> {
-        Reporter::progress(&self.0, task)
-    }
 }

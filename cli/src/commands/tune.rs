@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -444,7 +445,7 @@ impl Bench for Ctx<'_> {
             ),
         );
         let quiet = self.shell.quiet();
-        let (instance, url) = match super::serve::session(&recipe, &quiet, false).await {
+        let (instance, url) = match sous::pipeline::session::session(&recipe, Arc::new(quiet), false).await {
             Ok(served) => served,
             Err(e) => {
                 let oom = e.chain().any(|c| {

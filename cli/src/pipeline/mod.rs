@@ -14,6 +14,8 @@
 //!   recipe that cannot be served), [`start()`] (with `--replace`'s rules) and
 //!   [`launch()`].
 //! - `error`: [`PipelineError`].
+//! - [`session`]: a recipe served for the length of one command, and the [`Setup`]
+//!   of the `sous` binary.
 //!
 //! Not here: the engines themselves (`sous-engine`'s `launch` and `serve`), or how
 //! anything looks (operations report to a [`Reporter`]).
@@ -23,6 +25,7 @@
 mod build;
 pub mod caches;
 mod error;
+pub mod session;
 mod start;
 
 pub use build::{Built, Weights, build};

@@ -27,7 +27,8 @@ async fn serve(
 ) -> anyhow::Result<(Instance, String, Option<String>)> {
     let recipe = crate::commands::load_recipe(file, overrides)?.recipe;
     let key = crate::commands::recipe_api_key(&recipe);
-    let (instance, url) = crate::commands::serve::for_session(&recipe, shell).await?;
+    let (instance, url) =
+        sous::pipeline::session::for_session(&recipe, std::sync::Arc::new(shell.clone())).await?;
     Ok((instance, url, key))
 }
 
