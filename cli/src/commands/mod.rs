@@ -28,7 +28,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use sous_engine::recipe::{Loaded, Overrides};
+use sous_engine::recipe::Loaded;
 
 use crate::shell::Shell;
 
@@ -140,11 +140,7 @@ pub struct OverrideArgs {
 
 /// Loads a recipe with the process's `SOUS_*` overrides and the `--set` arguments.
 pub fn load_recipe(path: &Path, overrides: &OverrideArgs) -> anyhow::Result<Loaded> {
-    let mut layered = Overrides::new().with_env(sous_engine::env::overrides());
-    for arg in &overrides.set {
-        layered.set(arg)?;
-    }
-    sous_engine::recipe::load(path, &layered).with_context(|| format!("recipe {}", display(path)))
+    sous::pipeline::session::load_recipe(path, &overrides.set)
 }
 
 /// The API key in the environment variable `--api-key-env` names, if it names one; an
@@ -164,11 +160,7 @@ pub fn api_key(var: Option<&str>) -> anyhow::Result<Option<String>> {
 /// The API key a recipe's server expects: the value of the variable its
 /// `server.api_key_env` names, when both are set.
 pub fn recipe_api_key(recipe: &sous_engine::recipe::Recipe) -> Option<String> {
-    recipe
-        .server
-        .api_key_env
-        .as_deref()
-        .and_then(sous_engine::env::named)
+    sous::pipeline::session::api_key(recipe)
 }
 
 /// The async runtime of the commands that talk over the network or run engines.

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use sous_engine::recipe::{
@@ -220,7 +221,12 @@ pub fn exec(args: QuantizeArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
     let summary = run(&request, &reporter)?;
     report(shell, &summary);
     let eval = if args.eval {
-        match super::eval::source_against_output(&summary.source, &summary.output, shell)? {
+        match super::runtime()?.block_on(sous::eval::evaluate::source_against_output(
+            &summary.source,
+            &summary.output,
+            Arc::new(shell.clone()),
+            super::shutdown_signal,
+        ))? {
             Some(report) => Some(report),
             None => return Ok(ExitCode::from(130)),
         }

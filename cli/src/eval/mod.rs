@@ -5,10 +5,10 @@
 //! agreement of their most likely tokens ([`quality`]); task accuracy from
 //! lm-evaluation-harness run against the same endpoint ([`harness`]). Scores are kept
 //! as they come, so an interrupted eval resumes ([`resume`]); [`report`] holds the
-//! report and its table.
-//!
-//! Serving recipes is the binary's business: this module takes servers by URL.
+//! report and its table. [`evaluate`] runs an eval end to end, serving the recipes it
+//! names through the pipeline's sessions.
 
+pub mod evaluate;
 pub mod harness;
 pub mod quality;
 pub mod report;
@@ -73,6 +73,9 @@ pub enum EvalError {
         /// What is missing or wrong.
         message: String,
     },
+    /// The variable meant to hold a server's API key is not set.
+    #[error("--api-key-env: `{0}` is not set")]
+    ApiKeyEnv(String),
     /// The two runs cannot be compared.
     #[error("comparing with the baseline: {0}")]
     Compare(#[from] quality::CompareError),
@@ -132,6 +135,7 @@ impl Diagnose for EvalError {
                 "pip install 'lm_eval[api]' (or pass --lm-eval PATH to its `lm_eval` program)".into()
             }
             EvalError::Harness { .. } => "the harness's log says why; --limit 10 tries a task quickly".into(),
+            EvalError::ApiKeyEnv(var) => format!("export {var}=..."),
             _ => return None,
         })
     }

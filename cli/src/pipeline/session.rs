@@ -5,12 +5,14 @@
 //! `serve --engine-process`.
 //!
 //! The engine's output stays in its log: a session's reporter drops it
-//! ([`WithoutOutput`]).
+//! ([`WithoutOutput`]). Recipes are read as every command reads them
+//! ([`load_recipe()`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sous_engine::recipe::Recipe;
+use anyhow::Context;
+use sous_engine::recipe::{Loaded, Overrides, Recipe};
 use sous_engine::reporter::{Progress, Reporter, Task};
 use sous_engine::serve::Instance;
 
@@ -30,6 +32,26 @@ pub fn setup() -> Setup {
         format!("--{ENGINE_PROCESS}"),
         "--recipe".into(),
     ])
+}
+
+/// Loads a recipe with the process's `SOUS_*` overrides, then the `--set KEY=VALUE`
+/// overrides in `set`.
+pub fn load_recipe(path: &Path, set: &[String]) -> anyhow::Result<Loaded> {
+    let mut layered = Overrides::new().with_env(sous_engine::env::overrides());
+    for arg in set {
+        layered.set(arg)?;
+    }
+    sous_engine::recipe::load(path, &layered).with_context(|| format!("recipe {}", path.display()))
+}
+
+/// The API key a recipe's server expects: the value of the variable its
+/// `server.api_key_env` names, when both are set.
+pub fn api_key(recipe: &Recipe) -> Option<String> {
+    recipe
+        .server
+        .api_key_env
+        .as_deref()
+        .and_then(sous_engine::env::named)
 }
 
 /// Serves `recipe` through the pipeline (build, start, readiness) for the length of one
