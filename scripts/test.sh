@@ -51,6 +51,9 @@ check "import circles" python3 scripts/check/circles.py
 step "product files within 650 lines (scripts/check/lengths.py)"
 check "product file lengths" python3 scripts/check/lengths.py
 
+step "commands call the library, not each other (scripts/check/commands.py)"
+check "commands calling commands" python3 scripts/check/commands.py
+
 step "build (tests and binaries)"
 cargo test --workspace --locked --no-run
 
