@@ -45,6 +45,7 @@ pub fn diagnosis<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a dyn Diagnos
         crate::quantize::QuantizeError,
         crate::import::ImportError,
         crate::bench::BenchError,
+        crate::served::ServedError,
         crate::eval::EvalError,
         crate::bench::logs::LogsError,
         crate::bench::scrape::ScrapeError,

@@ -25,6 +25,9 @@
 //!   variants, sizes, provenance), for `list` and `rm`.
 //! - [`eval`]: what a recipe costs in quality: perplexity, KL divergence against a
 //!   baseline, and task accuracy through lm-evaluation-harness.
+//! - [`served`], [`stats`], [`compare`]: what `bench` and `eval` share without importing
+//!   each other: the model and tokenizer a server under test serves, statistics of one
+//!   quantity, and any two reports side by side.
 //! - [`tune`]: `sous tune`'s levers, trials, intervals, verdicts, journal and the
 //!   tuned recipe's text.
 //! - [`error`]: what class of failure each error is (the user's or sous's) and what
@@ -35,6 +38,7 @@
 //! report through [`sous_engine::reporter::Reporter`], which the binary draws.
 
 pub mod bench;
+pub mod compare;
 pub mod deploy;
 pub mod devices;
 pub mod doctor;
@@ -47,6 +51,8 @@ pub mod inventory;
 pub mod pipeline;
 pub mod plan;
 pub mod quantize;
+pub mod served;
+pub mod stats;
 pub mod tune;
 
 pub use sous_engine as engine;

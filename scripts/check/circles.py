@@ -4,8 +4,10 @@
 An edge runs from a file to the file of each module its `crate::`, `super::` and `self::`
 paths name (comments and inline test modules left out); edges between a module and its
 ancestors or descendants are the module tree, not imports, and are ignored. A circle is
-a strongly connected component of more than one file. Exits 1 when there is one, so a
-change that closes a circle fails `scripts/test.sh`.
+a strongly connected component of more than one file. The same is asked of each crate's
+top-level modules (`bench` and `eval` may share `stats`, but not import each other).
+Exits 1 when there is a circle of either kind, so a change that closes one fails
+`scripts/test.sh`.
 
     scripts/check/circles.py [REPO]
 """
@@ -122,13 +124,34 @@ def circles(graph):
     return found
 
 
+def top_level(graph):
+    """The file graph folded onto each crate's top-level modules (`cli/src/bench`)."""
+    def top(f):
+        for base in CRATES:
+            if f.startswith(base + "/"):
+                return base + "/" + f[len(base) + 1 : -3].split("/")[0]
+        return f
+
+    folded = {}
+    for a, targets in graph.items():
+        for b in targets:
+            if top(a) != top(b):
+                folded.setdefault(top(a), set()).add(top(b))
+    return folded
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..")
-    found = circles(edges(root))
+    graph = edges(root)
+    found = circles(graph)
     for c in found:
         print(" <-> ".join(c))
     print(f"{len(found)} import circles")
-    return 1 if found else 0
+    between = circles(top_level(graph))
+    for c in between:
+        print(" <-> ".join(c))
+    print(f"{len(between)} import circles between top-level modules")
+    return 1 if found or between else 0
 
 
 if __name__ == "__main__":

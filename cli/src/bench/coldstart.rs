@@ -13,7 +13,7 @@ use serde::Serialize;
 use sous_engine::launch::caches::Contents;
 use sous_engine::serve::logscan::{Phase, PhaseTime};
 
-use super::stats::percentile;
+use crate::stats::percentile;
 
 /// One start: seconds from launch to ready, and the phases the engine logged.
 #[derive(Debug, Clone, PartialEq, Serialize)]

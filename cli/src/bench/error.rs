@@ -9,44 +9,9 @@ use sous_engine::diagnose::{Class, Diagnose, user_unless};
 /// Why a benchmark failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    /// The server did not answer `/v1/models`.
-    #[error("cannot reach {url}/v1/models: {error}")]
-    Unreachable {
-        /// The server's base URL.
-        url: String,
-        /// What the client said.
-        error: reqwest::Error,
-    },
-    /// `/v1/models` answered with an error status.
-    #[error("{url}/v1/models answered {status}")]
-    ModelsStatus {
-        /// The server's base URL.
-        url: String,
-        /// The status.
-        status: reqwest::StatusCode,
-    },
-    /// `/v1/models` answered something that is not its JSON.
-    #[error("reading /v1/models")]
-    ModelsBody(#[source] reqwest::Error),
-    /// A tokenizer file does not load.
-    #[error("cannot read the tokenizer {}: {message}", path.display())]
-    Tokenizer {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        message: String,
-    },
-    /// No tokenizer was given and none was found for the served model.
-    #[error(
-        "no tokenizer found for model `{id}`{}",
-        root.as_ref().map_or(String::new(), |r| format!(" (root `{r}`)"))
-    )]
-    NoTokenizer {
-        /// The served model's name.
-        id: String,
-        /// Its root, as `/v1/models` gave it.
-        root: Option<String>,
-    },
+    /// The server's model or its tokenizer could not be found.
+    #[error(transparent)]
+    Served(#[from] crate::served::ServedError),
     /// The tokenizer cannot make prompts.
     #[error("{0}")]
     Prompts(String),
@@ -103,10 +68,12 @@ impl Diagnose for BenchError {
     /// Writing the report is sous's (or the machine's) business; the server, the
     /// tokenizer and the flags are the user's.
     fn class(&self) -> Class {
+        if let BenchError::Served(e) = self {
+            return e.class();
+        }
         user_unless(matches!(
             self,
-            BenchError::ModelsBody(_)
-                | BenchError::Json(_)
+            BenchError::Json(_)
                 | BenchError::Create { .. }
                 | BenchError::Write { .. }
                 | BenchError::Charts(_)
@@ -114,6 +81,9 @@ impl Diagnose for BenchError {
     }
 
     fn hint(&self) -> Option<String> {
+        if let BenchError::Served(e) = self {
+            return e.hint();
+        }
         self.hint_text().map(str::to_owned)
     }
 }
@@ -121,11 +91,6 @@ impl Diagnose for BenchError {
 impl BenchError {
     fn hint_text(&self) -> Option<&'static str> {
         match self {
-            BenchError::Unreachable { .. } => Some("check --url, and that the server is up"),
-            BenchError::ModelsStatus { .. } => Some("pass --api-key-env if the server needs a key"),
-            BenchError::NoTokenizer { .. } => Some(
-                "pass --tokenizer DIR_OR_FILE (a model directory with tokenizer.json), or `sous pull` the model",
-            ),
             BenchError::Prompts(_) => Some("pass --tokenizer"),
             BenchError::TooLong { .. } => {
                 Some("use shorter --input-len/--output-len (or --prefix-len, --max-context)")

@@ -15,8 +15,6 @@ pub mod arrivals;
 pub mod charts;
 pub mod client;
 pub mod coldstart;
-pub mod compare;
-pub mod discover;
 mod error;
 pub mod logs;
 pub mod prom;

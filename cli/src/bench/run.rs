@@ -15,13 +15,13 @@ use sous_engine::reporter::{Progress, Reporter, Task};
 use super::BenchError;
 use super::arrivals;
 use super::client::{self, Endpoint};
-use super::discover;
 use super::prom::Scrape;
 use super::prompts::PromptMaker;
 use super::report::{AgentSummary, ErrorCount, InstanceFigures, Level, ProbeSummary, Report};
 use super::server::ServerFigures;
 use super::stats::{RequestRecord, RunMetrics, Slo};
 use super::workload::{Planned, Workload};
+use crate::served;
 
 /// The server under test.
 #[derive(Debug, Clone)]
@@ -67,10 +67,9 @@ pub async fn run(
 ) -> Result<Report, BenchError> {
     let url = &target.url;
     let probe_client = reqwest::Client::new();
-    let served = discover::models(&probe_client, url, target.api_key.as_deref()).await?;
+    let served = served::models(&probe_client, url, target.api_key.as_deref()).await?;
     let model = target.model.clone().unwrap_or(served.id.clone());
-    let (tok, tok_path) =
-        discover::tokenizer(target.tokenizer.as_deref(), served.root.as_deref(), &served.id)?;
+    let (tok, tok_path) = served::tokenizer(target.tokenizer.as_deref(), served.root.as_deref(), &served.id)?;
     let maker = PromptMaker::new(tok).map_err(BenchError::Prompts)?;
     let salt = options.salt.unwrap_or_else(|| {
         std::time::SystemTime::now()

@@ -5,7 +5,7 @@
 //!
 //! Here: the flags of every subcommand and the workloads they make. The active
 //! workloads run in `active.rs`, `logs` and `scrape` in `passive.rs`; the comparison
-//! itself is the library's (`sous::bench::compare`).
+//! itself is the library's (`sous::compare`).
 
 mod active;
 mod passive;
@@ -466,7 +466,7 @@ fn compare(args: &CompareArgs, shell: &Shell) -> anyhow::Result<ExitCode> {
             .map_err(|e| UserError::new(format!("{} is not JSON: {e}", path.display()), None).into())
     };
     let (a, b) = (read(&args.a)?, read(&args.b)?);
-    let table = sous::bench::compare::compare((&args.a, a), (&args.b, b))
+    let table = sous::compare::compare((&args.a, a), (&args.b, b))
         .map_err(|e| UserError::new(e.message, Some(e.hint)))?;
     shell.data(&table)?;
     Ok(ExitCode::SUCCESS)

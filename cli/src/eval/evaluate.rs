@@ -19,8 +19,8 @@ use super::resume::Saved;
 use super::score::Server;
 use super::windows::Shape;
 use super::{DEFAULT_TOP_K, EvalError, Scoring};
-use crate::bench::discover;
 use crate::pipeline::session;
+use crate::served;
 
 /// One side of an eval.
 #[derive(Debug, Clone)]
@@ -265,11 +265,11 @@ impl Eval<'_> {
     ) -> anyhow::Result<(Run, Vec<Position>, Saved)> {
         let args = self.options;
         let client = reqwest::Client::new();
-        let served = discover::models(&client, &url, api_key.as_deref()).await?;
+        let served = served::models(&client, &url, api_key.as_deref()).await?;
         let model = args.model.clone().unwrap_or(served.id.clone());
         if self.prepared.is_none() {
             let (tokenizer, path) =
-                discover::tokenizer(args.tokenizer.as_deref(), served.root.as_deref(), &served.id)?;
+                served::tokenizer(args.tokenizer.as_deref(), served.root.as_deref(), &served.id)?;
             let (job, tokens) = super::scoring(&tokenizer, &args.text, args.shape, args.top_k)?;
             self.prepared = Some(Prepared {
                 info: TextInfo {

@@ -215,7 +215,7 @@ pub fn compare(
     let (kl_mean, kl_se, _) = mean_stderr(kls.iter().copied());
     let (agree, _, _) = mean_stderr(same.iter().copied());
     kls.sort_by(f64::total_cmp);
-    let pct = |p: f64| crate::bench::stats::percentile(&kls, p);
+    let pct = |p: f64| crate::stats::percentile(&kls, p);
     Ok(Comparison {
         tokens: n,
         top_k,

@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use sous_engine::reporter::Reporter;
 
 use super::{Phase, Trial};
-use crate::bench::BenchError;
 use crate::eval::quality::{Position, compare};
 use crate::eval::resume::Saved;
 use crate::eval::score::Server;
 use crate::eval::windows::Shape;
 use crate::eval::{DEFAULT_TOP_K, EvalError, Scoring, score_all, scoring};
+use crate::served::ServedError;
 
 /// Tokens per window of the gate's text.
 const WINDOW: usize = 512;
@@ -27,7 +27,7 @@ const WINDOW: usize = 512;
 pub enum GateError {
     /// The served model or its tokenizer could not be found.
     #[error(transparent)]
-    Bench(#[from] BenchError),
+    Served(#[from] ServedError),
     /// Scoring failed.
     #[error(transparent)]
     Eval(#[from] EvalError),
@@ -39,7 +39,7 @@ pub enum GateError {
 impl sous_engine::diagnose::Diagnose for GateError {
     fn class(&self) -> sous_engine::diagnose::Class {
         match self {
-            GateError::Bench(e) => e.class(),
+            GateError::Served(e) => e.class(),
             GateError::Eval(e) => e.class(),
             GateError::BaselineMissing => sous_engine::diagnose::Class::User,
         }
@@ -47,7 +47,7 @@ impl sous_engine::diagnose::Diagnose for GateError {
 
     fn hint(&self) -> Option<String> {
         match self {
-            GateError::Bench(e) => e.hint(),
+            GateError::Served(e) => e.hint(),
             GateError::Eval(e) => e.hint(),
             GateError::BaselineMissing => Some("run the tune again with --fresh".into()),
         }
@@ -96,15 +96,12 @@ impl Gate {
         reporter: &dyn Reporter,
     ) -> Result<Judgement, GateError> {
         let client = reqwest::Client::new();
-        let served = crate::bench::discover::models(&client, url, api_key).await?;
+        let served = crate::served::models(&client, url, api_key).await?;
         let job = match &self.job {
             Some(job) => job,
             None => {
-                let (tokenizer, _) = crate::bench::discover::tokenizer(
-                    self.tokenizer.as_deref(),
-                    served.root.as_deref(),
-                    &served.id,
-                )?;
+                let (tokenizer, _) =
+                    crate::served::tokenizer(self.tokenizer.as_deref(), served.root.as_deref(), &served.id)?;
                 let shape = Shape::Windows {
                     ctx: WINDOW,
                     score_from: None,

@@ -402,7 +402,7 @@ fn distribution(values: &[f64]) -> Option<Distribution> {
 /// numpy's linear percentile of sorted values (the one `sous bench` uses everywhere);
 /// none for no values.
 fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    (!sorted.is_empty()).then(|| crate::bench::stats::percentile(sorted, p))
+    (!sorted.is_empty()).then(|| crate::stats::percentile(sorted, p))
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 
 use serde::Serialize;
 
-use crate::bench::stats::{RequestRecord, percentile};
+use crate::bench::stats::RequestRecord;
+use crate::stats::percentile;
 
 /// One request of a probe.
 #[derive(Debug, Clone, PartialEq, Serialize)]

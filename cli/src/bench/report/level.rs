@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use super::extras::{AgentSummary, ErrorCount, ProbeSummary};
 use crate::bench::arrivals::Traffic;
 use crate::bench::server::ServerFigures;
-use crate::bench::stats::{RunMetrics, Summary};
+use crate::bench::stats::RunMetrics;
+use crate::stats::Summary;
 
 /// One level of a run.
 #[derive(Debug, Clone)]

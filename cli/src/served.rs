@@ -1,4 +1,4 @@
-//! What a server under test serves, before a benchmark: the first model of its
+//! What a server under test serves, before a benchmark or an eval: the first model of its
 //! `/v1/models` (name, root, `max_model_len`, as vLLM's `ModelCard` in vLLM 0.33
 //! `vllm/entrypoints/serve/engine/protocol.py` carries them), and the tokenizer that
 //! prompts are measured with. Not here: sending the workload.
@@ -9,8 +9,72 @@ use std::time::Duration;
 use serde_json::Value;
 use sous_engine::repo::RepoId;
 
-use super::BenchError;
+use sous_engine::diagnose::{Class, Diagnose, user_unless};
+
 use crate::hub::cache::RepoCache;
+
+/// Why the server's model or its tokenizer could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum ServedError {
+    /// The server did not answer `/v1/models`.
+    #[error("cannot reach {url}/v1/models: {error}")]
+    Unreachable {
+        /// The server's base URL.
+        url: String,
+        /// What the client said.
+        error: reqwest::Error,
+    },
+    /// `/v1/models` answered with an error status.
+    #[error("{url}/v1/models answered {status}")]
+    ModelsStatus {
+        /// The server's base URL.
+        url: String,
+        /// The status.
+        status: reqwest::StatusCode,
+    },
+    /// `/v1/models` answered something that is not its JSON.
+    #[error("reading /v1/models")]
+    ModelsBody(#[source] reqwest::Error),
+    /// A tokenizer file does not load.
+    #[error("cannot read the tokenizer {}: {message}", path.display())]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// No tokenizer was given and none was found for the served model.
+    #[error(
+        "no tokenizer found for model `{id}`{}",
+        root.as_ref().map_or(String::new(), |r| format!(" (root `{r}`)"))
+    )]
+    NoTokenizer {
+        /// The served model's name.
+        id: String,
+        /// Its root, as `/v1/models` gave it.
+        root: Option<String>,
+    },
+}
+
+impl Diagnose for ServedError {
+    /// A body that is not `/v1/models`' JSON is the server's or sous's business; the
+    /// address, the key and the tokenizer are the user's.
+    fn class(&self) -> Class {
+        user_unless(matches!(self, ServedError::ModelsBody(_)))
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            ServedError::Unreachable { .. } => Some("check --url, and that the server is up"),
+            ServedError::ModelsStatus { .. } => Some("pass --api-key-env if the server needs a key"),
+            ServedError::NoTokenizer { .. } => Some(
+                "pass --tokenizer DIR_OR_FILE (a model directory with tokenizer.json), or `sous pull` the model",
+            ),
+            _ => None,
+        }
+        .map(str::to_owned)
+    }
+}
 
 /// The first model a server lists.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,24 +88,24 @@ pub struct Served {
 }
 
 /// The first model of `{url}/v1/models`.
-pub async fn models(client: &reqwest::Client, url: &str, key: Option<&str>) -> Result<Served, BenchError> {
+pub async fn models(client: &reqwest::Client, url: &str, key: Option<&str>) -> Result<Served, ServedError> {
     let mut request = client
         .get(format!("{url}/v1/models"))
         .timeout(Duration::from_secs(10));
     if let Some(key) = key {
         request = request.bearer_auth(key);
     }
-    let response = request.send().await.map_err(|error| BenchError::Unreachable {
+    let response = request.send().await.map_err(|error| ServedError::Unreachable {
         url: url.to_owned(),
         error,
     })?;
     if !response.status().is_success() {
-        return Err(BenchError::ModelsStatus {
+        return Err(ServedError::ModelsStatus {
             url: url.to_owned(),
             status: response.status(),
         });
     }
-    let body: Value = response.json().await.map_err(BenchError::ModelsBody)?;
+    let body: Value = response.json().await.map_err(ServedError::ModelsBody)?;
     let first = &body["data"][0];
     Ok(Served {
         id: first["id"].as_str().unwrap_or_default().to_owned(),
@@ -57,7 +121,7 @@ pub fn tokenizer(
     given: Option<&Path>,
     root: Option<&str>,
     id: &str,
-) -> Result<(tokenizers::Tokenizer, PathBuf), BenchError> {
+) -> Result<(tokenizers::Tokenizer, PathBuf), ServedError> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(path) = given {
         candidates.push(if path.is_dir() {
@@ -82,14 +146,14 @@ pub fn tokenizer(
     }
     for path in &candidates {
         if path.is_file() {
-            let t = tokenizers::Tokenizer::from_file(path).map_err(|e| BenchError::Tokenizer {
+            let t = tokenizers::Tokenizer::from_file(path).map_err(|e| ServedError::Tokenizer {
                 path: path.clone(),
                 message: e.to_string(),
             })?;
             return Ok((t, path.clone()));
         }
     }
-    Err(BenchError::NoTokenizer {
+    Err(ServedError::NoTokenizer {
         id: id.to_owned(),
         root: root.map(str::to_owned),
     })

@@ -3,15 +3,15 @@
 //! side, made by that kind's own comparison.
 //!
 //! Not here: reading the files (the command) or the tables themselves
-//! ([`crate::eval::report::compare`], [`super::logs::compare`],
-//! [`super::report::compare`]).
+//! ([`crate::eval::report::compare`], [`crate::bench::logs::compare`],
+//! [`crate::bench::report::compare`]).
 
 use std::path::Path;
 
 use serde_json::Value;
 
-use super::logs::compare as logs_compare;
-use super::report;
+use crate::bench::logs::compare as logs_compare;
+use crate::bench::report;
 use crate::eval::report as eval_report;
 
 /// Why two reports do not compare, and what to compare instead.
