@@ -34,7 +34,7 @@ pub struct ServeArgs {
     #[arg(long)]
     dry_run: bool,
     /// With --dry-run: print {"argv": [...], "env": {...}, "files": [...], ...} as JSON.
-    #[arg(long)]
+    #[arg(long, requires = "dry_run")]
     json: bool,
     /// Refuse to start when the model is not already on disk, instead of pulling it.
     #[arg(long)]
