@@ -8,6 +8,8 @@
 
 use std::process::ExitCode;
 
+/// The chain on one line, each cause once (the library's, which journals use too).
+pub use sous::error::message;
 use sous::error::{Class, Diagnose, diagnosis};
 
 use crate::shell::Shell;
@@ -94,23 +96,6 @@ pub fn classify(err: &anyhow::Error) -> (Class, Option<String>) {
     )
 }
 
-/// The chain on one line, "loading x: cannot read y: No such file", each cause once:
-/// errors that already print their source (`{path}: {source}`) are not repeated.
-pub fn message(err: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in err.chain() {
-        let part = cause.to_string();
-        if part.is_empty() || text.contains(&part) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&part);
-    }
-    text
-}
-
 /// A command line clap could not parse: help and version go to stdout with code 0,
 /// mistakes to stderr with code 1.
 pub fn usage(err: clap::Error) -> ExitCode {
@@ -129,24 +114,6 @@ pub fn usage(err: clap::Error) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("cannot read {path}: {source}")]
-    struct Read {
-        path: &'static str,
-        source: std::io::Error,
-    }
-
-    #[test]
-    fn a_cause_already_in_the_message_is_not_repeated() {
-        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
-        let err = anyhow::Error::new(Read {
-            path: "x",
-            source: io,
-        })
-        .context("loading y");
-        assert_eq!(message(&err), "loading y: cannot read x: No such file");
-    }
 
     #[test]
     fn an_unknown_error_is_a_bug_and_a_user_error_is_not() {

@@ -29,7 +29,8 @@
 //!   each other: the model and tokenizer a server under test serves, statistics of one
 //!   quantity, and any two reports side by side.
 //! - [`tune`]: `sous tune`'s levers, trials, intervals, verdicts, journal and the
-//!   tuned recipe's text.
+//!   tuned recipe's text, and the whole tune: each trial served and measured, the
+//!   report and the tuned recipe written.
 //! - [`error`]: what class of failure each error is (the user's or sous's) and what
 //!   to do about it.
 //!

@@ -1,15 +1,17 @@
-//! `sous tune`'s reasoning and its search, without a server or a terminal: which levers
-//! to try ([`Lever`], [`default_levers`]) and the trials they make ([`Trial`], one lever
-//! at a time from the baseline, then the best combination); the loop that decides which
-//! trial runs next and how often ([`search`], driven through its `Bench` trait); what
-//! each measured run recorded ([`Sample`], kept in a [`journal`] so an interrupted tune
-//! resumes); how trials compare (a mean and its 95 % confidence interval, [`Estimate`],
-//! and the [`Verdict`]); the memory [`fit`] and quality [`gate`] that keep a trial from
-//! being started or chosen; and what comes out: the tuned recipe that `extends` the
-//! baseline ([`tuned_recipe`]), the [`table`] and the [`chart`].
+//! `sous tune` without a terminal. Its reasoning and its search need no server: which
+//! levers to try ([`Lever`], [`default_levers`]) and the trials they make ([`Trial`],
+//! one lever at a time from the baseline, then the best combination); the loop that
+//! decides which trial runs next and how often ([`search`], driven through its `Bench`
+//! trait); what each measured run recorded ([`Sample`], kept in a [`journal`] so an
+//! interrupted tune resumes); how trials compare (a mean and its 95 % confidence
+//! interval, [`Estimate`], and the [`Verdict`]); the memory [`fit`] and quality
+//! [`gate`] that keep a trial from being started or chosen; and what comes out: the
+//! tuned recipe that `extends` the baseline ([`tuned_recipe`]), the [`table`] and the
+//! [`chart`]. The whole tune ([`run`]) serves each trial through the pipeline and
+//! measures it with `sous::bench` (the search's `Bench`), then writes the report and
+//! the tuned recipe.
 //!
-//! Not here: serving a trial and measuring it (the `tune` command implements `Bench`
-//! with the pipeline and `sous::bench`), or printing.
+//! Not here: flags, or printing (the `tune` command).
 //!
 //! The search is the one the DGX Spark field report did by hand, and the one vLLM's
 //! `benchmarks/auto_tune/` does for two scheduler settings: change one thing, measure
@@ -22,9 +24,11 @@ pub mod fit;
 pub mod gate;
 pub mod journal;
 mod recipe;
+pub mod run;
 mod sample;
 pub mod search;
 mod table;
+mod trials;
 mod verdict;
 pub mod workload;
 
@@ -107,6 +111,12 @@ pub enum LeverError {
     /// A speculation value that is not `METHOD:TOKENS`.
     #[error("--lever serving.speculative: `{0}` is not METHOD:TOKENS (e.g. ngram:3, mtp:2)")]
     Speculative(String),
+}
+
+impl sous_engine::diagnose::Diagnose for LeverError {
+    fn class(&self) -> sous_engine::diagnose::Class {
+        sous_engine::diagnose::Class::User
+    }
 }
 
 impl Lever {
