@@ -4,8 +4,8 @@
 //! chain, which Rust can only do type by type, so the types are listed once, here.
 //!
 //! A new error type implements [`Diagnose`] and joins the list; the binary's
-//! `failure` module renders what this finds. [`message`] is an error chain on one line,
-//! for the terminal and for what the library records (a failed trial's journal entry).
+//! `failure` module renders what this finds. Nothing in the library imports this list
+//! (it names every module's errors); an error told on one line is [`crate::chain`].
 
 use std::error::Error;
 
@@ -59,44 +59,4 @@ pub fn diagnosis<'a>(cause: &'a (dyn Error + 'static)) -> Option<&'a dyn Diagnos
         crate::tune::run::TuneError,
     ];
     None
-}
-
-/// The chain on one line, "loading x: cannot read y: No such file", each cause once:
-/// errors that already print their source (`{path}: {source}`) are not repeated.
-pub fn message(err: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in err.chain() {
-        let part = cause.to_string();
-        if part.is_empty() || text.contains(&part) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&part);
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("cannot read {path}: {source}")]
-    struct Read {
-        path: &'static str,
-        source: std::io::Error,
-    }
-
-    #[test]
-    fn a_cause_already_in_the_message_is_not_repeated() {
-        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
-        let err = anyhow::Error::new(Read {
-            path: "x",
-            source: io,
-        })
-        .context("loading y");
-        assert_eq!(message(&err), "loading y: cannot read x: No such file");
-    }
 }

@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 
 /// The chain on one line, each cause once (the library's, which journals use too).
-pub use sous::error::message;
+pub use sous::chain::message;
 use sous::error::{Class, Diagnose, diagnosis};
 
 use crate::shell::Shell;

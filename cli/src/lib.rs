@@ -39,6 +39,7 @@
 //! report through [`sous_engine::reporter::Reporter`], which the binary draws.
 
 pub mod bench;
+pub mod chain;
 pub mod compare;
 pub mod deploy;
 pub mod devices;

@@ -23,6 +23,7 @@ pub mod chart;
 pub mod fit;
 pub mod gate;
 pub mod journal;
+pub mod options;
 mod recipe;
 pub mod run;
 mod sample;

@@ -20,7 +20,7 @@ use sous_engine::serve::ServeError;
 use super::fit::Fit;
 use super::gate::Gate;
 use super::journal::Journal;
-use super::run::Options;
+use super::options::Options;
 use super::search::{Bench, Budget};
 use super::{Outcome, Sample, Trial};
 use crate::bench::client::Endpoint;
@@ -77,7 +77,7 @@ pub(super) async fn fit(
                 "unplanned",
                 &format!(
                     "no plan bounds the memory levers ({}): every trial is started",
-                    crate::error::message(&e)
+                    crate::chain::message(&e)
                 ),
             );
             Ok(None)
@@ -157,7 +157,7 @@ impl Bench for Trials<'_> {
                     )
                 });
                 let outcome = if oom { Outcome::Oom } else { Outcome::Failed };
-                let message = crate::error::message(&e);
+                let message = crate::chain::message(&e);
                 self.reporter.warn(&format!("{}: {}", trial.id, message));
                 journal.record(Sample {
                     trial: trial.id.clone(),
