@@ -12,10 +12,10 @@
 # (Cargo.toml: dependencies at opt-level 0, which halves the build; the kernels
 # optimized as in dev):
 #   1. builds every library and binary of the workspace for aarch64 (sous, its engine
-#      and kernels, the fake engine), warnings denied. The tests and examples build for
-#      x86-64 in the main run; for aarch64, those that run under qemu (step 3). Checking
-#      the others for aarch64 too took another minute and a half, which the suite's
-#      30 minutes on two cores do not have;
+#      and kernels; not the fake engine, a test double the x86-64 run uses), warnings
+#      denied, and the sous-kernels tests that step 2 runs. The other tests and the
+#      examples build for x86-64 in the main run: checking them for aarch64 too took
+#      another minute and a half;
 #   2. every test of sous-kernels under qemu (the NVFP4 test vectors, the bit-exactness
 #      and property tests, products on the NEON kernels against the portable ones,
 #      attention) but for two that ask the kernel whether a mapping was advised for
@@ -33,8 +33,19 @@
 # dynamic loader comes from libc6-arm64-cross, a different build of glibc than the
 # libc6:arm64 it ends up loading, and pthread_create then spins forever in its stack
 # cache. Every program that starts a thread (rayon, tokio) hangs that way.
+#
+#   scripts/aarch64.sh [build|test|all]
+#
+# `build` is step 1 alone, `test` steps 2 and 3 (after a `build`), `all` (the default)
+# the three. scripts/test.sh runs `build` at the lowest priority while the x86-64 tests
+# run, which leave one of the two cores idle most of the time, then `test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+phase=${1:-all}
+case "$phase" in
+  build | test | all) ;;
+  *) echo "usage: scripts/aarch64.sh [build|test|all]" >&2; exit 2 ;;
+esac
 
 step() { printf '\n==> %s (%s)\n' "$*" "$(date -u +%T)" >&2; }
 
@@ -56,9 +67,10 @@ host_target_dir="${CARGO_TARGET_DIR:-target}"
 # Apart from the host build: another rustc, other flags, another directory. Set per
 # command, so that step 3's host build is the suite's own (the same flags, no rebuild).
 # SOUS_TEST_NVRTC is unset: the test environment's NVRTC is an x86-64 library, which an
-# aarch64 process cannot load.
+# aarch64 process cannot load. So is scripts/test.sh's clippy wrapper: its driver is the
+# host toolchain's, which has no aarch64 standard library (the lints are the host's job).
 cross() {
-  env -u SOUS_TEST_NVRTC \
+  env -u SOUS_TEST_NVRTC -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS \
     RUSTC=/usr/bin/rustc \
     CARGO_TARGET_DIR="$host_target_dir/aarch64" \
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
@@ -68,11 +80,16 @@ cross() {
 }
 flags=(--locked --profile cross --target "$target")
 
-step "aarch64: build the workspace's libraries and binaries ($(/usr/bin/rustc --version))"
-cross build --workspace --lib --bins "${flags[@]}"
+kernel_tests=(-p sous-kernels --lib --tests "${flags[@]}")
+if [ "$phase" != test ]; then
+  step "aarch64: build the workspace's libraries and binaries, and the kernels' tests ($(/usr/bin/rustc --version))"
+  cross build --workspace --exclude sous-fake-engine --lib --bins "${flags[@]}"
+  cross test --no-run "${kernel_tests[@]}"
+fi
+[ "$phase" = build ] && exit 0
 
 step "aarch64: sous-kernels tests under qemu"
-SOUS_TEST_F32_STRIDE=257 cross test -p sous-kernels --lib --tests "${flags[@]}" -- \
+SOUS_TEST_F32_STRIDE=257 cross test "${kernel_tests[@]}" -- \
   --skip gemm::placement_tests::the_mapping_is_advised_for_huge_pages_and_reported \
   --skip pages::tests::a_zeroed_buffer_is_zero_writable_and_advised
 
