@@ -14,8 +14,8 @@
 #   1. builds every library and binary of the workspace for aarch64 (sous, its engine
 #      and kernels; not the fake engine, a test double the x86-64 run uses), warnings
 #      denied, and the sous-kernels tests that step 2 runs. The other tests and the
-#      examples build for x86-64 in the main run: checking them for aarch64 too took
-#      another minute and a half;
+#      examples build for x86-64 in the main run: checking them for aarch64 too costs
+#      more than it finds (benchmarks/aarch64.md);
 #   2. every test of sous-kernels under qemu (the NVFP4 test vectors, the bit-exactness
 #      and property tests, products on the NEON kernels against the portable ones,
 #      attention) but for two that ask the kernel whether a mapping was advised for
@@ -38,7 +38,8 @@
 #
 # `build` is step 1 alone, `test` steps 2 and 3 (after a `build`), `all` (the default)
 # the three. scripts/test.sh runs `build` at the lowest priority while the x86-64 tests
-# run, which leave one of the two cores idle most of the time, then `test`.
+# run (they wait on child processes and leave a core idle; benchmarks/build.md), then
+# `test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:-all}

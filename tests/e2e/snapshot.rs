@@ -60,7 +60,6 @@ pub fn settings(extra: &[(&str, &str)]) -> insta::Settings {
     for (regex, replacement) in filters() {
         settings.add_filter(&regex, replacement);
     }
-    settings.set_prepend_module_to_snapshot(true);
     settings
 }
 

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use sous::tune::run::{self, Options};
+use sous::tune::options::Options;
+use sous::tune::run;
 use sous::tune::workload::{TrialWorkload, WorkloadKind};
 use sous::tune::{self, Objective};
 use sous_engine::reporter::Reporter;

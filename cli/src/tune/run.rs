@@ -19,7 +19,7 @@ use sous_engine::reporter::Reporter;
 
 use super::gate::Gate;
 use super::journal::{Header, Journal};
-pub use super::options::Options;
+use super::options::Options;
 use super::search::{Findings, Search};
 use super::trials::{self, Trials};
 use super::{Lever, Objective, TrialResult};
