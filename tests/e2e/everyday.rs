@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::snapshot::sous_snapshot;
 use crate::util::{Mirror, Running, cpu_exclusive, free_port, generated_repo, root, run, smollm2, sous};
 
 const NAME: &str = "everyday-smollm2";
@@ -41,10 +42,15 @@ impl Dirs {
         ]
     }
 
-    fn sous(&self, endpoint: &str, args: &[&str]) -> (i32, String, String) {
+    /// `sous ARGS` with the test's directories and hub.
+    fn cmd(&self, endpoint: &str, args: &[&str]) -> assert_cmd::Command {
         let mut cmd = sous();
         cmd.envs(self.envs(endpoint)).args(args);
-        run(&mut cmd)
+        cmd
+    }
+
+    fn sous(&self, endpoint: &str, args: &[&str]) -> (i32, String, String) {
+        run(&mut self.cmd(endpoint, args))
     }
 }
 
@@ -200,18 +206,12 @@ fn ps_logs_list_rm_run_and_stop_manage_a_served_recipe() {
     assert_eq!(list["models"][0]["revisions"][0]["status"], "complete");
 
     // rm refuses what is served, and names the closest name for a typo.
-    let (code, _, stderr) = dirs.sous(&mirror.url, &["rm", NAME, "--yes"]);
-    assert_eq!(code, 1, "{stderr}");
-    assert!(
-        stderr.contains(&format!("served by the running instance `{NAME}`")) && stderr.contains("sous stop"),
-        "{stderr}"
+    sous_snapshot!("rm-served", dirs.cmd(&mirror.url, &["rm", NAME, "--yes"]));
+    sous_snapshot!(
+        "rm-typo",
+        dirs.cmd(&mirror.url, &["rm", "everyday-smollm", "--yes"])
     );
-    let (code, _, stderr) = dirs.sous(&mirror.url, &["rm", "everyday-smollm", "--yes"]);
-    assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains(&format!("did you mean `{NAME}`?")), "{stderr}");
-    let (code, _, stderr) = dirs.sous(&mirror.url, &["stop", "everyday-smolm2"]);
-    assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains(&format!("did you mean `{NAME}`?")), "{stderr}");
+    sous_snapshot!("stop-typo", dirs.cmd(&mirror.url, &["stop", "everyday-smolm2"]));
 
     // run: a one-shot prompt through the running instance, streamed and as JSON.
     let (code, stdout, stderr) = ask(&dirs, &mirror.url, &recipe, false);
@@ -309,21 +309,14 @@ fn ps_shows_a_stale_record_and_prune_removes_it() {
         r#"{"name":"gone","sous_pid":4194304,"engine_pid":4194305,"url":"http://127.0.0.1:9","recipe_hash":"h","utilization":null}"#,
     )
     .expect("record");
-    let (code, stdout, stderr) = dirs.sous("http://127.0.0.1:9", &["ps"]);
-    assert_eq!(code, 0, "{stderr}");
-    assert!(stdout.contains("gone") && stdout.contains("stale"), "{stdout}");
-    assert!(stderr.contains("sous ps --prune"), "{stderr}");
+    sous_snapshot!("ps-stale-table", dirs.cmd("http://127.0.0.1:9", &["ps"]));
     let (_, stdout, _) = dirs.sous("http://127.0.0.1:9", &["ps", "--json"]);
     insta::assert_json_snapshot!("ps-stale", redact(&json_of(&stdout), dirs.tmp.path()));
-    let (code, _, stderr) = dirs.sous("http://127.0.0.1:9", &["ps", "--prune"]);
-    assert_eq!(code, 0, "{stderr}");
-    assert!(stderr.contains("pruned the stale record of `gone`"), "{stderr}");
+    sous_snapshot!("ps-prune", dirs.cmd("http://127.0.0.1:9", &["ps", "--prune"]));
     assert!(!dir.join("instance.json").exists());
     let (_, stdout, _) = dirs.sous("http://127.0.0.1:9", &["ps", "--json"]);
     assert_eq!(json_of(&stdout), json!([]));
-    let (code, _, stderr) = dirs.sous("http://127.0.0.1:9", &["logs", "gonne"]);
-    assert_eq!(code, 1);
-    assert!(stderr.contains("did you mean `gone`?"), "{stderr}");
+    sous_snapshot!("logs-typo", dirs.cmd("http://127.0.0.1:9", &["logs", "gonne"]));
 }
 
 #[test]

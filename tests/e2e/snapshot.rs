@@ -25,7 +25,7 @@ pub fn filters() -> Vec<(String, String)> {
         ),
         (r"(--port[ =])\d{2,5}".into(), "$1[PORT]".into()),
         // Process ids, as sous prints them.
-        (r"\b(pid|PID) \d+".into(), "$1 [PID]".into()),
+        (r"\b(pid|PID|kill) \d+".into(), "$1 [PID]".into()),
         // Measured rates and durations ("3.2 MB/s", "1.04 s", "0.8 ms"), which sous
         // prints with decimals; a whole number of seconds ("10s") is a setting.
         (r"\d+(\.\d+)? ?[kMG]i?B/s".into(), "[RATE]".into()),
@@ -65,14 +65,16 @@ pub fn settings(extra: &[(&str, &str)]) -> insta::Settings {
 
 /// `sous_snapshot!(name, cmd)` or `sous_snapshot!(name, cmd, &[(regex, replacement), ...])`:
 /// runs `cmd` (an `assert_cmd::Command`, usually `util::sous()`), filters its face and
-/// asserts it against `snapshots/e2e__<module>__<name>.snap`.
+/// asserts it against `snapshots/e2e__<module>__<name>.snap`. Evaluates to the face
+/// before filtering, for what a test asserts beyond it (a secret that never shows).
 macro_rules! sous_snapshot {
     ($name:expr, $cmd:expr) => {
         sous_snapshot!($name, $cmd, &[])
     };
     ($name:expr, $cmd:expr, $extra:expr) => {{
         let face = $crate::snapshot::face(&mut $cmd);
-        $crate::snapshot::settings($extra).bind(|| insta::assert_snapshot!($name, face));
+        $crate::snapshot::settings($extra).bind(|| insta::assert_snapshot!($name, &face));
+        face
     }};
 }
 pub(crate) use sous_snapshot;
@@ -82,7 +84,7 @@ pub(crate) use sous_snapshot;
 fn the_filters_replace_only_what_varies() {
     let tmp = std::env::temp_dir().join(".tmpAb12Cd");
     let text = format!(
-        "wrote {}/x.json\nlistening on http://127.0.0.1:41234 (pid 9876)\n\
+        "wrote {}/x.json\nlistening on http://127.0.0.1:41234 (pid 9876); `kill 9876` stops it\n\
          6.2 MB/s, 812 ms, 1.04 s; 30 layers, 8 experts\nsous {}\n{}/recipes/a.toml",
         tmp.display(),
         env!("CARGO_PKG_VERSION"),
