@@ -356,25 +356,18 @@ impl Checkpoint {
     fn floats(&self, name: &str, precision: Precision) -> Result<(Floats, Vec<usize>), NativeError> {
         let (view, path) = self.view(name)?;
         let data = view.data();
-        let halves = || data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-        let f32s = || {
-            data.chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        };
         let values = match (view.dtype(), precision) {
-            (StDtype::BF16, _) => Floats::Bf16(halves().collect()),
-            (StDtype::F32, Precision::Stored) => Floats::F32(f32s().collect()),
-            (StDtype::F32, Precision::Bf16) => {
-                Floats::Bf16(f32s().map(|v| half::bf16::from_f32(v).to_bits()).collect())
-            }
+            (StDtype::BF16, _) => Floats::Bf16(decode(data, u16::from_le_bytes)),
+            (StDtype::F32, Precision::Stored) => Floats::F32(decode(data, f32::from_le_bytes)),
+            (StDtype::F32, Precision::Bf16) => Floats::Bf16(decode(data, |b: [u8; 4]| {
+                half::bf16::from_f32(f32::from_le_bytes(b)).to_bits()
+            })),
             (StDtype::F16, Precision::Stored) => {
-                Floats::F32(halves().map(|b| half::f16::from_bits(b).to_f32()).collect())
+                Floats::F32(decode(data, |b: [u8; 2]| half::f16::from_le_bytes(b).to_f32()))
             }
-            (StDtype::F16, Precision::Bf16) => Floats::Bf16(
-                halves()
-                    .map(|b| half::bf16::from_f32(half::f16::from_bits(b).to_f32()).to_bits())
-                    .collect(),
-            ),
+            (StDtype::F16, Precision::Bf16) => Floats::Bf16(decode(data, |b: [u8; 2]| {
+                half::bf16::from_f32(half::f16::from_le_bytes(b).to_f32()).to_bits()
+            })),
             (other, _) => {
                 return Err(NativeError::Config {
                     path: path.to_owned(),
@@ -538,6 +531,28 @@ fn safetensors_error(path: &Path, e: safetensors::SafeTensorError) -> NativeErro
     }
 }
 
+/// Each little-endian `N`-byte word of `data`, as `word` decodes it. An indexed loop, not
+/// `chunks_exact(N).map(..)`: rustc shares generic code between crates at opt-level 0 and 1,
+/// so the iterator ran as an opt-level-0 dependency compiled it, several times slower
+/// (the aarch64 job's profile; benchmarks/build.md, issue 62).
+fn decode<T: Copy + Default, const N: usize>(data: &[u8], word: impl Fn([u8; N]) -> T) -> Vec<T> {
+    let count = data.len() / N;
+    let mut out = vec![T::default(); count];
+    let slots: &mut [T] = &mut out;
+    let mut i = 0;
+    while i < count {
+        let mut bytes = [0u8; N];
+        let mut j = 0;
+        while j < N {
+            bytes[j] = data[i * N + j];
+            j += 1;
+        }
+        slots[i] = word(bytes);
+        i += 1;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -548,6 +563,17 @@ mod tests {
     use crate::checkpoint::index::{INDEX, Index, shard_name};
 
     type Result = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    #[test]
+    fn words_are_decoded_little_endian_and_a_partial_one_is_dropped() {
+        assert_eq!(
+            decode(&[0x80, 0x3f, 0x00, 0xc0], u16::from_le_bytes),
+            vec![0x3f80, 0xc000]
+        );
+        let bytes = [1.5f32.to_le_bytes(), (-0.25f32).to_le_bytes()].concat();
+        assert_eq!(decode(&bytes, f32::from_le_bytes), vec![1.5, -0.25]);
+        assert_eq!(decode(&[1, 2, 3], u16::from_le_bytes), vec![0x0201]);
+    }
 
     const CONFIG: &str = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":32,"intermediate_size":64,
         "num_hidden_layers":1,"num_attention_heads":2,"vocab_size":8,
