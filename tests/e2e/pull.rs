@@ -485,14 +485,11 @@ fn hub_errors_have_clear_messages_and_exit_code_1() {
         ("pull-not-a-repo-id", &["not/a/repo-id"], None),
     ];
     for (name, args, token) in cases {
-        let mut cmd = sous();
-        cmd.env("HF_ENDPOINT", &mirror.url)
-            .env("HF_HUB_CACHE", cache.path())
-            .env("HF_HOME", cache.path());
+        let mut cmd = pull_cmd(&mirror, cache.path(), args);
         if let Some(token) = token {
             cmd.env("HF_TOKEN", token);
         }
-        let face = sous_snapshot!(*name, cmd.arg("pull").args(*args));
+        let face = sous_snapshot!(*name, cmd);
         assert!(
             !face.contains("hf_right") && !face.contains("hf_wrong"),
             "the token never shows: {face}"
